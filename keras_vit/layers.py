@@ -1,0 +1,434 @@
+"""The Vision Transformer's building blocks as Keras layers.
+
+Every layer uses `keras.ops` only, so it runs on the TensorFlow, JAX and PyTorch
+backends. Weight layouts are chosen so that the official checkpoints map onto
+them by reshapes alone (see `keras_vit.checkpoints`).
+"""
+
+import math
+
+import keras
+from keras import ops
+
+POSITION_EMBEDDINGS = ("learned", "learned2d", "sincos2d", "none")
+
+
+def _register(cls):
+    return keras.saving.register_keras_serializable(package="keras_vit")(cls)
+
+
+def _check_choice(name, value, allowed):
+    if value not in allowed:
+        raise ValueError(
+            f"Unknown {name} {value!r}: expected one of {', '.join(map(repr, allowed))}."
+        )
+
+
+def sincos_2d_table(grid_size, width, temperature=10000.0):
+    """Fixed 2-D sine-cosine position table of shape `(1, rows * cols, width)`.
+
+    The first half of the channels encodes the row, the second half the column,
+    as in big_vision's `posemb_sincos_2d`.
+
+    Example:
+
+    >>> table = sincos_2d_table((4, 4), 32)
+    >>> tuple(table.shape)
+    (1, 16, 32)
+    """
+    rows, cols = grid_size
+    if width % 4:
+        raise ValueError(
+            f"pos_embedding='sincos2d' needs a width divisible by 4, got hidden_dim={width}."
+        )
+    quarter = width // 4
+    omega = 1.0 / temperature ** (ops.arange(quarter, dtype="float32") / quarter)
+    y, x = ops.meshgrid(
+        ops.arange(rows, dtype="float32"), ops.arange(cols, dtype="float32"), indexing="ij"
+    )
+    y = ops.reshape(y, (-1, 1)) * omega[None]
+    x = ops.reshape(x, (-1, 1)) * omega[None]
+    table = ops.concatenate([ops.sin(y), ops.cos(y), ops.sin(x), ops.cos(x)], axis=1)
+    return table[None]
+
+
+@_register
+class Patches(keras.layers.Layer):
+    """Cuts images into non-overlapping square patches.
+
+    Maps `(batch, height, width, channels)` to `(batch, num_patches, P * P * channels)`.
+    Patches are in row-major order and each is flattened in (row, column, channel)
+    order, so a patch-embedding conv kernel of shape `(P, P, C, D)` becomes the
+    projection matrix by `reshape(P * P * C, D)`.
+
+    Args:
+        patch_size: side length P of a patch, in pixels.
+
+    Example:
+
+    >>> images = keras.random.uniform((2, 32, 32, 3))
+    >>> tuple(Patches(8)(images).shape)
+    (2, 16, 192)
+    """
+
+    def __init__(self, patch_size, **kwargs):
+        super().__init__(**kwargs)
+        if int(patch_size) != patch_size or patch_size < 1:
+            raise ValueError(f"patch_size must be a positive integer, got {patch_size!r}.")
+        self.patch_size = int(patch_size)
+
+    def build(self, input_shape):
+        if len(input_shape) != 4:
+            raise ValueError(
+                f"Patches expects images of shape (batch, height, width, channels), "
+                f"got shape {tuple(input_shape)}."
+            )
+        _, height, width, channels = input_shape
+        for side, size in (("height", height), ("width", width)):
+            if size is not None and size % self.patch_size:
+                raise ValueError(
+                    f"Image {side} {size} is not divisible by patch_size {self.patch_size}: "
+                    f"use an image size that is a multiple of {self.patch_size}."
+                )
+        self.channels = channels
+
+    def call(self, images):
+        shape = ops.shape(images)
+        if images.shape[-1] != self.channels:
+            raise ValueError(
+                f"Expected images with {self.channels} channels (NHWC), got "
+                f"{images.shape[-1]} channels in shape {tuple(images.shape)}."
+            )
+        p = self.patch_size
+        rows, cols = shape[1] // p, shape[2] // p
+        x = ops.reshape(images, (-1, rows, p, cols, p, self.channels))
+        x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
+        return ops.reshape(x, (-1, rows * cols, p * p * self.channels))
+
+    def compute_output_shape(self, input_shape):
+        batch, height, width, channels = input_shape
+        p = self.patch_size
+        num = None if height is None or width is None else (height // p) * (width // p)
+        return (batch, num, p * p * channels)
+
+    def get_config(self):
+        return {**super().get_config(), "patch_size": self.patch_size}
+
+
+@_register
+class PatchEncoder(keras.layers.Layer):
+    """Projects flattened patches to `hidden_dim` and adds position embeddings.
+
+    Args:
+        hidden_dim: width D of the token embeddings.
+        grid_size: `(rows, cols)` of the patch grid (an int means a square grid).
+        pos_embedding: `"learned"` (the paper's 1-D table, default), `"learned2d"`
+            (row and column tables of D/2 each, concatenated), `"sincos2d"`
+            (fixed), or `"none"`.
+
+    The position table covers the patches only; the class token's row lives in
+    `ClassToken`, so resolution changes resample a pure patch grid.
+
+    Example:
+
+    >>> patches = keras.random.uniform((2, 16, 48))
+    >>> tuple(PatchEncoder(32, grid_size=4)(patches).shape)
+    (2, 16, 32)
+    """
+
+    def __init__(self, hidden_dim, grid_size, pos_embedding="learned", **kwargs):
+        super().__init__(**kwargs)
+        _check_choice("pos_embedding", pos_embedding, POSITION_EMBEDDINGS)
+        if isinstance(grid_size, int):
+            grid_size = (grid_size, grid_size)
+        self.hidden_dim = int(hidden_dim)
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.pos_embedding = pos_embedding
+        if pos_embedding == "learned2d" and self.hidden_dim % 2:
+            raise ValueError(
+                f"pos_embedding='learned2d' needs an even width, got hidden_dim={hidden_dim}."
+            )
+        if pos_embedding == "sincos2d":
+            # Validates the width now rather than at the first call.
+            sincos_2d_table(self.grid_size, self.hidden_dim)
+        self.projection = keras.layers.Dense(self.hidden_dim, name="projection")
+
+    def build(self, input_shape):
+        rows, cols = self.grid_size
+        if input_shape[1] is not None and input_shape[1] != rows * cols:
+            raise ValueError(
+                f"PatchEncoder with grid_size {self.grid_size} expects {rows * cols} "
+                f"patches, got {input_shape[1]}."
+            )
+        self.projection.build(input_shape)
+        init = keras.initializers.RandomNormal(stddev=0.02)
+        if self.pos_embedding == "learned":
+            self.position = self.add_weight(
+                name="position", shape=(1, rows * cols, self.hidden_dim), initializer=init
+            )
+        elif self.pos_embedding == "learned2d":
+            half = self.hidden_dim // 2
+            self.row_position = self.add_weight(
+                name="row_position", shape=(rows, 1, half), initializer=init
+            )
+            self.col_position = self.add_weight(
+                name="col_position", shape=(1, cols, half), initializer=init
+            )
+
+    def position_table(self):
+        """The `(1, num_patches, hidden_dim)` table added to the patches, or None."""
+        rows, cols = self.grid_size
+        if self.pos_embedding == "learned":
+            return self.position
+        if self.pos_embedding == "learned2d":
+            half = self.hidden_dim // 2
+            table = ops.concatenate(
+                [
+                    ops.broadcast_to(self.row_position, (rows, cols, half)),
+                    ops.broadcast_to(self.col_position, (rows, cols, half)),
+                ],
+                axis=-1,
+            )
+            return ops.reshape(table, (1, rows * cols, self.hidden_dim))
+        if self.pos_embedding == "sincos2d":
+            return sincos_2d_table(self.grid_size, self.hidden_dim)
+        return None
+
+    def call(self, patches):
+        x = self.projection(patches)
+        table = self.position_table()
+        if table is None:
+            return x
+        return x + ops.cast(table, x.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], self.hidden_dim)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "hidden_dim": self.hidden_dim,
+            "grid_size": self.grid_size,
+            "pos_embedding": self.pos_embedding,
+        }
+
+
+@_register
+class ClassToken(keras.layers.Layer):
+    """Prepends a learned class token (zero-initialised) to a token sequence.
+
+    Args:
+        use_position: also learn the class token's own position-embedding row
+            (initialised like the position table). The official checkpoints'
+            position table has this row as its first; storing it here keeps the
+            exact parameter count while the patch table stays a pure grid.
+
+    Example:
+
+    >>> tokens = keras.random.uniform((2, 16, 32))
+    >>> tuple(ClassToken()(tokens).shape)
+    (2, 17, 32)
+    """
+
+    def __init__(self, use_position=False, **kwargs):
+        super().__init__(**kwargs)
+        self.use_position = bool(use_position)
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        self.token = self.add_weight(name="token", shape=(1, 1, width), initializer="zeros")
+        if self.use_position:
+            self.position = self.add_weight(
+                name="position",
+                shape=(1, 1, width),
+                initializer=keras.initializers.RandomNormal(stddev=0.02),
+            )
+
+    def call(self, tokens):
+        token = self.token + self.position if self.use_position else self.token
+        token = ops.cast(token, tokens.dtype)
+        token = ops.broadcast_to(token, (ops.shape(tokens)[0], 1, tokens.shape[-1]))
+        return ops.concatenate([token, tokens], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        batch, length, width = input_shape
+        return (batch, None if length is None else length + 1, width)
+
+    def get_config(self):
+        return {**super().get_config(), "use_position": self.use_position}
+
+
+@_register
+class TokenPooling(keras.layers.Layer):
+    """Pools encoder output tokens: `"token"` takes the first, `"gap"` averages all.
+
+    Example:
+
+    >>> tuple(TokenPooling("gap")(keras.random.uniform((2, 16, 32))).shape)
+    (2, 32)
+    """
+
+    def __init__(self, classifier="token", **kwargs):
+        super().__init__(**kwargs)
+        _check_choice("classifier", classifier, ("token", "gap"))
+        self.classifier = classifier
+
+    def call(self, tokens):
+        if self.classifier == "token":
+            return tokens[:, 0]
+        return ops.mean(tokens, axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[2])
+
+    def get_config(self):
+        return {**super().get_config(), "classifier": self.classifier}
+
+
+@_register
+class DropPath(keras.layers.Layer):
+    """Stochastic depth: drops a residual branch per sample with probability `rate`.
+
+    Kept samples are scaled by `1 / (1 - rate)`, so the expected output is unchanged.
+
+    Example:
+
+    >>> x = keras.ops.ones((4, 3, 8))
+    >>> bool(keras.ops.all(DropPath(0.5)(x, training=False) == x))
+    True
+    """
+
+    def __init__(self, rate=0.0, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"DropPath rate must be in [0, 1), got {rate!r}.")
+        self.rate = float(rate)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+
+    def call(self, x, training=False):
+        if not training or self.rate == 0.0:
+            return x
+        keep = 1.0 - self.rate
+        shape = (ops.shape(x)[0],) + (1,) * (len(x.shape) - 1)
+        mask = keras.random.uniform(shape, seed=self.seed_generator, dtype=x.dtype) < keep
+        return x * ops.cast(mask, x.dtype) / keep
+
+    def get_config(self):
+        return {**super().get_config(), "rate": self.rate, "seed": self.seed}
+
+
+@_register
+class TransformerBlock(keras.layers.Layer):
+    """Pre-LayerNorm Transformer encoder block.
+
+    `x = x + DropPath(Dropout(Attention(LN(x))))`, then
+    `x = x + DropPath(MLP(LN(x)))` with `MLP = Dense(mlp_dim) -> GELU -> Dropout
+    -> Dense(D) -> Dropout`.
+
+    The query, key and value projections are one fused Dense of width 3D (q | k | v,
+    heads contiguous inside each), which maps exactly onto the official separate
+    `(D, heads, head_dim)` kernels. The normal path uses fused attention
+    (`keras.ops.dot_product_attention`); `call(..., return_attention=True)` returns
+    `(outputs, weights)` with weights of shape `(batch, heads, tokens, tokens)`.
+
+    Args:
+        num_heads: attention heads; must divide the width.
+        mlp_dim: hidden width of the MLP.
+        dropout_rate: dropout after the attention and in the MLP.
+        attention_dropout_rate: dropout on the attention weights.
+        drop_path_rate: stochastic depth rate of both residual branches.
+        layer_norm_epsilon: 1e-6 as in the official code.
+        gelu_approximate: False for exact (erf) GELU as timm and HF, True for the
+            tanh form of the official JAX code.
+
+    Example:
+
+    >>> block = TransformerBlock(num_heads=4, mlp_dim=64)
+    >>> tokens = keras.random.uniform((2, 17, 32))
+    >>> tuple(block(tokens).shape)
+    (2, 17, 32)
+    >>> _, weights = block(tokens, return_attention=True)
+    >>> tuple(weights.shape)
+    (2, 4, 17, 17)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_dim,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        drop_path_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        gelu_approximate=False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.dropout_rate = float(dropout_rate)
+        self.attention_dropout_rate = float(attention_dropout_rate)
+        self.drop_path_rate = float(drop_path_rate)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.gelu_approximate = bool(gelu_approximate)
+
+        self.norm1 = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="norm1")
+        self.norm2 = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="norm2")
+        self.attention_dropout = keras.layers.Dropout(attention_dropout_rate)
+        self.dropout = keras.layers.Dropout(dropout_rate)
+        self.drop_path = DropPath(drop_path_rate)
+        self.mlp_fc1 = keras.layers.Dense(mlp_dim, name="mlp_fc1")
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        if width % self.num_heads:
+            raise ValueError(
+                f"hidden_dim {width} is not divisible by num_heads {self.num_heads}."
+            )
+        self.head_dim = width // self.num_heads
+        self.qkv = keras.layers.Dense(3 * width, name="qkv")
+        self.attention_output = keras.layers.Dense(width, name="attention_output")
+        self.mlp_fc2 = keras.layers.Dense(width, name="mlp_fc2")
+        token_shape = tuple(input_shape)
+        for layer in (self.norm1, self.norm2, self.qkv, self.attention_output):
+            layer.build(token_shape)
+        self.mlp_fc1.build(token_shape)
+        self.mlp_fc2.build((*token_shape[:-1], self.mlp_dim))
+
+    def _attend(self, x, training, return_attention):
+        length, width = ops.shape(x)[1], x.shape[-1]
+        qkv = ops.reshape(self.qkv(x), (-1, length, 3, self.num_heads, self.head_dim))
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        weights = None
+        if return_attention or (training and self.attention_dropout_rate > 0):
+            scale = 1.0 / math.sqrt(self.head_dim)
+            logits = ops.einsum("bqhd,bkhd->bhqk", q * ops.cast(scale, q.dtype), k)
+            weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+            dropped = self.attention_dropout(ops.cast(weights, v.dtype), training=training)
+            out = ops.einsum("bhqk,bkhd->bqhd", dropped, v)
+        else:
+            out = ops.dot_product_attention(q, k, v)
+        out = self.attention_output(ops.reshape(out, (-1, length, width)))
+        return out, weights
+
+    def call(self, x, training=False, return_attention=False):
+        attended, weights = self._attend(self.norm1(x), training, return_attention)
+        x = x + self.drop_path(self.dropout(attended, training=training), training=training)
+        y = self.mlp_fc1(self.norm2(x))
+        y = keras.activations.gelu(y, approximate=self.gelu_approximate)
+        y = self.mlp_fc2(self.dropout(y, training=training))
+        x = x + self.drop_path(self.dropout(y, training=training), training=training)
+        return (x, weights) if return_attention else x
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "mlp_dim": self.mlp_dim,
+            "dropout_rate": self.dropout_rate,
+            "attention_dropout_rate": self.attention_dropout_rate,
+            "drop_path_rate": self.drop_path_rate,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "gelu_approximate": self.gelu_approximate,
+        }

@@ -1,0 +1,186 @@
+"""The functional Vision Transformer model and its paper variants."""
+
+import keras
+from keras import ops
+
+from keras_vit import layers as vit_layers
+
+# name: (hidden_dim, mlp_dim, num_heads, num_layers), vit_jax configs/models.py.
+SIZES = {
+    "Ti": (192, 768, 3, 12),
+    "S": (384, 1536, 6, 12),
+    "B": (768, 3072, 12, 12),
+    "L": (1024, 4096, 16, 24),
+    "H": (1280, 5120, 16, 32),
+}
+PATCH_SIZES = (8, 14, 16, 32)
+VARIANTS = tuple(f"{size}/{patch}" for size in SIZES for patch in PATCH_SIZES)
+
+
+def parse_variant(variant):
+    """Returns the architecture of a variant name such as `"B/16"` as a dict.
+
+    Example:
+
+    >>> parse_variant("Ti/16")["hidden_dim"]
+    192
+    """
+    if variant not in VARIANTS:
+        raise ValueError(
+            f"Unknown ViT variant {variant!r}: expected one of {', '.join(VARIANTS)}."
+        )
+    size, patch = variant.split("/")
+    hidden_dim, mlp_dim, num_heads, num_layers = SIZES[size]
+    return dict(
+        patch_size=int(patch),
+        hidden_dim=hidden_dim,
+        mlp_dim=mlp_dim,
+        num_heads=num_heads,
+        num_layers=num_layers,
+    )
+
+
+def _pair(size, name):
+    pair = (size, size) if isinstance(size, int) else tuple(size)
+    if len(pair) != 2 or not all(isinstance(s, int) and s > 0 for s in pair):
+        raise ValueError(f"{name} must be a positive int or (height, width), got {size!r}.")
+    return pair
+
+
+def ViT(
+    variant=None,
+    *,
+    image_size=224,
+    num_classes=1000,
+    patch_size=None,
+    hidden_dim=None,
+    num_layers=None,
+    num_heads=None,
+    mlp_dim=None,
+    classifier="token",
+    representation_size=None,
+    pos_embedding="learned",
+    dropout_rate=0.0,
+    attention_dropout_rate=0.0,
+    drop_path_rate=0.0,
+    gelu_approximate=False,
+    include_top=True,
+    pooling=True,
+    channels=3,
+    head_bias_init=0.0,
+    data_format=None,
+    name=None,
+):
+    """Builds a Vision Transformer as a functional `keras.Model`.
+
+    The model maps NHWC images scaled to [-1, 1] (see `preprocess`) to logits.
+
+    Args:
+        variant: a paper variant `"{Ti,S,B,L,H}/{8,14,16,32}"`, e.g. `"B/16"`.
+            Without it, `patch_size`, `hidden_dim`, `num_layers`, `num_heads` and
+            `mlp_dim` describe a custom model; given with a variant they override it.
+        image_size: int or `(height, width)`, a multiple of the patch size.
+        num_classes: width of the (zero-initialised) classification head.
+        classifier: `"token"` (class token) or `"gap"` (mean of the patch tokens).
+        representation_size: width of the `pre_logits` Dense + tanh, or None.
+        pos_embedding: `"learned"`, `"learned2d"`, `"sincos2d"` or `"none"`.
+        dropout_rate, attention_dropout_rate, drop_path_rate: regularisation;
+            the drop-path rate grows linearly from 0 to this value with depth.
+        gelu_approximate: tanh GELU as the official JAX code (default exact GELU).
+        include_top: False returns the pooled features (after `pre_logits`).
+        pooling: with `include_top=False`, False returns every output token.
+        channels: image channels.
+        head_bias_init: initial head bias (the paper uses -10 with sigmoid loss).
+        data_format: only `"channels_last"` (the default) is supported.
+        name: model name (default `"vit"` or `"vit-{variant}"`).
+
+    Example:
+
+    >>> model = ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
+    ...             num_heads=4, mlp_dim=64, num_classes=10)
+    >>> tuple(model(keras.ops.zeros((1, 32, 32, 3))).shape)
+    (1, 10)
+    """
+    data_format = data_format or keras.config.image_data_format()
+    if data_format != "channels_last":
+        raise ValueError(
+            f"data_format {data_format!r} is not supported: keras-vit models take "
+            "channels_last (NHWC) images; transpose channels_first data with "
+            "keras.ops.transpose(images, (0, 2, 3, 1))."
+        )
+    arch = parse_variant(variant) if variant is not None else {}
+    overrides = dict(
+        patch_size=patch_size,
+        hidden_dim=hidden_dim,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        mlp_dim=mlp_dim,
+    )
+    arch.update({k: v for k, v in overrides.items() if v is not None})
+    missing = [k for k in overrides if k not in arch]
+    if missing:
+        raise ValueError(
+            f"Without a variant, ViT needs {', '.join(missing)}; or pass a variant, "
+            f"one of {', '.join(VARIANTS)}."
+        )
+    vit_layers._check_choice("classifier", classifier, ("token", "gap"))
+    vit_layers._check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
+    height, width = _pair(image_size, "image_size")
+    patch = arch["patch_size"]
+    if height % patch or width % patch:
+        raise ValueError(
+            f"image_size {(height, width)} is not divisible by patch_size {patch}: "
+            f"use a multiple of {patch}."
+        )
+
+    images = keras.Input((height, width, channels), name="images")
+    x = vit_layers.Patches(patch, name="patches")(images)
+    x = vit_layers.PatchEncoder(
+        arch["hidden_dim"],
+        grid_size=(height // patch, width // patch),
+        pos_embedding=pos_embedding,
+        name="patch_encoder",
+    )(x)
+    if classifier == "token":
+        x = vit_layers.ClassToken(
+            use_position=pos_embedding.startswith("learned"), name="class_token"
+        )(x)
+    x = keras.layers.Dropout(dropout_rate, name="embedding_dropout")(x)
+    depth = arch["num_layers"]
+    for i in range(depth):
+        x = vit_layers.TransformerBlock(
+            arch["num_heads"],
+            arch["mlp_dim"],
+            dropout_rate=dropout_rate,
+            attention_dropout_rate=attention_dropout_rate,
+            drop_path_rate=drop_path_rate * i / max(depth - 1, 1),
+            gelu_approximate=gelu_approximate,
+            name=f"encoderblock_{i}",
+        )(x)
+    x = keras.layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")(x)
+    if include_top or pooling:
+        x = vit_layers.TokenPooling(classifier, name="pool")(x)
+        if representation_size:
+            x = keras.layers.Dense(representation_size, activation="tanh", name="pre_logits")(x)
+    if include_top:
+        x = keras.layers.Dense(
+            num_classes,
+            kernel_initializer="zeros",
+            bias_initializer=keras.initializers.Constant(head_bias_init),
+            dtype="float32",
+            name="head",
+        )(x)
+    if name is None:
+        name = "vit" if variant is None else f"vit-{variant.replace('/', '_')}"
+    return keras.Model(images, x, name=name)
+
+
+def preprocess(images):
+    """Scales uint8 or [0, 255] images to the models' input range [-1, 1].
+
+    Example:
+
+    >>> float(preprocess(keras.ops.full((1, 2, 2, 3), 255))[0, 0, 0, 0])
+    1.0
+    """
+    return (ops.cast(images, "float32") - 127.5) / 127.5

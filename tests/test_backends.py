@@ -1,0 +1,25 @@
+"""Runs the layer and model tests under the JAX and PyTorch backends too.
+
+Keras picks its backend once per process, so each backend gets its own pytest run.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+MULTI_BACKEND_TESTS = ["tests/test_layers.py", "tests/test_model.py"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_layer_and_model_tests_pass_on(backend):
+    env = {**os.environ, "KERAS_BACKEND": backend}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *MULTI_BACKEND_TESTS],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )
+    print(result.stdout[-3000:])
+    assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]

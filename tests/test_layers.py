@@ -1,0 +1,190 @@
+"""Layer tests: each number is checked against an independent numpy computation."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+from scipy.special import erf
+
+from keras_vit import layers as L
+
+
+def _np(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def test_patches_order_is_row_major_and_row_column_channel():
+    images = np.random.default_rng(0).normal(size=(2, 12, 8, 3)).astype("float32")
+    patches = _np(L.Patches(4)(images))
+    assert patches.shape == (2, 6, 48)
+    for i in range(3):
+        for j in range(2):
+            expected = images[:, 4 * i : 4 * i + 4, 4 * j : 4 * j + 4, :].reshape(2, -1)
+            np.testing.assert_array_equal(patches[:, i * 2 + j], expected)
+
+
+def test_patches_plus_projection_equals_patch_conv():
+    rng = np.random.default_rng(1)
+    images = rng.uniform(-1, 1, size=(2, 32, 32, 3)).astype("float32")
+    kernel = rng.normal(scale=0.05, size=(8, 8, 3, 32)).astype("float32")
+    bias = rng.normal(size=(32,)).astype("float32")
+    conv = keras.layers.Conv2D(32, 8, strides=8, padding="valid")
+    conv.build(images.shape)
+    conv.set_weights([kernel, bias])
+    expected = _np(conv(images)).reshape(2, 16, 32)
+
+    encoder = L.PatchEncoder(32, grid_size=4, pos_embedding="none")
+    encoder.build((None, 16, 8 * 8 * 3))
+    encoder.projection.set_weights([kernel.reshape(-1, 32), bias])
+    got = _np(encoder(L.Patches(8)(images)))
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+def test_sincos2d_table_matches_closed_form():
+    rows, cols, width = 3, 5, 16
+    table = _np(L.sincos_2d_table((rows, cols), width))[0]
+    omega = 1.0 / 10000 ** (np.arange(4) / 4)
+    for r in range(rows):
+        for c in range(cols):
+            expected = np.concatenate(
+                [np.sin(r * omega), np.cos(r * omega), np.sin(c * omega), np.cos(c * omega)]
+            )
+            np.testing.assert_allclose(table[r * cols + c], expected, atol=1e-6)
+
+
+def test_learned2d_table_concatenates_row_and_column_tables():
+    encoder = L.PatchEncoder(8, grid_size=(2, 3), pos_embedding="learned2d")
+    encoder.build((None, 6, 12))
+    rows, cols = _np(encoder.row_position), _np(encoder.col_position)
+    assert rows.shape == (2, 1, 4) and cols.shape == (1, 3, 4)
+    table = _np(encoder.position_table())[0]
+    for r in range(2):
+        for c in range(3):
+            np.testing.assert_array_equal(table[r * 3 + c], np.concatenate([rows[r, 0], cols[0, c]]))
+
+
+def test_class_token_is_zero_initialised_and_prepended():
+    tokens = np.random.default_rng(2).normal(size=(3, 5, 8)).astype("float32")
+    out = _np(L.ClassToken()(tokens))
+    assert out.shape == (3, 6, 8)
+    np.testing.assert_array_equal(out[:, 0], 0.0)
+    np.testing.assert_array_equal(out[:, 1:], tokens)
+
+
+def test_drop_path_drops_whole_samples_and_rescales():
+    x = np.ones((2000, 3, 4), "float32")
+    out = _np(L.DropPath(0.25, seed=1)(x, training=True))
+    per_sample = out.reshape(2000, -1)
+    assert set(np.unique(per_sample)) <= {np.float32(0.0), np.float32(1.0) / np.float32(0.75)}
+    assert np.all(per_sample.min(axis=1) == per_sample.max(axis=1))
+    assert abs((per_sample[:, 0] == 0).mean() - 0.25) < 0.04
+    np.testing.assert_array_equal(_np(L.DropPath(0.25)(x, training=False)), x)
+
+
+def _layer_norm(x, scale, bias, eps=1e-6):
+    mean = x.mean(-1, keepdims=True)
+    var = x.var(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * scale + bias
+
+
+def _numpy_block(block, x, approximate):
+    """The pre-LN block written out in numpy from the paper's equations."""
+    w = {v.path.split("/", 1)[1]: _np(v) for v in block.weights}
+    heads, dim = block.num_heads, x.shape[-1]
+    head_dim = dim // heads
+    h = _layer_norm(x, w["norm1/gamma"], w["norm1/beta"])
+    qkv = h @ w["qkv/kernel"] + w["qkv/bias"]
+    q, k, v = (qkv[..., i * dim : (i + 1) * dim] for i in range(3))
+    split = lambda t: t.reshape(t.shape[0], t.shape[1], heads, head_dim).transpose(0, 2, 1, 3)
+    q, k, v = split(q), split(k), split(v)
+    logits = q @ k.transpose(0, 1, 3, 2) / math.sqrt(head_dim)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    attended = (weights @ v).transpose(0, 2, 1, 3).reshape(x.shape)
+    x = x + attended @ w["attention_output/kernel"] + w["attention_output/bias"]
+    h = _layer_norm(x, w["norm2/gamma"], w["norm2/beta"])
+    h = h @ w["mlp_fc1/kernel"] + w["mlp_fc1/bias"]
+    if approximate:
+        h = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
+    else:
+        h = 0.5 * h * (1 + erf(h / np.sqrt(2)))
+    return x + h @ w["mlp_fc2/kernel"] + w["mlp_fc2/bias"], weights
+
+
+def _randomised(layer, seed=3):
+    rng = np.random.default_rng(seed)
+    for v in layer.weights:
+        v.assign(rng.normal(scale=0.3, size=v.shape).astype("float32"))
+    return layer
+
+
+@pytest.mark.parametrize("approximate", [False, True])
+def test_transformer_block_matches_numpy_reference(approximate):
+    x = np.random.default_rng(4).normal(size=(2, 7, 16)).astype("float32")
+    block = L.TransformerBlock(num_heads=4, mlp_dim=32, gelu_approximate=approximate)
+    block.build(x.shape)
+    _randomised(block)
+    expected, expected_weights = _numpy_block(block, x.astype("float64"), approximate)
+    out, weights = block(x, return_attention=True)
+    np.testing.assert_allclose(_np(block(x)), expected, atol=1e-4)
+    np.testing.assert_allclose(_np(out), expected, atol=1e-4)
+    np.testing.assert_allclose(_np(weights), expected_weights, atol=1e-5)
+
+
+def test_fused_and_explicit_attention_paths_agree():
+    x = np.random.default_rng(5).normal(size=(3, 9, 32)).astype("float32")
+    block = L.TransformerBlock(num_heads=4, mlp_dim=16)
+    block.build(x.shape)
+    _randomised(block, seed=6)
+    fused = _np(block(x))
+    explicit, _ = block(x, return_attention=True)
+    np.testing.assert_allclose(fused, _np(explicit), atol=1e-5)
+
+
+LAYERS = {
+    "Patches": (lambda: L.Patches(4), (2, 8, 8, 3)),
+    "PatchEncoder-learned": (lambda: L.PatchEncoder(16, (2, 2)), (2, 4, 48)),
+    "PatchEncoder-learned2d": (lambda: L.PatchEncoder(16, (2, 2), "learned2d"), (2, 4, 48)),
+    "PatchEncoder-sincos2d": (lambda: L.PatchEncoder(16, (2, 2), "sincos2d"), (2, 4, 48)),
+    "ClassToken": (lambda: L.ClassToken(use_position=True), (2, 4, 16)),
+    "TokenPooling": (lambda: L.TokenPooling("gap"), (2, 4, 16)),
+    "DropPath": (lambda: L.DropPath(0.1, seed=3), (2, 4, 16)),
+    "TransformerBlock": (
+        lambda: L.TransformerBlock(2, 32, 0.1, 0.1, 0.1, gelu_approximate=True),
+        (2, 4, 16),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_layer_config_and_keras_file_round_trip(name, tmp_path):
+    make, shape = LAYERS[name]
+    layer = make()
+    clone = layer.__class__.from_config(layer.get_config())
+    assert clone.get_config() == layer.get_config()
+
+    inputs = keras.Input(shape[1:])
+    model = keras.Model(inputs, layer(inputs))
+    for v in model.weights:  # non-default values, so a lost weight shows
+        v.assign(np.random.default_rng(7).normal(size=v.shape).astype("float32"))
+    x = np.random.default_rng(8).normal(size=shape).astype("float32")
+    path = tmp_path / "layer.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert type(loaded.layers[1]) is type(layer)
+    np.testing.assert_array_equal(_np(loaded(x)), _np(model(x)))
+
+
+def test_patches_rejects_indivisible_size_and_wrong_channels():
+    with pytest.raises(ValueError, match="height 30 is not divisible by patch_size 8"):
+        L.Patches(8).build((None, 30, 32, 3))
+    layer = L.Patches(8)
+    layer.build((None, 32, 32, 3))
+    with pytest.raises(ValueError, match="Expected images with 3 channels.*got 1 channels"):
+        layer(np.zeros((1, 32, 32, 1), "float32"))
+
+
+def test_transformer_block_rejects_width_not_divisible_by_heads():
+    with pytest.raises(ValueError, match="hidden_dim 30 is not divisible by num_heads 4"):
+        L.TransformerBlock(4, 8).build((None, 5, 30))
