@@ -241,3 +241,29 @@ def test_run_killed_mid_epoch_resumes_to_the_same_weights(tmp_path):
     resumed = keras.saving.load_model(killed / runs.MODEL).get_weights()
     for a, b in zip(expected, resumed):
         np.testing.assert_array_equal(a, b)
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_state(tmp_path):
+    from keras_vit.callbacks import TrainingBackup
+    from keras_vit.training import TrainConfig, train
+
+    class Poison(keras.callbacks.Callback):
+        """Makes the weights NaN after the first step of the second epoch."""
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if (self.epoch, batch) == (1, 0):
+                head = self.model.get_layer("head").kernel
+                head.assign(np.full(head.shape, np.nan, "float32"))
+
+    config = TrainConfig(**dict(TINY_RUN, epochs=3, steps_per_epoch=3, out=str(tmp_path)))
+    with pytest.raises(FloatingPointError, match="Last good checkpoint: .*epoch_0001.keras"):
+        train(config, callbacks=[Poison()], verbose=0)
+    assert runs.latest_checkpoint(str(tmp_path)).endswith("epoch_0001.keras")
+    kept = keras.saving.load_model(runs.latest_checkpoint(str(tmp_path)))
+    assert all(np.isfinite(w).all() for w in kept.get_weights())
+    assert not (tmp_path / runs.MODEL).exists()
+    # The backup still holds the end of epoch 1, from where a fixed run can resume.
+    assert TrainingBackup.saved_position(str(tmp_path / runs.BACKUP)) == (1, 0)
