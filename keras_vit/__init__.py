@@ -8,6 +8,8 @@ from keras_vit.layers import (
     TokenPooling,
     TransformerBlock,
 )
+from keras_vit.checkpoints import LoadReport, load_pretrained, save_npz
 from keras_vit.model import VARIANTS, ViT, parse_variant, preprocess
+from keras_vit.posembed import resample_position_grid
 
 __version__ = "0.1.0"

@@ -1,0 +1,741 @@
+"""Pretrained weights: load official ViT / AugReg, big_vision, HF and timm checkpoints.
+
+Every checkpoint is first converted to the official vit_jax layout, the keys of the
+released `.npz` files (`cls`, `embedding/kernel`, `Transformer/encoderblock_{i}/...`),
+which is also what `save_npz` writes. That one layout is then mapped onto the model's
+weights, so each source format needs only a key-renaming table.
+"""
+
+import dataclasses
+import io
+import json
+import logging
+import math
+import os
+import re
+
+import keras
+import ml_dtypes
+import numpy as np
+
+from keras_vit import posembed
+from keras_vit.layers import sincos_2d_table
+
+logger = logging.getLogger(__name__)
+
+POS_KEY = "Transformer/posembed_input/pos_embedding"
+_QKV = ("query", "key", "value")
+_BLOCK = "Transformer/encoderblock_{i}/"
+_MHA = _BLOCK + "MultiHeadDotProductAttention_1"
+# vit_jax resamples with scipy's zoom; timm (and so the HF/timm weights) bicubically.
+_DEFAULT_INTERPOLATION = {
+    "vit_jax": "bilinear_align_corners",
+    "big_vision": "bilinear_align_corners",
+    "hf": "bicubic_antialias",
+    "timm": "bicubic_antialias",
+}
+
+
+@dataclasses.dataclass
+class LoadReport:
+    """What `load_pretrained` did. Keys are in the official vit_jax `.npz` layout.
+
+    Attributes:
+        source: the checkpoint path or URL.
+        format: `"vit_jax"`, `"big_vision"`, `"hf"` or `"timm"`.
+        loaded: keys copied into the model.
+        missing: keys the model has and the checkpoint lacks (left unchanged).
+        unexpected: checkpoint keys the model has no place for (ignored).
+        mismatched: `(key, checkpoint_shape, model_shape)` of tensors that do not fit.
+        messages: what was adapted (head reset, pre_logits dropped, resampling).
+    """
+
+    source: str
+    format: str
+    loaded: list = dataclasses.field(default_factory=list)
+    missing: list = dataclasses.field(default_factory=list)
+    unexpected: list = dataclasses.field(default_factory=list)
+    mismatched: list = dataclasses.field(default_factory=list)
+    messages: list = dataclasses.field(default_factory=list)
+
+    def _note(self, text, level=logging.INFO):
+        logger.log(level, "%s: %s", self.source, text)
+        self.messages.append(text)
+
+
+# ---------------------------------------------------------------------------
+# Files: local paths, or gs:// and other URLs through TensorFlow's file systems.
+
+
+def _gfile():
+    import tensorflow as tf  # only URLs need it; local files load on any backend
+
+    return tf.io.gfile
+
+
+def _is_url(path):
+    return "://" in path
+
+
+def _exists(path):
+    return _gfile().exists(path) if _is_url(path) else os.path.exists(path)
+
+
+def _isdir(path):
+    return _gfile().isdir(path) if _is_url(path) else os.path.isdir(path)
+
+
+def _join(directory, name):
+    return f"{directory.rstrip('/')}/{name}" if _is_url(directory) else os.path.join(directory, name)
+
+
+def _read_bytes(path):
+    if _is_url(path):
+        with _gfile().GFile(path, "rb") as f:
+            return f.read()
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _write_bytes(path, data):
+    if _is_url(path):
+        with _gfile().GFile(path, "wb") as f:
+            f.write(data)
+    else:
+        with open(path, "wb") as f:
+            f.write(data)
+
+
+def _checkpoint_files(source):
+    if _isdir(source):
+        single = _join(source, "model.safetensors")
+        if _exists(single):
+            return [single]
+        index = _join(source, "model.safetensors.index.json")
+        if _exists(index):
+            shards = json.loads(_read_bytes(index))["weight_map"].values()
+            return [_join(source, name) for name in sorted(set(shards))]
+        raise FileNotFoundError(
+            f"Directory {source} holds no model.safetensors or model.safetensors.index.json."
+        )
+    if not _exists(source):
+        raise FileNotFoundError(f"Checkpoint {source} does not exist.")
+    return [source]
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "U8": np.uint8,
+}
+
+
+def _safetensors_arrays(data):
+    import safetensors
+
+    arrays = {}
+    for name, view in safetensors.deserialize(data):
+        if view["dtype"] not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"tensor {name!r} has the unsupported dtype {view['dtype']}")
+        dtype = _SAFETENSORS_DTYPES[view["dtype"]]
+        arrays[name] = np.frombuffer(view["data"], dtype).reshape(view["shape"])
+    return arrays
+
+
+def _read_arrays(path):
+    data = _read_bytes(path)
+    try:
+        if data[:4] == b"PK\x03\x04":  # .npz files are zip archives
+            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+                return {key: npz[key] for key in npz.files}
+        return _safetensors_arrays(data)
+    except Exception as err:  # every reader's own error becomes one that names the file
+        raise ValueError(
+            f"Cannot read checkpoint {path}: it is truncated or corrupt, or neither an .npz "
+            f"nor a .safetensors file ({type(err).__name__}: {err})."
+        ) from err
+
+
+# ---------------------------------------------------------------------------
+# Source layouts -> the official vit_jax layout.
+
+
+def _split_heads(x, heads, axis):
+    # A width the model's heads do not divide is left whole for the shape check to report.
+    if x.shape[axis] % heads:
+        return x
+    return x.reshape(*x.shape[:axis], heads, -1, *x.shape[axis + 1 :])
+
+
+def _convert(kind, target, param, value, heads):
+    """One torch tensor as `[(official key, array)]`; torch Linear weights are (out, in)."""
+    if kind == "copy":
+        return [(target, value)]
+    if kind == "norm":
+        return [(f"{target}/{'scale' if param == 'weight' else 'bias'}", value)]
+    if param == "bias":
+        if kind == "qkv":
+            return [
+                (f"{target}/{name}/bias", _split_heads(part, heads, 0))
+                for name, part in zip(_QKV, np.split(value, 3))
+            ]
+        split = _split_heads(value, heads, 0) if kind == "heads_in" else value
+        return [(f"{target}/bias", split)]
+    if kind == "conv":
+        return [(f"{target}/kernel", value.transpose(2, 3, 1, 0))]
+    kernel = value.T
+    if kind == "qkv":
+        return [
+            (f"{target}/{name}/kernel", _split_heads(part, heads, 1))
+            for name, part in zip(_QKV, np.split(kernel, 3, axis=1))
+        ]
+    if kind == "heads_in":
+        kernel = _split_heads(kernel, heads, 1)
+    elif kind == "heads_out":
+        kernel = _split_heads(kernel, heads, 0)
+    return [(f"{target}/kernel", kernel)]
+
+
+def _expected_ndim(kind, param):
+    if kind == "copy":
+        return 3
+    if param == "bias" or kind == "norm":
+        return 1
+    return 4 if kind == "conv" else 2
+
+
+def _divisible(kind, value):
+    return kind != "qkv" or value.shape[0] % 3 == 0
+
+
+_W = r"\.(?P<param>weight|bias)"
+_HF_LAYER = r"encoder\.layer\.(?P<i>\d+)\."
+_HF_RULES = [
+    (r"embeddings\.cls_token", "cls", "copy"),
+    (r"embeddings\.position_embeddings", POS_KEY, "copy"),
+    (r"embeddings\.patch_embeddings\.projection" + _W, "embedding", "conv"),
+    (_HF_LAYER + r"layernorm_before" + _W, _BLOCK + "LayerNorm_0", "norm"),
+    (_HF_LAYER + r"attention\.attention\.(?P<name>query|key|value)" + _W, _MHA + "/{name}", "heads_in"),
+    (_HF_LAYER + r"attention\.output\.dense" + _W, _MHA + "/out", "heads_out"),
+    (_HF_LAYER + r"layernorm_after" + _W, _BLOCK + "LayerNorm_2", "norm"),
+    (_HF_LAYER + r"intermediate\.dense" + _W, _BLOCK + "MlpBlock_3/Dense_0", "dense"),
+    (_HF_LAYER + r"output\.dense" + _W, _BLOCK + "MlpBlock_3/Dense_1", "dense"),
+    (r"layernorm" + _W, "Transformer/encoder_norm", "norm"),
+    # ViTModel's pooler is the representation layer: Dense + tanh on the class token.
+    (r"pooler\.dense" + _W, "pre_logits", "dense"),
+    (r"classifier" + _W, "head", "dense"),
+]
+_HF_RENAMES = [
+    (r"^vit\.", ""),
+    # transformers 5.x module names (in memory); its files keep the older names.
+    (r"^layers\.(\d+)\.attention\.q_proj\.", r"encoder.layer.\1.attention.attention.query."),
+    (r"^layers\.(\d+)\.attention\.k_proj\.", r"encoder.layer.\1.attention.attention.key."),
+    (r"^layers\.(\d+)\.attention\.v_proj\.", r"encoder.layer.\1.attention.attention.value."),
+    (r"^layers\.(\d+)\.attention\.o_proj\.", r"encoder.layer.\1.attention.output.dense."),
+    (r"^layers\.(\d+)\.mlp\.fc1\.", r"encoder.layer.\1.intermediate.dense."),
+    (r"^layers\.(\d+)\.mlp\.fc2\.", r"encoder.layer.\1.output.dense."),
+    (r"^layers\.(\d+)\.", r"encoder.layer.\1."),
+]
+_TIMM_BLOCK = r"blocks\.(?P<i>\d+)\."
+_TIMM_RULES = [
+    (r"cls_token", "cls", "copy"),
+    (r"pos_embed", POS_KEY, "copy"),
+    (r"patch_embed\.proj" + _W, "embedding", "conv"),
+    (_TIMM_BLOCK + r"norm1" + _W, _BLOCK + "LayerNorm_0", "norm"),
+    (_TIMM_BLOCK + r"attn\.qkv" + _W, _MHA, "qkv"),
+    (_TIMM_BLOCK + r"attn\.proj" + _W, _MHA + "/out", "heads_out"),
+    (_TIMM_BLOCK + r"norm2" + _W, _BLOCK + "LayerNorm_2", "norm"),
+    (_TIMM_BLOCK + r"mlp\.fc1" + _W, _BLOCK + "MlpBlock_3/Dense_0", "dense"),
+    (_TIMM_BLOCK + r"mlp\.fc2" + _W, _BLOCK + "MlpBlock_3/Dense_1", "dense"),
+    (r"norm" + _W, "Transformer/encoder_norm", "norm"),
+    (r"head" + _W, "head", "dense"),
+]
+
+
+def _from_torch_layout(arrays, rules, renames, heads):
+    params, origin = {}, {}
+    for source, value in arrays.items():
+        key = source
+        for pattern, replacement in renames:
+            key = re.sub(pattern, replacement, key)
+        for pattern, target, kind in rules:
+            match = re.fullmatch(pattern, key)
+            if match:
+                groups = match.groupdict()
+                param = groups.pop("param", None)
+                if value.ndim == _expected_ndim(kind, param) and _divisible(kind, value):
+                    for official, array in _convert(kind, target.format(**groups), param, value, heads):
+                        params[official], origin[official] = array, source
+                    break
+        else:  # kept under its own name, so the checks report it as unexpected
+            params[source], origin[source] = value, source
+    return params, origin
+
+
+_NPZ_PREFIXES = ("opt/target/", "params/img/", "params/")
+# big_vision's Linen modules are numbered without the dropout layers vit_jax counts.
+_BIG_VISION_RENAMES = {
+    "MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
+    "LayerNorm_1": "LayerNorm_2",
+    "MlpBlock_0": "MlpBlock_3",
+}
+
+
+def _from_big_vision(params, origin, notes):
+    out, out_origin = {}, {}
+    for key, value in params.items():
+        scanned = re.fullmatch(r"Transformer/encoderblock/(.+)", key)
+        if scanned:  # nn.scan stacks the blocks on a leading depth axis
+            entries = [
+                (f"Transformer/encoderblock_{i}/{scanned[1]}", layer, f"{origin[key]}[{i}]")
+                for i, layer in enumerate(value)
+            ]
+        else:
+            entries = [(key, value, origin[key])]
+        for name, array, source in entries:
+            parts = re.fullmatch(r"(Transformer/encoderblock_\d+/)([^/]+)(/.+)", name)
+            if parts and parts[2] in _BIG_VISION_RENAMES:
+                name = parts[1] + _BIG_VISION_RENAMES[parts[2]] + parts[3]
+            out[name], out_origin[name] = array, source
+    for name in ("pos_embedding", "Transformer/pos_embedding"):
+        if name not in out:
+            continue
+        table, source = out.pop(name), out_origin.pop(name)
+        rows = table.shape[1]
+        # big_vision adds the table before prepending cls (no cls row); files from
+        # before 2022 still hold the cls row first, which their length gives away.
+        if "cls" in out and math.isqrt(rows - 1) ** 2 + 1 != rows:
+            table = np.concatenate([np.zeros_like(table[:, :1]), table], axis=1)
+            notes.append(
+                "big_vision adds no position embedding to the class token: its position "
+                "row is set to zero."
+            )
+        out[POS_KEY], out_origin[POS_KEY] = table, source
+    return out, out_origin
+
+
+def _unknown_layout(source, keys):
+    keys = sorted(keys)
+    raise ValueError(
+        f"Unknown checkpoint layout in {source}: expected an official ViT / AugReg or "
+        f"big_vision .npz, or HF transformers or timm ViT safetensors. It holds {len(keys)} "
+        f"tensors, e.g. {', '.join(keys[:8])}."
+    )
+
+
+def _from_npz(arrays, source):
+    prefix = next((p for p in _NPZ_PREFIXES if any(k.startswith(p) for k in arrays)), "")
+    params = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+    origin = {k[len(prefix):]: k for k in arrays if k.startswith(prefix)}
+    notes = []
+    if len(params) < len(arrays):
+        notes.append(f"ignored {len(arrays) - len(params)} tensors outside {prefix!r}.")
+    big_vision = any(
+        k in ("pos_embedding", "Transformer/pos_embedding")
+        or k.startswith("Transformer/encoderblock/")
+        or re.match(r"Transformer/encoderblock_\d+/MultiHeadDotProductAttention_0/", k)
+        for k in params
+    )
+    if big_vision:
+        params, origin = _from_big_vision(params, origin, notes)
+    if "embedding/kernel" not in params and not any(
+        k.startswith("Transformer/encoderblock_") for k in params
+    ):
+        _unknown_layout(source, arrays)
+    return ("big_vision" if big_vision else "vit_jax"), params, origin, notes
+
+
+def _to_official(arrays, source, heads):
+    """Returns `(format, params, origin, notes)`, params in the official layout."""
+    if any("/" in key for key in arrays):
+        return _from_npz(arrays, source)
+    if "patch_embed.proj.weight" in arrays:
+        return ("timm", *_from_torch_layout(arrays, _TIMM_RULES, [], heads), [])
+    if any(re.match(r"(vit\.)?embeddings\.patch_embeddings\.", key) for key in arrays):
+        return ("hf", *_from_torch_layout(arrays, _HF_RULES, _HF_RENAMES, heads), [])
+    _unknown_layout(source, arrays)
+
+
+# ---------------------------------------------------------------------------
+# The official layout <-> the model's weights.
+
+
+@dataclasses.dataclass
+class _Slot:
+    """A model variable, the official keys it holds, and the maps between them."""
+
+    keys: tuple
+    variable: object
+    split: object = lambda array: [array]
+    join: object = lambda parts: parts[0]
+
+
+class _ModelLayout:
+    """A `keras_vit.ViT` model's weights seen in the official layout."""
+
+    def __init__(self, model):
+        self.layers = {layer.name: layer for layer in model.layers}
+        for required in ("patches", "patch_encoder", "encoder_norm"):
+            if required not in self.layers:
+                raise ValueError(
+                    f"Model {model.name!r} has no layer {required!r}: load_pretrained and "
+                    "save_npz work on keras_vit.ViT models, whose layer names are the "
+                    "weight layout."
+                )
+        self.blocks = sorted(
+            (l for l in model.layers if re.fullmatch(r"encoderblock_\d+", l.name)),
+            key=lambda l: int(l.name.rsplit("_", 1)[1]),
+        )
+        self.encoder = self.layers["patch_encoder"]
+        self.class_token = self.layers.get("class_token")
+        self.heads = self.blocks[0].num_heads if self.blocks else 1
+        self.slots = self._slots()
+
+    def _slots(self):
+        slots = []
+        projection = self.encoder.projection
+        patch = self.layers["patches"].patch_size
+        width = self.encoder.hidden_dim
+        slots.append(
+            _Slot(
+                ("embedding/kernel",),
+                projection.kernel,
+                lambda a: [a.reshape(patch, patch, -1, width)],
+                lambda parts: parts[0].reshape(-1, width),
+            )
+        )
+        slots.append(_Slot(("embedding/bias",), projection.bias))
+        if self.class_token is not None:
+            slots.append(_Slot(("cls",), self.class_token.token))
+
+        def norm(key, layer):
+            slots.append(_Slot((f"{key}/scale",), layer.gamma))
+            slots.append(_Slot((f"{key}/bias",), layer.beta))
+
+        def dense(key, layer):
+            slots.append(_Slot((f"{key}/kernel",), layer.kernel))
+            slots.append(_Slot((f"{key}/bias",), layer.bias))
+
+        for i, block in enumerate(self.blocks):
+            prefix, mha, heads = _BLOCK.format(i=i), _MHA.format(i=i), block.num_heads
+            norm(prefix + "LayerNorm_0", block.norm1)
+            # The fused q|k|v projection holds the three (D, heads, head_dim) kernels.
+            slots.append(
+                _Slot(
+                    tuple(f"{mha}/{name}/kernel" for name in _QKV),
+                    block.qkv.kernel,
+                    lambda a, h=heads: [k.reshape(k.shape[0], h, -1) for k in np.split(a, 3, 1)],
+                    lambda parts: np.concatenate([k.reshape(k.shape[0], -1) for k in parts], 1),
+                )
+            )
+            slots.append(
+                _Slot(
+                    tuple(f"{mha}/{name}/bias" for name in _QKV),
+                    block.qkv.bias,
+                    lambda a, h=heads: [b.reshape(h, -1) for b in np.split(a, 3)],
+                    lambda parts: np.concatenate([b.reshape(-1) for b in parts]),
+                )
+            )
+            slots.append(
+                _Slot(
+                    (f"{mha}/out/kernel",),
+                    block.attention_output.kernel,
+                    lambda a, h=heads: [a.reshape(h, -1, a.shape[1])],
+                    lambda parts: parts[0].reshape(-1, parts[0].shape[-1]),
+                )
+            )
+            slots.append(_Slot((f"{mha}/out/bias",), block.attention_output.bias))
+            norm(prefix + "LayerNorm_2", block.norm2)
+            dense(prefix + "MlpBlock_3/Dense_0", block.mlp_fc1)
+            dense(prefix + "MlpBlock_3/Dense_1", block.mlp_fc2)
+        norm("Transformer/encoder_norm", self.layers["encoder_norm"])
+        for name in ("pre_logits", "head"):
+            if name in self.layers:
+                dense(name, self.layers[name])
+        return slots
+
+    def params(self):
+        """The model's weights in the official layout, without the position table."""
+        params = {}
+        for slot in self.slots:
+            params.update(zip(slot.keys, slot.split(keras.ops.convert_to_numpy(slot.variable))))
+        return params
+
+    def position_table(self):
+        """The official `(1, [1 +] patches, D)` table: the model's function in VT's terms."""
+        table = self.encoder.position_table()
+        rows, cols = self.encoder.grid_size
+        width = self.encoder.hidden_dim
+        if table is None:
+            table = np.zeros((1, rows * cols, width), "float32")
+        table = keras.ops.convert_to_numpy(table)
+        if self.class_token is not None:
+            if self.class_token.use_position:
+                cls_row = keras.ops.convert_to_numpy(self.class_token.position)
+            else:
+                cls_row = np.zeros((1, 1, width), table.dtype)
+            table = np.concatenate([cls_row, table], axis=1)
+        return table
+
+    def assign(self, params, keys):
+        """Writes `params` (a complete official dict) to the variables holding `keys`."""
+        for slot in self.slots:
+            if keys.intersection(slot.keys):
+                value = slot.join([params[key] for key in slot.keys])
+                slot.variable.assign(np.asarray(value, dtype=slot.variable.dtype))
+
+
+def _checkpoint_grid(count, model_grid):
+    # Same patch count: the model's grid, as vit_jax and timm assume. Otherwise the
+    # released checkpoints are all square.
+    if count == model_grid[0] * model_grid[1]:
+        return tuple(model_grid)
+    side = math.isqrt(count)
+    if side * side == count:
+        return (side, side)
+    raise ValueError(
+        f"Cannot tell the patch grid of the checkpoint's {count} position embeddings: "
+        f"{count} is not square and differs from the model's {model_grid[0]}x"
+        f"{model_grid[1]} grid."
+    )
+
+
+def _position_assignments(layout, table, interpolation, report):
+    """`[(variable, value)]` that put the official table into the model, or raises."""
+    encoder, token = layout.encoder, layout.class_token
+    rows, cols = encoder.grid_size
+    width = encoder.hidden_dim
+    has_cls = token is not None
+    expected = (1, rows * cols + has_cls, width)
+    if table.ndim != 3 or table.shape[0] != 1 or table.shape[2] != width or table.shape[1] <= has_cls:
+        report.mismatched.append((POS_KEY, tuple(table.shape), expected))
+        return []
+    cls_row = table[:, :1] if has_cls else None
+    patches = table[0, 1:] if has_cls else table[0]
+    old = _checkpoint_grid(len(patches), (rows, cols))
+    grid = patches.reshape(*old, width)
+    if encoder.pos_embedding in ("sincos2d", "none"):
+        if encoder.pos_embedding == "none":
+            fixed = np.zeros_like(grid)
+        else:
+            fixed = keras.ops.convert_to_numpy(sincos_2d_table(old, width)).reshape(grid.shape)
+        if (cls_row is not None and np.any(cls_row)) or not np.allclose(grid, fixed, atol=1e-5):
+            raise ValueError(
+                f"Checkpoint {report.source} has a learned position embedding "
+                f"({POS_KEY} {tuple(table.shape)}), but the model uses the fixed "
+                f"pos_embedding={encoder.pos_embedding!r}: build the model with "
+                "pos_embedding='learned'."
+            )
+        report.loaded.append(POS_KEY)
+        return []
+    if old != (rows, cols):
+        report._note(
+            f"position embedding resampled from a {old[0]}x{old[1]} to a {rows}x{cols} "
+            f"patch grid ({interpolation})."
+        )
+    assignments = [(token.position, cls_row)] if has_cls else []
+    if encoder.pos_embedding == "learned":
+        grid = posembed.resample_position_grid(grid, (rows, cols), interpolation)
+        assignments.append((encoder.position, grid.reshape(1, rows * cols, width)))
+    else:  # learned2d: a row table and a column table, concatenated per patch
+        half = width // 2
+        row_table, col_table = grid[:, :1, :half], grid[:1, :, half:]
+        rebuilt = np.concatenate(
+            [np.broadcast_to(row_table, (*old, half)), np.broadcast_to(col_table, (*old, half))],
+            axis=-1,
+        )
+        if not np.array_equal(grid, rebuilt):
+            raise ValueError(
+                f"Checkpoint {report.source} has a full learned position table "
+                f"({POS_KEY} {tuple(table.shape)}), which a pos_embedding='learned2d' model "
+                "(row and column tables) cannot hold: build the model with "
+                "pos_embedding='learned'."
+            )
+        assignments.append(
+            (encoder.row_position, posembed.resample_position_grid(row_table, (rows, 1), interpolation))
+        )
+        assignments.append(
+            (encoder.col_position, posembed.resample_position_grid(col_table, (1, cols), interpolation))
+        )
+    report.loaded.append(POS_KEY)
+    return assignments
+
+
+def _reconcile_head(layout, params, current, report):
+    """Returns the head values to force (zeros) when the checkpoint's head cannot be used."""
+    head = {key: params.pop(key) for key in ("head/kernel", "head/bias") if key in params}
+    if "pre_logits" not in layout.layers:
+        dropped = sorted(key for key in params if key.startswith("pre_logits/"))
+        if dropped:
+            shape = tuple(params["pre_logits/kernel"].shape) if "pre_logits/kernel" in params else "?"
+            for key in dropped:
+                del params[key]
+            report._note(
+                f"the model has no pre_logits layer (representation_size=None): the "
+                f"checkpoint's pre_logits {shape} is dropped.",
+                logging.WARNING,
+            )
+    if "head" not in layout.layers:
+        if head:
+            report._note(
+                "the model has no head (include_top=False): the checkpoint's head is not loaded."
+            )
+        return {}
+    kernel = current["head/kernel"]
+    got = head.get("head/kernel")
+    if got is None:
+        reason = "the checkpoint has no head"
+    elif got.ndim == 2 and got.shape[0] == kernel.shape[0] and got.shape[1] != kernel.shape[1]:
+        reason = f"the checkpoint's head has {got.shape[1]} classes, the model {kernel.shape[1]}"
+    else:  # loaded, or reported as mismatched, like any other tensor
+        params.update(head)
+        return {}
+    report._note(f"{reason}: the head is reset to zeros.", logging.WARNING)
+    return {key: np.zeros_like(current[key]) for key in ("head/kernel", "head/bias")}
+
+
+def _problems(report, origin, model_shapes, checkpoint_shapes):
+    def name(key):
+        return key if origin.get(key, key) == key else f"{key} (from {origin[key]})"
+
+    lines = [f"Checkpoint {report.source} ({report.format}) does not fit the model:"]
+    for key in report.missing:
+        lines.append(f"  missing {name(key)}: checkpoint -, model {model_shapes[key]}")
+    for key in report.unexpected:
+        lines.append(f"  unexpected {name(key)}: checkpoint {checkpoint_shapes[key]}, model -")
+    for key, got, want in report.mismatched:
+        lines.append(f"  mis-shaped {name(key)}: checkpoint {got}, model {want}")
+    lines.append("Pass strict=False to load the tensors that fit and get a report.")
+    return "\n".join(lines)
+
+
+def load_pretrained(model, source, *, strict=True, interpolation=None):
+    """Loads pretrained ViT weights into a `keras_vit.ViT` model.
+
+    `source` is a local path or a `gs://` URL (read through `tf.io.gfile`) of an
+    official vit_jax / AugReg `.npz` (also in21k files with `pre_logits`, and gap
+    files without `cls`), a big_vision `.npz` (`params/`, `params/img/` or
+    `opt/target/` prefixes, scanned blocks), an HF transformers `model.safetensors`
+    (or a directory holding it, sharded too) or a timm `.safetensors`; the format is
+    told from the keys.
+
+    When the model's patch grid differs from the checkpoint's, the position embedding
+    is resampled (see `resample_position_grid`): by default bilinearly with aligned
+    corners for `.npz` files, as vit_jax does, and bicubically with antialiasing for
+    HF/timm files, as timm does. A head with a different class count (or a checkpoint
+    without one) is reset to zeros; `pre_logits` is dropped when the model has no
+    representation layer; both are logged and listed in the report's messages.
+
+    Args:
+        model: a `keras_vit.ViT` model; its `classifier` must match the checkpoint's.
+        source: path or URL of the checkpoint file, or of an HF model directory.
+        strict: if True, any missing, unexpected or mis-shaped tensor raises one
+            `ValueError` that lists them all; if False, what fits is loaded.
+        interpolation: `"bilinear_align_corners"` or `"bicubic_antialias"` to override
+            the default resampling method.
+
+    Returns:
+        A `LoadReport` (keys in the official `.npz` layout).
+
+    Example:
+
+    >>> import os, tempfile, keras_vit
+    >>> pretrained = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32,
+    ...                            num_layers=2, num_heads=4, mlp_dim=64, num_classes=10)
+    >>> path = os.path.join(tempfile.mkdtemp(), "vit.npz")
+    >>> keras_vit.save_npz(pretrained, path)
+    >>> finetune = keras_vit.ViT(image_size=48, patch_size=8, hidden_dim=32,
+    ...                          num_layers=2, num_heads=4, mlp_dim=64, num_classes=5)
+    >>> report = keras_vit.load_pretrained(finetune, path)
+    >>> report.messages[0]
+    'position embedding resampled from a 4x4 to a 6x6 patch grid (bilinear_align_corners).'
+    """
+    if interpolation is not None:
+        posembed.check_interpolation(interpolation)
+    source = os.fspath(source)
+    layout = _ModelLayout(model)
+    arrays = {}
+    for path in _checkpoint_files(source):
+        arrays.update(_read_arrays(path))
+    fmt, params, origin, notes = _to_official(arrays, source, layout.heads)
+    report = LoadReport(source, fmt)
+    for note in notes:
+        report._note(note)
+
+    model_token = layout.class_token is not None
+    if ("cls" in params) != model_token:
+        have, need = ("token", "gap") if "cls" in params else ("gap", "token")
+        raise ValueError(
+            f"Checkpoint {source} is a classifier={have!r} model "
+            f"({'with' if have == 'token' else 'without'} a class token 'cls'), but the "
+            f"model uses classifier={need!r}: build it with classifier={have!r}."
+        )
+
+    checkpoint_shapes = {key: tuple(value.shape) for key, value in params.items()}
+    current = layout.params()
+    forced = _reconcile_head(layout, params, current, report)
+    model_shapes = {key: tuple(value.shape) for key, value in current.items()}
+    learned = layout.encoder.pos_embedding.startswith("learned")
+    if learned:
+        model_shapes[POS_KEY] = tuple(layout.position_table().shape)
+
+    table = params.pop(POS_KEY, None)
+    position = []
+    if table is not None:
+        position = _position_assignments(
+            layout, table, interpolation or _DEFAULT_INTERPOLATION[fmt], report
+        )
+    elif learned:
+        report.missing.append(POS_KEY)
+
+    values = dict(forced)
+    for key, value in current.items():
+        if key in forced:
+            continue
+        if key not in params:
+            report.missing.append(key)
+            continue
+        got = params.pop(key)
+        if got.shape != value.shape:
+            report.mismatched.append((key, tuple(got.shape), tuple(value.shape)))
+        else:
+            values[key] = got
+            report.loaded.append(key)
+    report.unexpected.extend(sorted(params))
+
+    if strict and (report.missing or report.unexpected or report.mismatched):
+        raise ValueError(_problems(report, origin, model_shapes, checkpoint_shapes))
+    layout.assign({**current, **values}, set(values))
+    for variable, value in position:
+        variable.assign(np.asarray(value, dtype=variable.dtype))
+    return report
+
+
+def save_npz(model, path):
+    """Saves a `keras_vit.ViT` model's weights as an official vit_jax `.npz`.
+
+    The file has the layout of the released checkpoints (query/key/value kernels
+    `(D, heads, head_dim)`, `embedding/kernel` `(P, P, C, D)`, the position table with
+    its class-token row, ...), so vit_jax, big_vision and timm load it, and
+    `load_pretrained` restores it exactly. `path` may be a `gs://` URL.
+
+    Example:
+
+    >>> import os, tempfile, keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
+    ...                       num_heads=4, mlp_dim=64, num_classes=10)
+    >>> path = os.path.join(tempfile.mkdtemp(), "vit.npz")
+    >>> keras_vit.save_npz(model, path)
+    >>> np.load(path)["Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"].shape
+    (32, 4, 8)
+    """
+    layout = _ModelLayout(model)
+    params = layout.params()
+    params[POS_KEY] = layout.position_table()
+    buffer = io.BytesIO()
+    np.savez(buffer, **params)
+    _write_bytes(os.fspath(path), buffer.getvalue())
