@@ -45,7 +45,9 @@ def _isdir(path):
 
 
 def _join(directory, name):
-    return f"{directory.rstrip('/')}/{name}" if _is_url(directory) else os.path.join(directory, name)
+    if _is_url(directory):
+        return f"{directory.rstrip('/')}/{name}"
+    return os.path.join(directory, name)
 
 
 def _read_bytes(path):
@@ -178,7 +180,11 @@ _HF_RULES = [
     (r"embeddings\.position_embeddings", POS_KEY, "copy"),
     (r"embeddings\.patch_embeddings\.projection" + _W, "embedding", "conv"),
     (_HF_LAYER + r"layernorm_before" + _W, BLOCK_KEY + "LayerNorm_0", "norm"),
-    (_HF_LAYER + r"attention\.attention\.(?P<name>query|key|value)" + _W, ATTENTION_KEY + "/{name}", "heads_in"),
+    (
+        _HF_LAYER + r"attention\.attention\.(?P<name>query|key|value)" + _W,
+        ATTENTION_KEY + "/{name}",
+        "heads_in",
+    ),
     (_HF_LAYER + r"attention\.output\.dense" + _W, ATTENTION_KEY + "/out", "heads_out"),
     (_HF_LAYER + r"layernorm_after" + _W, BLOCK_KEY + "LayerNorm_2", "norm"),
     (_HF_LAYER + r"intermediate\.dense" + _W, BLOCK_KEY + "MlpBlock_3/Dense_0", "dense"),
@@ -227,7 +233,8 @@ def _from_torch_layout(arrays, rules, renames, heads):
                 groups = match.groupdict()
                 param = groups.pop("param", None)
                 if value.ndim == _expected_ndim(kind, param) and _divisible(kind, value):
-                    for official, array in _convert(kind, target.format(**groups), param, value, heads):
+                    target = target.format(**groups)
+                    for official, array in _convert(kind, target, param, value, heads):
                         params[official], origin[official] = array, source
                     break
         else:  # kept under its own name, so the checks report it as unexpected

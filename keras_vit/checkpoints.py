@@ -16,7 +16,14 @@ import keras
 import numpy as np
 
 from keras_vit import posembed
-from keras_vit.checkpoint_formats import ATTENTION_KEY, BLOCK_KEY, POS_KEY, QKV, read_official, write_bytes
+from keras_vit.checkpoint_formats import (
+    ATTENTION_KEY,
+    BLOCK_KEY,
+    POS_KEY,
+    QKV,
+    read_official,
+    write_bytes,
+)
 from keras_vit.layers import sincos_2d_table
 
 logger = logging.getLogger(__name__)
@@ -51,10 +58,16 @@ class LoadReport:
     unexpected: list = dataclasses.field(default_factory=list)
     mismatched: list = dataclasses.field(default_factory=list)
     messages: list = dataclasses.field(default_factory=list)
+    _levels: list = dataclasses.field(default_factory=list, repr=False)
 
     def _note(self, text, level=logging.INFO):
-        logger.log(level, "%s: %s", self.source, text)
         self.messages.append(text)
+        self._levels.append(level)
+
+    def _log(self):
+        # Only once the weights are in: a strict failure changes nothing, says nothing.
+        for text, level in zip(self.messages, self._levels):
+            logger.log(level, "%s: %s", self.source, text)
 
 
 # ---------------------------------------------------------------------------
@@ -208,7 +221,7 @@ def _position_assignments(layout, table, interpolation, report):
     width = encoder.hidden_dim
     has_cls = token is not None
     expected = (1, rows * cols + has_cls, width)
-    if table.ndim != 3 or table.shape[0] != 1 or table.shape[2] != width or table.shape[1] <= has_cls:
+    if table.ndim != 3 or table.shape[::2] != (1, width) or table.shape[1] <= has_cls:
         report.mismatched.append((POS_KEY, tuple(table.shape), expected))
         return []
     cls_row = table[:, :1] if has_cls else None
@@ -252,30 +265,30 @@ def _position_assignments(layout, table, interpolation, report):
                 "(row and column tables) cannot hold: build the model with "
                 "pos_embedding='learned'."
             )
-        assignments.append(
-            (encoder.row_position, posembed.resample_position_grid(row_table, (rows, 1), interpolation))
-        )
-        assignments.append(
-            (encoder.col_position, posembed.resample_position_grid(col_table, (1, cols), interpolation))
-        )
+        resample = posembed.resample_position_grid
+        assignments.append((encoder.row_position, resample(row_table, (rows, 1), interpolation)))
+        assignments.append((encoder.col_position, resample(col_table, (1, cols), interpolation)))
     report.loaded.append(POS_KEY)
     return assignments
+
+
+def _drop_pre_logits(layout, params, report):
+    # As vit_jax does when fine-tuning an in21k checkpoint without a representation layer.
+    if "pre_logits" in layout.layers or "pre_logits/kernel" not in params:
+        return
+    shape = tuple(params["pre_logits/kernel"].shape)
+    for key in [key for key in params if key.startswith("pre_logits/")]:
+        del params[key]
+    report._note(
+        f"the model has no pre_logits layer (representation_size=None): the checkpoint's "
+        f"pre_logits {shape} is dropped.",
+        logging.WARNING,
+    )
 
 
 def _reconcile_head(layout, params, current, report):
     """Returns the head values to force (zeros) when the checkpoint's head cannot be used."""
     head = {key: params.pop(key) for key in ("head/kernel", "head/bias") if key in params}
-    if "pre_logits" not in layout.layers:
-        dropped = sorted(key for key in params if key.startswith("pre_logits/"))
-        if dropped:
-            shape = tuple(params["pre_logits/kernel"].shape) if "pre_logits/kernel" in params else "?"
-            for key in dropped:
-                del params[key]
-            report._note(
-                f"the model has no pre_logits layer (representation_size=None): the "
-                f"checkpoint's pre_logits {shape} is dropped.",
-                logging.WARNING,
-            )
     if "head" not in layout.layers:
         if head:
             report._note(
@@ -348,8 +361,10 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
     >>> finetune = keras_vit.ViT(image_size=48, patch_size=8, hidden_dim=32,
     ...                          num_layers=2, num_heads=4, mlp_dim=64, num_classes=5)
     >>> report = keras_vit.load_pretrained(finetune, path)
-    >>> report.messages[0]
-    'position embedding resampled from a 4x4 to a 6x6 patch grid (bilinear_align_corners).'
+    >>> for message in report.messages:
+    ...     print(message)
+    the checkpoint's head has 10 classes, the model 5: the head is reset to zeros.
+    position embedding resampled from a 4x4 to a 6x6 patch grid (bilinear_align_corners).
     """
     if interpolation is not None:
         posembed.check_interpolation(interpolation)
@@ -371,6 +386,7 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
 
     checkpoint_shapes = {key: tuple(value.shape) for key, value in params.items()}
     current = layout.params()
+    _drop_pre_logits(layout, params, report)
     forced = _reconcile_head(layout, params, current, report)
     model_shapes = {key: tuple(value.shape) for key, value in current.items()}
     learned = layout.encoder.pos_embedding.startswith("learned")
@@ -406,6 +422,7 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
     layout.assign({**current, **values}, set(values))
     for variable, value in position:
         variable.assign(np.asarray(value, dtype=variable.dtype))
+    report._log()
     return report
 
 
@@ -424,7 +441,8 @@ def save_npz(model, path):
     ...                       num_heads=4, mlp_dim=64, num_classes=10)
     >>> path = os.path.join(tempfile.mkdtemp(), "vit.npz")
     >>> keras_vit.save_npz(model, path)
-    >>> np.load(path)["Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"].shape
+    >>> query = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
+    >>> np.load(path)[query].shape
     (32, 4, 8)
     """
     layout = _ModelLayout(model)
