@@ -173,27 +173,59 @@ def _divisible(kind, value):
     return kind != "qkv" or value.shape[0] % 3 == 0
 
 
-_W = r"\.(?P<param>weight|bias)"
 _HF_LAYER = r"encoder\.layer\.(?P<i>\d+)\."
-_HF_RULES = [
-    (r"embeddings\.cls_token", "cls", "copy"),
-    (r"embeddings\.position_embeddings", POS_KEY, "copy"),
-    (r"embeddings\.patch_embeddings\.projection" + _W, "embedding", "conv"),
-    (_HF_LAYER + r"layernorm_before" + _W, BLOCK_KEY + "LayerNorm_0", "norm"),
+_TIMM_BLOCK = r"blocks\.(?P<i>\d+)\."
+# official module, conversion, HF transformers name, timm name (None: not in that format)
+_TORCH_NAMES = [
+    ("cls", "copy", r"embeddings\.cls_token", r"cls_token"),
+    (POS_KEY, "copy", r"embeddings\.position_embeddings", r"pos_embed"),
+    ("embedding", "conv", r"embeddings\.patch_embeddings\.projection", r"patch_embed\.proj"),
+    (BLOCK_KEY + "LayerNorm_0", "norm", _HF_LAYER + "layernorm_before", _TIMM_BLOCK + "norm1"),
     (
-        _HF_LAYER + r"attention\.attention\.(?P<name>query|key|value)" + _W,
         ATTENTION_KEY + "/{name}",
         "heads_in",
+        _HF_LAYER + r"attention\.attention\.(?P<name>query|key|value)",
+        None,
     ),
-    (_HF_LAYER + r"attention\.output\.dense" + _W, ATTENTION_KEY + "/out", "heads_out"),
-    (_HF_LAYER + r"layernorm_after" + _W, BLOCK_KEY + "LayerNorm_2", "norm"),
-    (_HF_LAYER + r"intermediate\.dense" + _W, BLOCK_KEY + "MlpBlock_3/Dense_0", "dense"),
-    (_HF_LAYER + r"output\.dense" + _W, BLOCK_KEY + "MlpBlock_3/Dense_1", "dense"),
-    (r"layernorm" + _W, "Transformer/encoder_norm", "norm"),
+    (ATTENTION_KEY, "qkv", None, _TIMM_BLOCK + r"attn\.qkv"),
+    (
+        ATTENTION_KEY + "/out",
+        "heads_out",
+        _HF_LAYER + r"attention\.output\.dense",
+        _TIMM_BLOCK + r"attn\.proj",
+    ),
+    (BLOCK_KEY + "LayerNorm_2", "norm", _HF_LAYER + "layernorm_after", _TIMM_BLOCK + "norm2"),
+    (
+        BLOCK_KEY + "MlpBlock_3/Dense_0",
+        "dense",
+        _HF_LAYER + r"intermediate\.dense",
+        _TIMM_BLOCK + r"mlp\.fc1",
+    ),
+    (
+        BLOCK_KEY + "MlpBlock_3/Dense_1",
+        "dense",
+        _HF_LAYER + r"output\.dense",
+        _TIMM_BLOCK + r"mlp\.fc2",
+    ),
+    ("Transformer/encoder_norm", "norm", r"layernorm", r"norm"),
     # ViTModel's pooler is the representation layer: Dense + tanh on the class token.
-    (r"pooler\.dense" + _W, "pre_logits", "dense"),
-    (r"classifier" + _W, "head", "dense"),
+    ("pre_logits", "dense", r"pooler\.dense", None),
+    ("head", "dense", r"classifier", r"head"),
 ]
+
+
+def _rules(column):
+    """`(pattern, official target, conversion)` for one format of `_TORCH_NAMES`."""
+    rules = []
+    for target, kind, *names in _TORCH_NAMES:
+        name = names[column]
+        if name is not None:
+            suffix = "" if kind == "copy" else r"\.(?P<param>weight|bias)"
+            rules.append((name + suffix, target, kind))
+    return rules
+
+
+_HF_RULES, _TIMM_RULES = _rules(0), _rules(1)
 _HF_RENAMES = [
     (r"^vit\.", ""),
     # transformers 5.x module names (in memory); its files keep the older names.
@@ -204,20 +236,6 @@ _HF_RENAMES = [
     (r"^layers\.(\d+)\.mlp\.fc1\.", r"encoder.layer.\1.intermediate.dense."),
     (r"^layers\.(\d+)\.mlp\.fc2\.", r"encoder.layer.\1.output.dense."),
     (r"^layers\.(\d+)\.", r"encoder.layer.\1."),
-]
-_TIMM_BLOCK = r"blocks\.(?P<i>\d+)\."
-_TIMM_RULES = [
-    (r"cls_token", "cls", "copy"),
-    (r"pos_embed", POS_KEY, "copy"),
-    (r"patch_embed\.proj" + _W, "embedding", "conv"),
-    (_TIMM_BLOCK + r"norm1" + _W, BLOCK_KEY + "LayerNorm_0", "norm"),
-    (_TIMM_BLOCK + r"attn\.qkv" + _W, ATTENTION_KEY, "qkv"),
-    (_TIMM_BLOCK + r"attn\.proj" + _W, ATTENTION_KEY + "/out", "heads_out"),
-    (_TIMM_BLOCK + r"norm2" + _W, BLOCK_KEY + "LayerNorm_2", "norm"),
-    (_TIMM_BLOCK + r"mlp\.fc1" + _W, BLOCK_KEY + "MlpBlock_3/Dense_0", "dense"),
-    (_TIMM_BLOCK + r"mlp\.fc2" + _W, BLOCK_KEY + "MlpBlock_3/Dense_1", "dense"),
-    (r"norm" + _W, "Transformer/encoder_norm", "norm"),
-    (r"head" + _W, "head", "dense"),
 ]
 
 
