@@ -59,6 +59,7 @@ def _read_bytes(path):
 
 
 def write_bytes(path, data):
+    """Writes `data` to a local path, or to a URL such as `gs://...` via `tf.io.gfile`."""
     if _is_url(path):
         with _gfile().GFile(path, "wb") as f:
             f.write(data)

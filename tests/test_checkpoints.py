@@ -18,6 +18,7 @@ import scipy.ndimage
 import tensorflow as tf
 import torch
 from safetensors.numpy import load_file, save_file
+from safetensors.torch import save_file as torch_save_file
 from transformers import ViTConfig, ViTForImageClassification, ViTModel
 
 import keras_vit
@@ -199,6 +200,15 @@ def test_hf_safetensors_logits_match_transformers(hf, shared_model, tmp_path, la
     report = keras_vit.load_pretrained(shared_model, source)
     assert report.format == "hf" and not report.messages
     assert max_logit_diff(shared_model, hf) < 1e-4
+
+
+def test_bfloat16_safetensors_load_as_their_float32_values(hf, shared_model, tmp_path):
+    # numpy has no bfloat16: safetensors.numpy cannot read such files, the loader can.
+    state = {k: torch.from_numpy(v).to(torch.bfloat16) for k, v in hf["files"].items()}
+    torch_save_file(state, tmp_path / "model.safetensors")
+    keras_vit.load_pretrained(shared_model, tmp_path)
+    expected = state["vit.layernorm.weight"].float().numpy()
+    np.testing.assert_array_equal(as_numpy(shared_model.get_layer("encoder_norm").gamma), expected)
 
 
 def test_hf_vitmodel_pooler_loads_as_pre_logits(tmp_path):
