@@ -328,6 +328,20 @@ def test_weights_load_into_a_larger_resolution_model(saved, image_size, interpol
     assert logits.shape == (2, 10) and np.all(np.isfinite(logits)) and np.std(logits) > 0
 
 
+def test_learned2d_tables_resample_rows_and_columns_separately(tmp_path):
+    small = randomised_vit(pos_embedding="learned2d")
+    keras_vit.save_npz(small, tmp_path / "vit.npz")
+    tall = tiny_vit(image_size=(48, 32), pos_embedding="learned2d")  # 4x4 -> 6x4 patches
+    keras_vit.load_pretrained(tall, tmp_path / "vit.npz")
+    small_encoder, tall_encoder = small.get_layer("patch_encoder"), tall.get_layer("patch_encoder")
+    rows = as_numpy(small_encoder.row_position)  # (4, 1, D/2)
+    expected = scipy.ndimage.zoom(rows, (6 / 4, 1, 1), order=1)
+    np.testing.assert_allclose(as_numpy(tall_encoder.row_position), expected, rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(
+        as_numpy(tall_encoder.col_position), as_numpy(small_encoder.col_position)
+    )
+
+
 def test_hf_weights_resample_bicubically_by_default(hf):
     model = tiny_vit(image_size=48)
     keras_vit.load_pretrained(model, hf["directory"])
