@@ -199,7 +199,7 @@ class _ModelLayout:
                 slot.variable.assign(np.asarray(value, dtype=slot.variable.dtype))
 
 
-def _checkpoint_grid(count, model_grid):
+def _checkpoint_grid(count, model_grid, source):
     # Same patch count: the model's grid, as vit_jax and timm assume. Otherwise the
     # released checkpoints are all square.
     if count == model_grid[0] * model_grid[1]:
@@ -208,7 +208,7 @@ def _checkpoint_grid(count, model_grid):
     if side * side == count:
         return (side, side)
     raise ValueError(
-        f"Cannot tell the patch grid of the checkpoint's {count} position embeddings: "
+        f"Cannot tell the patch grid of the {count} position embeddings in {source}: "
         f"{count} is not square and differs from the model's {model_grid[0]}x"
         f"{model_grid[1]} grid."
     )
@@ -226,7 +226,7 @@ def _position_assignments(layout, table, interpolation, report):
         return []
     cls_row = table[:, :1] if has_cls else None
     patches = table[0, 1:] if has_cls else table[0]
-    old = _checkpoint_grid(len(patches), (rows, cols))
+    old = _checkpoint_grid(len(patches), (rows, cols), report.source)
     grid = patches.reshape(*old, width)
     if encoder.pos_embedding in ("sincos2d", "none"):
         if encoder.pos_embedding == "none":

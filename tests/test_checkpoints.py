@@ -443,6 +443,13 @@ def test_hf_mis_shaped_tensor_names_its_source_key(hf, shared_model, tmp_path):
         keras_vit.load_pretrained(shared_model, tmp_path)
 
 
+def test_position_table_without_a_patch_grid_is_an_error(saved, shared_model, tmp_path):
+    tensors = dict(saved[1])
+    tensors[POS_KEY] = tensors[POS_KEY][:, :11]  # the cls row and 10 patches: no grid
+    with pytest.raises(ValueError, match="patch grid of the 10 position embeddings in .*bad.npz"):
+        keras_vit.load_pretrained(shared_model, write_npz(tmp_path, tensors))
+
+
 def test_strict_false_loads_what_fits_and_reports_the_rest(saved, tmp_path):
     tensors = dict(saved[1])
     tensors["embedding/bias"] = np.zeros(31, "float32")
