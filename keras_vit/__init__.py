@@ -1,5 +1,11 @@
 """keras-vit: the Vision Transformer for Keras 3 on TensorFlow, JAX and PyTorch."""
 
+from keras_vit.fewshot import (
+    RidgeProbe,
+    extract_features,
+    fewshot_evaluate,
+    linear_fewshot_accuracy,
+)
 from keras_vit.layers import (
     ClassToken,
     DropPath,
