@@ -45,7 +45,8 @@ class LoadReport:
         source: the checkpoint path or URL.
         format: `"vit_jax"`, `"big_vision"`, `"hf"` or `"timm"`.
         loaded: keys copied into the model.
-        missing: keys the model has and the checkpoint lacks (left unchanged).
+        missing: keys the model has and the checkpoint lacks (left unchanged); model
+            weights outside the official layout appear under their Keras path.
         unexpected: checkpoint keys the model has no place for (ignored).
         mismatched: `(key, checkpoint_shape, model_shape)` of tensors that do not fit.
         messages: what was adapted (head reset, pre_logits dropped, resampling).
@@ -104,6 +105,18 @@ class _ModelLayout:
         self.class_token = self.layers.get("class_token")
         self.heads = self.blocks[0].num_heads if self.blocks else 1
         self.slots = self._slots()
+        # Weights outside the official ViT layout (e.g. a hybrid's ResNet trunk).
+        mapped = {id(slot.variable) for slot in self.slots}
+        mapped.update(id(v) for v in self._position_variables())
+        self.unmapped = [v for v in model.weights if id(v) not in mapped]
+
+    def _position_variables(self):
+        if self.class_token is not None and self.class_token.use_position:
+            yield self.class_token.position
+        if self.encoder.pos_embedding == "learned":
+            yield self.encoder.position
+        elif self.encoder.pos_embedding == "learned2d":
+            yield from (self.encoder.row_position, self.encoder.col_position)
 
     def _slots(self):
         slots = []
@@ -401,6 +414,9 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
         )
     elif learned:
         report.missing.append(POS_KEY)
+    for variable in layout.unmapped:
+        report.missing.append(variable.path)
+        model_shapes[variable.path] = tuple(variable.shape)
 
     values = dict(forced)
     for key, value in current.items():
@@ -446,6 +462,11 @@ def save_npz(model, path):
     (32, 4, 8)
     """
     layout = _ModelLayout(model)
+    if layout.unmapped:
+        raise ValueError(
+            f"save_npz has no official key for these weights of model {model.name!r}: "
+            f"{', '.join(v.path for v in layout.unmapped)}."
+        )
     params = layout.params()
     params[POS_KEY] = layout.position_table()
     buffer = io.BytesIO()

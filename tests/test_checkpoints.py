@@ -511,6 +511,18 @@ def test_learned_table_into_other_position_embedding_is_an_error(saved, pos_embe
         keras_vit.load_pretrained(tiny_vit(pos_embedding=pos_embedding), saved[0])
 
 
+def test_weights_outside_the_official_layout_are_never_skipped_silently(saved, tmp_path):
+    # A hybrid's ResNet trunk has no official ViT key here: save_npz refuses the model,
+    # load_pretrained reports the trunk as missing.
+    hybrid = tiny_vit(image_size=64, patch_size=2, resnet_stages=())
+    with pytest.raises(ValueError, match="no official key for these weights .*conv_root/kernel"):
+        keras_vit.save_npz(hybrid, tmp_path / "hybrid.npz")
+    with pytest.raises(ValueError, match=r"missing conv_root/kernel: checkpoint -, model \(7, 7, 3, 64\)"):
+        keras_vit.load_pretrained(hybrid, saved[0])
+    report = keras_vit.load_pretrained(hybrid, saved[0], strict=False)
+    assert {"conv_root/kernel", "gn_root/gamma", "gn_root/beta"} <= set(report.missing)
+
+
 def test_bad_arguments_are_named(shared_model, tmp_path):
     with pytest.raises(FileNotFoundError, match="nowhere.npz does not exist"):
         keras_vit.load_pretrained(shared_model, tmp_path / "nowhere.npz")
