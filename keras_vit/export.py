@@ -49,11 +49,13 @@ def _input_size(model):
 
 def _num_classes(model):
     shape = tuple(model.outputs[0].shape) if len(model.outputs) == 1 else None
-    if shape is None or len(shape) != 2 or not isinstance(shape[1], int):
+    has_head = any(layer.name == "head" for layer in model.layers)
+    if not has_head or len(shape or ()) != 2 or not isinstance(shape[1], int):
         shapes = [tuple(x.shape) for x in model.outputs]
         raise ValueError(
-            "export_saved_model needs a classifier with one (batch, classes) output, got "
-            f"output shapes {shapes}; build the model with include_top=True."
+            "export_saved_model needs a classifier: a `head` layer and one "
+            f"(batch, classes) output; model {model.name!r} has output shapes {shapes}"
+            f"{'' if has_head else ' and no head'}. Build it with include_top=True."
         )
     return shape[1]
 
