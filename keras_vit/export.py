@@ -83,6 +83,73 @@ def _to_model_size(images, height, width):
     )
 
 
+def _with_channels(images, channels, what):
+    """`images` once its channel count is `channels`, failing readably if not."""
+    check = tf.debugging.assert_equal(
+        tf.shape(images)[-1],
+        channels,
+        message=f"{what} must have {channels} channels (the model's channel count)",
+    )
+    with tf.control_dependencies([check]):
+        images = tf.identity(images)
+    # Static shape only: tf.ensure_shape could fail before the check, unreadably.
+    images.set_shape((None, None, None, channels))
+    return images
+
+
+def _serving_functions(logits, image_size, channels, activation, top_k, labels):
+    """The `serving_default` and `serving_bytes` tf.functions around `logits`."""
+    height, width = image_size
+
+    def predictions(pixels):
+        pixels.set_shape((None, height, width, channels))
+        scores = logits(pixels)["logits"]
+        probabilities = tf.nn.softmax(scores) if activation == "softmax" else tf.sigmoid(scores)
+        top = tf.math.top_k(probabilities, k=top_k)
+        outputs = {
+            "probabilities": probabilities,
+            "top_k_indices": top.indices,
+            "top_k_probabilities": top.values,
+        }
+        if labels is not None:
+            outputs["top_k_labels"] = tf.gather(tf.constant(labels), top.indices)
+        return outputs
+
+    @tf.function(
+        input_signature=[tf.TensorSpec((None, None, None, None), tf.uint8, name="images")],
+        autograph=False,
+    )
+    def serve_images(images):
+        images = _with_channels(images, channels, "images")
+        return predictions(_to_model_size(images, height, width))
+
+    # decode_image converts grey and colour files to 1 or 3 channels; other channel
+    # counts must be stored in the file as they are.
+    decode_channels = channels if channels in (1, 3) else 0
+
+    def decode(image_bytes):
+        image = tf.io.decode_image(image_bytes, channels=decode_channels, expand_animations=False)
+        image = _with_channels(image[None], channels, "decoded images")
+        return _to_model_size(image, height, width)[0]
+
+    @tf.function(
+        input_signature=[tf.TensorSpec((None,), tf.string, name="image_bytes")],
+        autograph=False,
+    )
+    def serve_bytes(image_bytes):
+        pixels = tf.map_fn(
+            decode,
+            image_bytes,
+            fn_output_signature=tf.TensorSpec((height, width, channels), tf.float32),
+        )
+        return predictions(pixels)
+
+    # ExportArchive takes a tf.function without an input signature once it is traced.
+    serve_images.get_concrete_function()
+    serve_bytes.get_concrete_function()
+    return serve_images, serve_bytes
+
+
 def export_saved_model(
     model, path, *, labels=None, top_k=5, activation="softmax", metadata=None
 ):
@@ -95,7 +162,7 @@ def export_saved_model(
       to the model's size unless already at that size, and scaled to [-1, 1].
     - `serving_bytes(image_bytes)`: a batch of encoded JPEG, PNG, GIF or BMP files
       (a string tensor of shape `(batch,)`), decoded and then treated as above.
-    - `logits(images)`: float32 pixels in [0, 255] at the model's size to logits.
+    - `logits(images)`: float32 pixels in [0, 255] at the model's size to `logits`.
 
     The first two return `probabilities` (batch, classes), `top_k_indices`,
     `top_k_probabilities` (batch, top_k) and, with `labels`, `top_k_labels`.
@@ -107,8 +174,7 @@ def export_saved_model(
     TensorFlow or JAX process.
 
     Args:
-        model: a classifier built by `keras_vit.ViT` (or any `keras.Model` from one
-            fixed-size NHWC image in [-1, 1] to `(batch, classes)` logits).
+        model: a classifier built by `keras_vit.ViT` (with `include_top=True`).
         path: the SavedModel folder to write.
         labels: optional class names, one per class in index order.
         top_k: how many of the most probable classes to return.
@@ -140,15 +206,38 @@ def export_saved_model(
             f"top_k must be an int between 1 and the number of classes ({num_classes}), "
             f"got {top_k!r}."
         )
+    record = {
+        "keras_vit_version": __version__,
+        "keras_version": keras.__version__,
+        "tensorflow_version": tf.__version__,
+        "backend": keras.backend.backend(),
+        "model": json.loads(model.to_json()),
+        "image_size": [height, width],
+        "channels": channels,
+        "num_classes": num_classes,
+        "activation": activation,
+        "top_k": top_k,
+        "labels": labels,
+        "preprocessing": f"{RESIZE_METHOD} resize to image_size unless already that "
+        "size, then (x - 127.5) / 127.5",
+        "signatures": ["serving_default", "serving_bytes", "logits"],
+        "metadata": metadata,
+    }
+    try:
+        record_json = json.dumps(record, indent=2)
+    except TypeError as error:
+        raise ValueError(
+            f"metadata must be JSON-serialisable, got {metadata!r}: {error}."
+        ) from error
 
     archive = keras.export.ExportArchive()
     archive.track(model)
 
     def logits_from_pixels(images):
-        return model(preprocess(images), training=False)
+        return {"logits": model(preprocess(images), training=False)}
 
-    # Under JAX, add_endpoint converts this function with jax2tf; everything below
-    # is plain TensorFlow around it, so it is the same graph for both backends.
+    # Under JAX, add_endpoint converts this function with jax2tf; everything else is
+    # plain TensorFlow around it, so the serving graph is the same for both backends.
     jax_options = {}
     if keras.backend.backend() == "jax":
         # Lowered for every platform (not only this machine's), so that a model
@@ -162,84 +251,15 @@ def export_saved_model(
         input_signature=[keras.InputSpec(shape=(None, height, width, channels), dtype="float32")],
         **jax_options,
     )
-
-    def predictions(pixels):
-        pixels = tf.ensure_shape(pixels, (None, height, width, channels))
-        scores = logits(pixels)
-        probabilities = tf.nn.softmax(scores) if activation == "softmax" else tf.sigmoid(scores)
-        top = tf.math.top_k(probabilities, k=top_k)
-        outputs = {
-            "probabilities": probabilities,
-            "top_k_indices": top.indices,
-            "top_k_probabilities": top.values,
-        }
-        if labels is not None:
-            outputs["top_k_labels"] = tf.gather(tf.constant(labels), top.indices)
-        return outputs
-
-    def checked(images, what):
-        """`images` once its channel count is the model's, failing readably if not."""
-        check = tf.debugging.assert_equal(
-            tf.shape(images)[-1],
-            channels,
-            message=f"{what} must have {channels} channels (the model's channel count)",
-        )
-        with tf.control_dependencies([check]):
-            images = tf.identity(images)
-        # Static shape only: tf.ensure_shape could fail before the check, unreadably.
-        images.set_shape((None, None, None, channels))
-        return images
-
-    @tf.function(
-        input_signature=[tf.TensorSpec((None, None, None, None), tf.uint8, name="images")],
-        autograph=False,
+    serve_images, serve_bytes = _serving_functions(
+        logits, (height, width), channels, activation, top_k, labels
     )
-    def serve_images(images):
-        return predictions(_to_model_size(checked(images, "images"), height, width))
-
-    decode_channels = channels if channels in (1, 3) else 0
-
-    def decode(image_bytes):
-        image = tf.io.decode_image(image_bytes, channels=decode_channels, expand_animations=False)
-        return _to_model_size(checked(image[None], "decoded images"), height, width)[0]
-
-    @tf.function(
-        input_signature=[tf.TensorSpec((None,), tf.string, name="image_bytes")],
-        autograph=False,
-    )
-    def serve_bytes(image_bytes):
-        pixels = tf.map_fn(
-            decode,
-            image_bytes,
-            fn_output_signature=tf.TensorSpec((height, width, channels), tf.float32),
-        )
-        return predictions(pixels)
-
-    serve_images.get_concrete_function()
-    serve_bytes.get_concrete_function()
     archive.add_endpoint("serving_default", serve_images)
     archive.add_endpoint("serving_bytes", serve_bytes)
     archive.write_out(os.fspath(path), verbose=False)
 
-    record = {
-        "keras_vit_version": __version__,
-        "keras_version": keras.__version__,
-        "tensorflow_version": tf.__version__,
-        "backend": keras.backend.backend(),
-        "model": json.loads(model.to_json()),
-        "image_size": [height, width],
-        "channels": channels,
-        "num_classes": num_classes,
-        "activation": activation,
-        "top_k": top_k,
-        "labels": labels,
-        "preprocessing": f"{RESIZE_METHOD} resize to image_size unless already that size, "
-        "then (x - 127.5) / 127.5",
-        "signatures": ["serving_default", "serving_bytes", "logits"],
-        "metadata": metadata,
-    }
     config_path = os.path.join(os.fspath(path), CONFIG_FILE)
     os.makedirs(os.path.dirname(config_path), exist_ok=True)
     with open(config_path, "w") as f:
-        json.dump(record, f, indent=2)
+        f.write(record_json)
     return record
