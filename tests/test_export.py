@@ -175,9 +175,9 @@ def _train_export_and_serve(tmp, plan_path, jax, serve):
         np.save(tmp / f"{size}.npy", images[size])
         plan["images"][size] = str(tmp / f"{size}.npy")
         # The eval resize, done here by TensorFlow outside the served graph.
-        pixels[size] = tf.image.resize(images[size], (32, 32), method="bilinear").numpy()
-        if (height, width) == (32, 32):
-            pixels[size] = images[size]
+        pixels[size] = images[size] if (height, width) == (32, 32) else (
+            tf.image.resize(images[size], (32, 32), method="bilinear").numpy()
+        )
         plan["pngs"][size] = []
         for i, image in enumerate(images[size]):
             (tmp / f"{size}_{i}.png").write_bytes(_png(image))
