@@ -19,3 +19,13 @@ from keras_vit.model import VARIANTS, ViT, parse_variant, preprocess
 from keras_vit.posembed import resample_position_grid
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # export.py imports TensorFlow, which is slow to import and unused by the JAX and
+    # PyTorch backends until a model is exported: load it on first use.
+    if name == "export_saved_model":
+        from keras_vit.export import export_saved_model
+
+        return export_saved_model
+    raise AttributeError(f"module 'keras_vit' has no attribute {name!r}")
