@@ -1,5 +1,12 @@
 """keras-vit: the Vision Transformer for Keras 3 on TensorFlow, JAX and PyTorch."""
 
+from keras_vit.checkpoints import LoadReport, load_pretrained, save_npz
+from keras_vit.fewshot import (
+    RidgeProbe,
+    extract_features,
+    fewshot_evaluate,
+    linear_fewshot_accuracy,
+)
 from keras_vit.layers import (
     ClassToken,
     DropPath,
@@ -15,5 +22,6 @@ from keras_vit.mpp import (
     masked_patch_loss,
     mean_color_targets,
 )
+from keras_vit.posembed import resample_position_grid
 
 __version__ = "0.1.0"

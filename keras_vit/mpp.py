@@ -257,6 +257,13 @@ def _trunk(encoder):
                 f"MaskedPatchPrediction needs a keras_vit.ViT encoder with a "
                 f"{required!r} layer; {encoder.name!r} has layers {names}."
             )
+    if encoder.get_layer("patches").input is not encoder.inputs[0]:
+        stem = names[1 : names.index("patches")]
+        raise ValueError(
+            f"MaskedPatchPrediction needs patches cut from the images themselves, so that "
+            f"a corrupted patch hides its colour; {encoder.name!r} computes them with "
+            f"{stem} first (a hybrid). Use a plain ViT encoder."
+        )
     return encoder.layers[names.index("patch_encoder") + 1 : names.index("encoder_norm") + 1]
 
 
@@ -277,7 +284,7 @@ class MaskedPatchPrediction(keras.Model):
 
     Args:
         encoder: a model built by `keras_vit.ViT` (any head, pooling or
-            position embedding).
+            position embedding; not a hybrid, whose ResNet would see every pixel).
         bits: bits per colour channel of the targets (3: 512 classes for RGB).
         corrupt_rate, mask_rate, random_rate: corruption proportions, the
             paper's 0.5, 0.8 and 0.1 (see `corrupt_patch_embeddings`).

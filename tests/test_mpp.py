@@ -8,6 +8,7 @@ from sklearn.datasets import load_digits
 
 import keras_vit
 from keras_vit import mpp
+from keras_vit.fewshot import linear_fewshot_accuracy, sample_shots
 from conftest import tiny_vit
 
 
@@ -125,6 +126,8 @@ def test_bad_inputs_are_named():
     features = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)], name="mlp")
     with pytest.raises(ValueError, match="keras_vit.ViT encoder with a 'patches' layer; 'mlp'"):
         mpp.MaskedPatchPrediction(features)
+    with pytest.raises(ValueError, match=r"computes them with \['conv_root', 'gn_root'"):
+        mpp.MaskedPatchPrediction(tiny_vit(patch_size=1, resnet_stages=()))
 
 
 def test_uncorrupted_forward_equals_the_encoder():
@@ -175,19 +178,6 @@ def test_loss_and_gradients_come_from_corrupted_positions_only():
     assert np.all(np.abs(logit_grads[corrupted == 1]).sum(-1) > 0)
 
 
-def _ridge_fewshot_accuracy(train_x, train_y, test_x, test_y, l2=1.0):
-    """Closed-form ridge on whitened features with targets in {-1, 1} (big_vision's)."""
-    mean, std = train_x.mean(0), train_x.std(0) + 1e-5
-
-    def design(x):
-        return np.concatenate([(x - mean) / std, np.full((len(x), 1), 100.0)], axis=1)
-
-    a = design(train_x)
-    targets = 2 * np.eye(10)[train_y] - 1
-    weights = a.T @ np.linalg.solve(a @ a.T + l2 * np.eye(len(a)), targets)
-    return np.mean((design(test_x) @ weights).argmax(1) == test_y)
-
-
 def test_mpp_pretraining_on_digits_improves_10_shot_accuracy(tmp_path):
     import tensorflow as tf
 
@@ -205,12 +195,9 @@ def test_mpp_pretraining_on_digits_improves_10_shot_accuracy(tmp_path):
         features = _np(encoder(held_x))
         accuracies = []
         for seed in range(10):
-            rng = np.random.default_rng(seed)
-            shots = np.concatenate(
-                [rng.choice(np.flatnonzero(held_y == c), 10, replace=False) for c in range(10)]
-            )
+            shots = sample_shots(held_y, 10, seed=seed)
             rest = np.setdiff1d(np.arange(len(held_y)), shots)
-            accuracies.append(_ridge_fewshot_accuracy(
+            accuracies.append(linear_fewshot_accuracy(
                 features[shots], held_y[shots], features[rest], held_y[rest]
             ))
         return float(np.mean(accuracies))
