@@ -16,6 +16,12 @@ from keras_vit.layers import (
     TransformerBlock,
 )
 from keras_vit.model import VARIANTS, ViT, parse_variant, preprocess
+from keras_vit.mpp import (
+    MaskedPatchPrediction,
+    corrupt_patch_embeddings,
+    masked_patch_loss,
+    mean_color_targets,
+)
 from keras_vit.posembed import resample_position_grid
 
 __version__ = "0.1.0"
