@@ -234,7 +234,7 @@ def _configure(args, command_name, default_recipe):
     config = load_recipe(recipe, command_name)
     flags = dict(
         data=args.data,
-        out=args.out or os.path.join("runs", Path(recipe).stem),
+        out=args.out,
         init_from=args.source,
         strategy=args.strategy,
         strict_data=args.strict_data or None,

@@ -11,9 +11,12 @@ OUT/logs/                   TensorBoard
 """
 
 import os
+import tempfile
 
 import keras
 import tensorflow as tf
+
+from keras_vit.checkpoints import load_pretrained, save_npz
 
 CONFIG = "config.json"
 MODEL = "model.keras"
@@ -96,9 +99,10 @@ def load_weights(model, source, *, interpolation=None):
     """Initialises `model` from a `--from` source, as fine-tuning does.
 
     A `.keras` model (or run folder) of the same architecture, resolution and classes is
-    copied weight for weight. Any other case goes through `keras_vit.load_pretrained`,
-    which resamples the position embedding to the model's patch grid and resets the
-    head when the class count differs.
+    copied weight for weight. Any other case goes through `keras_vit.load_pretrained`
+    (a `.keras` model via its official `.npz` layout, `keras_vit.save_npz`), which
+    resamples the position embedding to the model's patch grid and resets the head when
+    the class count differs; other mismatches raise `ValueError` listing them.
 
     Returns a short description of what was loaded.
 
@@ -123,20 +127,14 @@ def load_weights(model, source, *, interpolation=None):
             for key, variable in mine.items():
                 variable.assign(theirs[key].value)
             return f"copied {len(mine)} weights from {path}"
-        path = _as_npz(saved)
-    from keras_vit.checkpoints import load_pretrained
+        with tempfile.TemporaryDirectory(prefix="keras_vit_from_") as folder:
+            # The official layout is what load_pretrained adapts (grid, head, pre_logits).
+            npz = os.path.join(folder, os.path.basename(path) + ".npz")
+            save_npz(saved, npz)
+            return _load_pretrained(model, npz, source, interpolation)
+    return _load_pretrained(model, path, source, interpolation)
 
-    report = load_pretrained(model, path, strict=False, interpolation=interpolation)
-    messages = getattr(report, "messages", [])
-    return "; ".join([f"loaded {source}", *messages])
 
-
-def _as_npz(model):
-    """Writes a Keras ViT as an official `.npz`, so `load_pretrained` can adapt it."""
-    import tempfile
-
-    from keras_vit.checkpoints import save_npz
-
-    path = os.path.join(tempfile.mkdtemp(prefix="keras_vit_from_"), "weights.npz")
-    save_npz(model, path)
-    return path
+def _load_pretrained(model, path, source, interpolation):
+    report = load_pretrained(model, path, interpolation=interpolation)
+    return " ".join([f"loaded {source}:", *report.messages])

@@ -352,6 +352,13 @@ def train(config, *, callbacks=(), verbose="auto"):
             f"set KERAS_BACKEND=tensorflow (now {keras.backend.backend()!r})."
         )
     out = config.out
+    if config.init_from:
+        weights = os.path.abspath(runs.resolve_from(config.init_from))
+        if weights.startswith(os.path.abspath(out) + os.sep):
+            raise ValueError(
+                f"out={out!r} holds the init_from weights {weights!r}: the run would "
+                "overwrite them; pick another output folder."
+            )
     backup_dir = os.path.join(out, runs.BACKUP)
     epoch0, step0 = TrainingBackup.saved_position(backup_dir)
     resuming = (epoch0, step0) != (0, 0)
@@ -485,9 +492,14 @@ def train(config, *, callbacks=(), verbose="auto"):
         keras.callbacks.CSVLogger(os.path.join(out, runs.METRICS_CSV), append=resuming),
     ]
     if config.tensorboard:
-        engine_callbacks.append(
-            keras.callbacks.TensorBoard(os.path.join(out, runs.LOGS), write_graph=False)
-        )
+        try:
+            import tensorboard  # noqa: F401  (tf.summary writes nothing without it)
+
+            engine_callbacks.append(
+                keras.callbacks.TensorBoard(os.path.join(out, runs.LOGS), write_graph=False)
+            )
+        except ImportError:
+            logger.warning("TensorBoard is not installed (pip install tensorboard): no logs/.")
     start = time.time()
     history = model.fit(
         train_data,

@@ -110,5 +110,23 @@ def test_demo_recipe_trains_to_95_percent_on_digits(tmp_path, capsys):
     assert len(rows) == 1 + metrics["epochs"] and "val_top1" in rows[0]
     assert runs.latest_checkpoint(str(out)) is not None
     assert not (out / runs.BACKUP / "state.npz").exists()
-    model = runs.load_model(str(out))
-    assert model.output_shape == (None, 10)
+    trained = runs.load_model(str(out))
+    assert trained.output_shape == (None, 10)
+
+    # Fine-tuning at 32 px starts from these weights, the 4x4 position grid resampled
+    # to 8x8 bilinearly with aligned corners (vit_jax, = scipy's zoom of order 1).
+    from scipy.ndimage import zoom
+
+    from keras_vit.training import _build_model
+
+    config = cli.apply_overrides(cli.load_recipe("demo"), ["image_size=32"])
+    larger = _build_model(config, num_classes=10)
+    assert "resampled from a 4x4 to a 8x8" in runs.load_weights(larger, str(out))
+    table = trained.get_layer("patch_encoder").position.numpy().reshape(4, 4, -1)
+    np.testing.assert_allclose(
+        larger.get_layer("patch_encoder").position.numpy().reshape(8, 8, -1),
+        zoom(table, (2, 2, 1), order=1), atol=1e-6,
+    )
+    for name in ("encoderblock_0", "encoderblock_1", "head"):
+        for a, b in zip(trained.get_layer(name).get_weights(), larger.get_layer(name).get_weights()):
+            np.testing.assert_array_equal(a, b)
