@@ -286,6 +286,18 @@ def build_parser():
     return parser
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Logs to whatever `sys.stderr` is when a record comes (tests and notebooks swap it)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
 def main(argv=None):
     """Runs the `keras-vit` command; returns its exit code."""
     parser = build_parser()
@@ -293,7 +305,7 @@ def main(argv=None):
     if not args.command:
         parser.print_help()
         return 2
-    handler = logging.StreamHandler()
+    handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("keras-vit: %(message)s"))
     logger = logging.getLogger("keras_vit")
     if not logger.handlers:
