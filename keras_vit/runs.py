@@ -113,7 +113,7 @@ def load_weights(model, source, *, interpolation=None):
     >>> path = os.path.join(tempfile.mkdtemp(), "tiny.keras")
     >>> keras_vit.ViT(image_size=32, num_classes=10, **tiny).save(path)
     >>> load_weights(keras_vit.ViT(image_size=32, num_classes=10, **tiny), path)  # doctest: +ELLIPSIS
-    'copied 29 weights from ...tiny.keras'
+    'copied 21 weights from ...tiny.keras'
     """
     path = resolve_from(source)
     if path.endswith(".keras"):
