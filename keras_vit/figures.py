@@ -76,8 +76,9 @@ def plot_attention_maps(image, attentions, grid_size, path, head_fusion="mean"):
     ]
     fig = Figure(figsize=(1.9 * (depth + 1) + 0.8, 4.4), layout="constrained")
     axes = fig.subplots(2, depth + 1, squeeze=False)
-    overlay = dict(extent=(0, width, height, 0), cmap="inferno", alpha=0.65, vmin=0, vmax=1,
-                   interpolation="bilinear")
+    # imshow puts pixel centres on integers, so the image spans -0.5 .. size - 0.5.
+    overlay = dict(extent=(-0.5, width - 0.5, height - 0.5, -0.5), cmap="inferno", alpha=0.65,
+                   vmin=0, vmax=1, interpolation="bilinear")
     axes[0, 0].imshow(pixels, cmap=cmap)
     axes[0, 0].set_title("input")
     mask = _scaled(analysis.attention_map(final, grid_size)[0])
@@ -122,7 +123,8 @@ def plot_attention_distance(distances, path, grid_size=None, patch_size=None):
     depth, heads = distances.shape
     fig = Figure(figsize=(5.5, 4.2), layout="constrained")
     ax = fig.subplots()
-    colors = colormaps["tab20"](np.linspace(0, 1, max(heads, 2)))
+    palette = colormaps["tab10" if heads <= 10 else "tab20"]
+    colors = [palette(h % palette.N) for h in range(heads)]
     for h in range(heads):
         ax.scatter(np.arange(1, depth + 1), distances[:, h], s=22, color=colors[h],
                    label=f"head {h + 1}", edgecolors="none")
@@ -177,7 +179,9 @@ def plot_position_similarity(similarity, path):
     fig = Figure(figsize=(side + 1.2, side), layout="constrained")
     ax = fig.subplots()
     cmap = colormaps["viridis"].with_extremes(bad="white")
-    drawn = ax.imshow(mosaic, cmap=cmap, vmin=-1, vmax=1, interpolation="nearest")
+    # The colour scale spans the data (a fixed -1 .. 1 scale washes out the
+    # narrow range of e.g. a small sincos2d table); the colorbar shows it.
+    drawn = ax.imshow(mosaic, cmap=cmap, vmin=similarity.min(), vmax=1, interpolation="nearest")
     ax.set_xticks(np.arange(cols) * (cols + 1) + (cols - 1) / 2, np.arange(1, cols + 1))
     ax.set_yticks(np.arange(rows) * (rows + 1) + (rows - 1) / 2, np.arange(1, rows + 1))
     ax.tick_params(length=0)
