@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_vit import layers as vit_layers
+from keras_vit import resnet
 
 # name: (hidden_dim, mlp_dim, num_heads, num_layers), vit_jax configs/models.py.
 SIZES = {
@@ -14,22 +15,40 @@ SIZES = {
     "H": (1280, 5120, 16, 32),
 }
 PATCH_SIZES = (8, 14, 16, 32)
-VARIANTS = tuple(f"{size}/{patch}" for size in SIZES for patch in PATCH_SIZES)
+# Hybrids, vit_jax configs/models.py: name -> (ResNet stage units, size, patch size
+# on the trunk's feature map). The names give the effective patch size.
+HYBRIDS = {
+    "R+Ti/16": ((), "Ti", 8),
+    "R26+S/32": ((2, 2, 2, 2), "S", 1),
+    "R26+B/32": ((2, 2, 2, 2), "B", 1),
+    "R50+B/16": ((3, 4, 9), "B", 1),
+    "R50+L/32": ((3, 4, 6, 3), "L", 1),
+}
+VARIANTS = tuple(f"{size}/{patch}" for size in SIZES for patch in PATCH_SIZES) + tuple(HYBRIDS)
 
 
 def parse_variant(variant):
     """Returns the architecture of a variant name such as `"B/16"` as a dict.
 
+    Hybrid names (`"R50+B/16"`) also give `resnet_stages`, and their `patch_size`
+    applies to the ResNet feature map.
+
     Example:
 
     >>> parse_variant("Ti/16")["hidden_dim"]
     192
+    >>> parse_variant("R50+B/16")["resnet_stages"]
+    (3, 4, 9)
     """
     if variant not in VARIANTS:
         raise ValueError(
             f"Unknown ViT variant {variant!r}: expected one of {', '.join(VARIANTS)}."
         )
-    size, patch = variant.split("/")
+    if variant in HYBRIDS:
+        resnet_stages, size, patch = HYBRIDS[variant]
+    else:
+        resnet_stages = None
+        size, patch = variant.split("/")
     hidden_dim, mlp_dim, num_heads, num_layers = SIZES[size]
     return dict(
         patch_size=int(patch),
@@ -37,6 +56,7 @@ def parse_variant(variant):
         mlp_dim=mlp_dim,
         num_heads=num_heads,
         num_layers=num_layers,
+        resnet_stages=resnet_stages,
     )
 
 
@@ -57,6 +77,7 @@ def ViT(
     num_layers=None,
     num_heads=None,
     mlp_dim=None,
+    resnet_stages=None,
     classifier="token",
     representation_size=None,
     pos_embedding="learned",
@@ -76,9 +97,12 @@ def ViT(
     The model maps NHWC images scaled to [-1, 1] (see `preprocess`) to logits.
 
     Args:
-        variant: a paper variant `"{Ti,S,B,L,H}/{8,14,16,32}"`, e.g. `"B/16"`.
+        variant: a paper variant `"{Ti,S,B,L,H}/{8,14,16,32}"`, e.g. `"B/16"`, or a
+            hybrid: `"R+Ti/16"`, `"R26+S/32"`, `"R26+B/32"`, `"R50+B/16"`, `"R50+L/32"`.
             Without it, `patch_size`, `hidden_dim`, `num_layers`, `num_heads` and
             `mlp_dim` describe a custom model; given with a variant they override it.
+        resnet_stages: bottleneck units per stage of a ResNet trunk in front of the
+            patch embedding (a custom hybrid), e.g. `(3, 4, 9)`; `()` for the root only.
         image_size: int or `(height, width)`, a multiple of the patch size.
         num_classes: width of the (zero-initialised) classification head.
         classifier: `"token"` (class token) or `"gap"` (mean of the patch tokens).
@@ -117,6 +141,9 @@ def ViT(
         mlp_dim=mlp_dim,
     )
     arch.update({k: v for k, v in overrides.items() if v is not None})
+    if resnet_stages is not None:
+        arch["resnet_stages"] = tuple(resnet_stages)
+    stages = arch.pop("resnet_stages", None)
     missing = [k for k in overrides if k not in arch]
     if missing:
         raise ValueError(
@@ -127,17 +154,20 @@ def ViT(
     vit_layers._check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
     height, width = _pair(image_size, "image_size")
     patch = arch["patch_size"]
-    if height % patch or width % patch:
+    stride = patch if stages is None else patch * resnet.trunk_stride(stages)
+    if height % stride or width % stride:
         raise ValueError(
-            f"image_size {(height, width)} is not divisible by patch_size {patch}: "
-            f"use a multiple of {patch}."
+            f"image_size {(height, width)} is not divisible by patch_size {stride}"
+            + ("" if stages is None else " (ResNet trunk stride times feature-map patch size)")
+            + f": use a multiple of {stride}."
         )
 
     images = keras.Input((height, width, channels), name="images")
-    x = vit_layers.Patches(patch, name="patches")(images)
+    x = images if stages is None else resnet.resnet_trunk(images, stages)
+    x = vit_layers.Patches(patch, name="patches")(x)
     x = vit_layers.PatchEncoder(
         arch["hidden_dim"],
-        grid_size=(height // patch, width // patch),
+        grid_size=(height // stride, width // stride),
         pos_embedding=pos_embedding,
         name="patch_encoder",
     )(x)

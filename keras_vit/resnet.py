@@ -1,0 +1,153 @@
+"""The BiT-style ResNet trunk of the paper's hybrid models.
+
+As in the official `vit_jax/models_resnet.py`: weight-standardised convolutions,
+GroupNorm with 32 groups, post-activation bottleneck units, and a root of a 7x7
+stride-2 convolution followed by a 3x3 stride-2 max-pool.
+"""
+
+import keras
+from keras import ops
+
+from keras_vit.layers import _register
+
+GROUPS = 32
+GROUP_NORM_EPSILON = 1e-6  # flax.linen.GroupNorm's default
+STANDARDIZE_EPSILON = 1e-5
+
+
+def standardize_kernel(kernel, epsilon=STANDARDIZE_EPSILON):
+    """Weight standardisation of an HWIO kernel: `(w - mean) / (std + epsilon)`.
+
+    Mean and (population) standard deviation run over each output filter,
+    i.e. the first three axes.
+
+    Example:
+
+    >>> w = standardize_kernel(keras.random.normal((3, 3, 4, 8)))
+    >>> tuple(w.shape)
+    (3, 3, 4, 8)
+    """
+    kernel = ops.convert_to_tensor(kernel)
+    mean = ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
+    std = ops.std(kernel, axis=(0, 1, 2), keepdims=True)
+    return (kernel - mean) / (std + epsilon)
+
+
+@_register
+class StdConv2D(keras.layers.Conv2D):
+    """`Conv2D` (no bias, `"same"` padding by default) with a weight-standardised kernel.
+
+    Example:
+
+    >>> conv = StdConv2D(16, 3, strides=2)
+    >>> tuple(conv(keras.random.normal((1, 8, 8, 4))).shape)
+    (1, 4, 4, 16)
+    """
+
+    def __init__(self, filters, kernel_size, strides=1, padding="same", use_bias=False, **kwargs):
+        super().__init__(
+            filters, kernel_size, strides=strides, padding=padding, use_bias=use_bias, **kwargs
+        )
+
+    def convolution_op(self, inputs, kernel):
+        return super().convolution_op(inputs, standardize_kernel(kernel))
+
+
+def _build_pair(conv, norm, input_shape):
+    shape = conv.compute_output_shape(tuple(input_shape))
+    conv.build(tuple(input_shape))
+    norm.build(shape)
+    return shape
+
+
+def _group_norm(name, gamma_initializer="ones"):
+    return keras.layers.GroupNormalization(
+        groups=GROUPS, epsilon=GROUP_NORM_EPSILON, gamma_initializer=gamma_initializer, name=name
+    )
+
+
+@_register
+class BottleneckUnit(keras.layers.Layer):
+    """Post-activation bottleneck residual unit with 4x channel expansion.
+
+    `relu(residual + gn3(conv3(relu(gn2(conv2(relu(gn1(conv1(x)))))))))`, where the
+    residual is projected (1x1 conv + GroupNorm) when the shape changes. The last
+    GroupNorm's scale starts at zero, so a new unit starts as its residual.
+
+    Args:
+        features: bottleneck width; the unit outputs `4 * features` channels.
+        strides: stride of the 3x3 convolution (and of the projection).
+
+    Example:
+
+    >>> unit = BottleneckUnit(32, strides=2)
+    >>> tuple(unit(keras.random.normal((1, 8, 8, 64))).shape)
+    (1, 4, 4, 128)
+    """
+
+    def __init__(self, features, strides=1, **kwargs):
+        super().__init__(**kwargs)
+        self.features = int(features)
+        self.strides = int(strides)
+        self.conv1 = StdConv2D(features, 1, name="conv1")
+        self.gn1 = _group_norm("gn1")
+        self.conv2 = StdConv2D(features, 3, strides=strides, name="conv2")
+        self.gn2 = _group_norm("gn2")
+        self.conv3 = StdConv2D(4 * features, 1, name="conv3")
+        self.gn3 = _group_norm("gn3", gamma_initializer="zeros")
+
+    def build(self, input_shape):
+        self.needs_projection = input_shape[-1] != 4 * self.features or self.strides != 1
+        if self.needs_projection:
+            self.conv_proj = StdConv2D(4 * self.features, 1, strides=self.strides, name="conv_proj")
+            self.gn_proj = _group_norm("gn_proj")
+            _build_pair(self.conv_proj, self.gn_proj, input_shape)
+        shape = _build_pair(self.conv1, self.gn1, input_shape)
+        shape = _build_pair(self.conv2, self.gn2, shape)
+        _build_pair(self.conv3, self.gn3, shape)
+
+    def call(self, x):
+        residual = self.gn_proj(self.conv_proj(x)) if self.needs_projection else x
+        y = ops.relu(self.gn1(self.conv1(x)))
+        y = ops.relu(self.gn2(self.conv2(y)))
+        y = self.gn3(self.conv3(y))
+        return ops.relu(residual + y)
+
+    def get_config(self):
+        return {**super().get_config(), "features": self.features, "strides": self.strides}
+
+
+def resnet_trunk(images, stage_units, width=64):
+    """Applies the hybrid's ResNet trunk to a symbolic image tensor.
+
+    The root (7x7 stride-2 conv, GroupNorm, ReLU, 3x3 stride-2 max-pool) divides the
+    resolution by 4; the first stage keeps it and each later stage halves it. Layer
+    names follow the official checkpoints (`conv_root`, `gn_root`, `block{s}_unit{u}`).
+
+    Args:
+        images: a `keras.Input` or symbolic tensor (batch, height, width, channels).
+        stage_units: bottleneck units per stage, e.g. `(3, 4, 9)` for R50+B/16;
+            `()` for the root alone (R+Ti/16).
+        width: root width; stage `s` has bottleneck width `width * 2**s`.
+
+    Example:
+
+    >>> images = keras.Input((64, 64, 3))
+    >>> tuple(resnet_trunk(images, (1, 1)).shape)
+    (None, 8, 8, 512)
+    """
+    x = StdConv2D(width, 7, strides=2, name="conv_root")(images)
+    x = keras.layers.ReLU(name="relu_root")(_group_norm("gn_root")(x))
+    x = keras.layers.MaxPooling2D(3, strides=2, padding="same", name="root_pool")(x)
+    for stage, units in enumerate(stage_units):
+        for unit in range(units):
+            strides = 2 if stage > 0 and unit == 0 else 1
+            x = BottleneckUnit(
+                width * 2**stage, strides=strides, name=f"block{stage + 1}_unit{unit + 1}"
+            )(x)
+    return x
+
+
+def trunk_stride(stage_units):
+    """Total downscaling of `resnet_trunk` with these stages: 4, times 2 per later stage."""
+    return 4 * 2 ** max(len(stage_units) - 1, 0)

@@ -1,0 +1,86 @@
+"""Hybrid ResNet + ViT: official parameter counts, and the trunk's layers against their formulas."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import resnet
+
+# vit_jax models_test.py, num_classes=1000 at 224 px.
+OFFICIAL_HYBRID_COUNTS = {
+    "R+Ti/16": 6_337_704,
+    "R26+S/32": 36_431_912,
+    "R26+B/32": 101_383_976,
+    "R50+B/16": 98_659_112,
+    "R50+L/32": 328_994_856,
+}
+
+
+def _np(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+@pytest.mark.parametrize("variant", sorted(OFFICIAL_HYBRID_COUNTS))
+def test_hybrid_parameter_count_equals_official(variant):
+    with keras.StatelessScope():
+        model = keras_vit.ViT(variant)
+    assert model.count_params() == OFFICIAL_HYBRID_COUNTS[variant]
+
+
+def test_r_ti16_stem_gives_a_7x7_grid_at_224():
+    with keras.StatelessScope():
+        model = keras_vit.ViT("R+Ti/16")
+    assert model.get_layer("patch_encoder").grid_size == (7, 7)
+
+
+def test_weight_standardisation_equals_its_formula():
+    rng = np.random.default_rng(0)
+    kernel = rng.normal(loc=0.3, scale=2.0, size=(3, 3, 4, 8)).astype("float32")
+    expected = (kernel - kernel.mean(axis=(0, 1, 2))) / (kernel.std(axis=(0, 1, 2)) + 1e-5)
+    np.testing.assert_allclose(_np(resnet.standardize_kernel(kernel)), expected, atol=1e-5)
+
+    images = rng.normal(size=(2, 9, 9, 4)).astype("float32")
+    conv = resnet.StdConv2D(8, 3, strides=2)
+    conv.build(images.shape)
+    conv.kernel.assign(kernel)
+    plain = keras.layers.Conv2D(8, 3, strides=2, padding="same", use_bias=False)
+    plain.build(images.shape)
+    plain.kernel.assign(expected)
+    np.testing.assert_allclose(_np(conv(images)), _np(plain(images)), atol=1e-4)
+
+
+def test_group_norm_of_the_trunk_equals_its_formula():
+    x = np.random.default_rng(1).normal(size=(2, 4, 4, 64)).astype("float32")
+    norm = resnet._group_norm("gn")
+    norm.build(x.shape)
+    groups = x.reshape(2, 4, 4, 32, 2)
+    mean = groups.mean(axis=(1, 2, 4), keepdims=True)
+    var = groups.var(axis=(1, 2, 4), keepdims=True)
+    expected = ((groups - mean) / np.sqrt(var + 1e-6)).reshape(x.shape)
+    np.testing.assert_allclose(_np(norm(x)), expected, atol=1e-4)
+
+
+def test_new_bottleneck_unit_passes_its_residual():
+    # gn3's scale starts at zero, so a fresh unit without projection is relu(x).
+    x = np.random.default_rng(2).normal(size=(1, 4, 4, 128)).astype("float32")
+    np.testing.assert_array_equal(_np(resnet.BottleneckUnit(32)(x)), np.maximum(x, 0))
+
+
+def test_tiny_hybrid_round_trips_through_keras_file(tmp_path):
+    model = keras_vit.ViT(
+        image_size=32, patch_size=1, hidden_dim=32, num_layers=1, num_heads=4, mlp_dim=64,
+        num_classes=5, resnet_stages=(1, 1),
+    )
+    rng = np.random.default_rng(3)
+    for v in model.weights:
+        v.assign(rng.normal(scale=0.2, size=v.shape).astype("float32"))
+    x = rng.uniform(-1, 1, size=(2, 32, 32, 3)).astype("float32")
+    model.save(tmp_path / "hybrid.keras")
+    loaded = keras.saving.load_model(tmp_path / "hybrid.keras")
+    np.testing.assert_array_equal(_np(loaded(x)), _np(model(x)))
+
+
+def test_hybrid_image_size_must_fit_the_trunk_stride():
+    with pytest.raises(ValueError, match=r"image_size \(200, 200\) is not divisible by patch_size 16 \(ResNet trunk"):
+        keras_vit.ViT("R50+B/16", image_size=200)
