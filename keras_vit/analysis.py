@@ -224,6 +224,34 @@ def _patch_encoder(model):
         ) from None
 
 
+def patch_grid(model):
+    """The `(rows, cols)` token grid of a ViT and the side of one token in input pixels.
+
+    For a hybrid model a token covers the ResNet trunk's stride times the
+    feature-map patch size.
+
+    Example:
+
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
+    ...                       num_heads=4, mlp_dim=64)
+    >>> patch_grid(model)
+    ((4, 4), 8)
+    """
+    grid_size = _patch_encoder(model).grid_size
+    return grid_size, model.input.shape[1] // grid_size[0]
+
+
+def is_hybrid(model):
+    """Whether a ViT's patches are cut from ResNet features rather than from the image.
+
+    Example:
+
+    >>> is_hybrid(keras_vit.ViT("R+Ti/16", image_size=64, num_layers=1))
+    True
+    """
+    return model.get_layer("patches").input is not model.input
+
+
 def position_embedding_similarity(model):
     """Cosine similarity of the patch position embeddings, `(rows, cols, rows, cols)`.
 
@@ -268,9 +296,13 @@ def patch_embedding_components(model, n=28):
     >>> patch_embedding_components(model, n=4).shape
     (4, 8, 8, 3)
     """
-    kernel = np.asarray(
-        keras.ops.convert_to_numpy(_patch_encoder(model).projection.kernel), dtype="float64"
-    )
+    encoder = _patch_encoder(model)
+    if is_hybrid(model):
+        raise ValueError(
+            f"Model {model.name!r} is a hybrid: its patch embedding filters act on ResNet "
+            "features, not on image pixels, so they have no image-patch components."
+        )
+    kernel = np.asarray(keras.ops.convert_to_numpy(encoder.projection.kernel), dtype="float64")
     size, width = kernel.shape
     patch_size = model.get_layer("patches").patch_size
     channels = size // (patch_size * patch_size)

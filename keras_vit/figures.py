@@ -275,7 +275,8 @@ def visualize(model, images, out_dir, head_fusion="mean"):
     `attention.png` (maps and rollout for the first image), `distance.png`
     (mean attention distance, averaged over all images), `position.png`
     (position-embedding similarity, unless the model has none) and `filters.png`
-    (up to 28 principal components of the patch embedding).
+    (up to 28 principal components of the patch embedding; not for hybrids,
+    whose patch embedding sees ResNet features rather than pixels).
 
     Args:
         model: a keras-vit ViT.
@@ -300,8 +301,7 @@ def visualize(model, images, out_dir, head_fusion="mean"):
         )
     out_dir = Path(out_dir)
     encoder = model.get_layer("patch_encoder")
-    grid_size = encoder.grid_size
-    patch_size = model.get_layer("patches").patch_size
+    grid_size, patch_size = analysis.patch_grid(model)
     _, attentions = analysis.attention_model(model)(images)
     attentions = [keras.ops.convert_to_numpy(a) for a in attentions]
     written = {
@@ -317,9 +317,10 @@ def visualize(model, images, out_dir, head_fusion="mean"):
         written["position"] = plot_position_similarity(
             analysis.position_embedding_similarity(model), out_dir / "position.png"
         )
-    kernel_shape = encoder.projection.kernel.shape
-    written["filters"] = plot_patch_components(
-        analysis.patch_embedding_components(model, n=min(28, *kernel_shape)),
-        out_dir / "filters.png",
-    )
+    if not analysis.is_hybrid(model):
+        kernel_shape = encoder.projection.kernel.shape
+        written["filters"] = plot_patch_components(
+            analysis.patch_embedding_components(model, n=min(28, *kernel_shape)),
+            out_dir / "filters.png",
+        )
     return written

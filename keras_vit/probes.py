@@ -7,6 +7,8 @@ default occlusion value 0 is the mid-grey of that range.
 
 import numpy as np
 
+from keras_vit.analysis import patch_grid
+
 DROP_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 SHUFFLE_GRIDS = (1, 2, 4, 8)
 
@@ -138,7 +140,7 @@ def robustness_probes(
             (NHWC in [-1, 1]), labels as class ids or one-hot rows.
         drop_fractions: fractions of patches occluded (`drop_patches`).
         shuffle_grids: cells per side for `shuffle_patches`.
-        patch_size: occlusion patch size; defaults to the model's own.
+        patch_size: occlusion patch size in pixels; defaults to the model's token size.
         fill: value of occluded pixels (0 is mid-grey in [-1, 1]).
         seed: seed of the random patch choices and permutations.
         batch_size: batch size when `data` is arrays.
@@ -156,12 +158,7 @@ def robustness_probes(
     {1: 1.0, 2: 1.0}
     """
     if patch_size is None:
-        try:
-            patch_size = model.get_layer("patches").patch_size
-        except ValueError:
-            raise ValueError(
-                f"Model {model.name!r} has no 'patches' layer: pass patch_size explicitly."
-            ) from None
+        _, patch_size = patch_grid(model)
     rng = np.random.default_rng(seed)
     correct = {"accuracy": 0, "occlusion": dict.fromkeys(drop_fractions, 0),
                "shuffle": dict.fromkeys(shuffle_grids, 0)}

@@ -139,16 +139,19 @@ def test_attention_weights_equal_softmax_of_the_layers_own_queries_and_keys():
         dict(),
         dict(classifier="gap", representation_size=16, pos_embedding="sincos2d"),
         dict(include_top=False, pooling=False, pos_embedding="learned2d"),
+        dict(resnet_stages=(), patch_size=2),  # hybrid: ResNet root (stride 4), then 2x2
     ],
 )
 def test_attention_model_outputs_equal_the_models_and_share_its_weights(overrides):
-    model = _randomise(tiny_vit(**overrides))
+    model = _randomise(tiny_vit(**overrides), scale=0.1)
     images = np.random.default_rng(2).uniform(-1, 1, (3, 32, 32, 3)).astype("float32")
     probe = analysis.attention_model(model)
     outputs, attentions = probe(images)
     np.testing.assert_allclose(_np(outputs), _np(model(images)), atol=1e-5)
     assert len(attentions) == 2
     assert {id(w) for w in probe.weights} == {id(w) for w in model.weights}
+    assert analysis.patch_grid(model) == ((4, 4), 8)  # every case: 8x8-pixel tokens
+    assert analysis.is_hybrid(model) == ("resnet_stages" in overrides)
 
 
 def test_attention_model_rejects_a_model_without_transformer_blocks():
@@ -202,6 +205,8 @@ def test_patch_embedding_components_are_orthonormal_principal_components():
     np.testing.assert_allclose(np.abs(np.sum(flat * reference, axis=1)), 1.0, atol=1e-6)
     with pytest.raises(ValueError, match=r"n=33 principal components requested: expected an integer from 1 to 32"):
         analysis.patch_embedding_components(model, n=33)
+    with pytest.raises(ValueError, match=r"is a hybrid: its patch embedding filters act on ResNet features"):
+        analysis.patch_embedding_components(tiny_vit(resnet_stages=(), patch_size=2))
 
 
 # Robustness probes
