@@ -1,5 +1,13 @@
 """keras-vit: the Vision Transformer for Keras 3 on TensorFlow, JAX and PyTorch."""
 
+from keras_vit.analysis import (
+    attention_map,
+    attention_model,
+    attention_rollout,
+    mean_attention_distance,
+    patch_embedding_components,
+    position_embedding_similarity,
+)
 from keras_vit.layers import (
     ClassToken,
     DropPath,
@@ -9,5 +17,6 @@ from keras_vit.layers import (
     TransformerBlock,
 )
 from keras_vit.model import VARIANTS, ViT, parse_variant, preprocess
+from keras_vit.probes import drop_patches, robustness_probes, shuffle_patches
 
 __version__ = "0.1.0"
