@@ -8,6 +8,12 @@ from keras_vit.analysis import (
     patch_embedding_components,
     position_embedding_similarity,
 )
+from keras_vit.fewshot import (
+    RidgeProbe,
+    extract_features,
+    fewshot_evaluate,
+    linear_fewshot_accuracy,
+)
 from keras_vit.layers import (
     ClassToken,
     DropPath,
