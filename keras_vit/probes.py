@@ -8,6 +8,7 @@ default occlusion value 0 is the mid-grey of that range.
 import numpy as np
 
 from keras_vit.analysis import patch_grid
+from keras_vit.fewshot import _batches, _integer_labels
 
 DROP_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 SHUFFLE_GRIDS = (1, 2, 4, 8)
@@ -86,44 +87,11 @@ def shuffle_patches(images, grid, rng=None):
     return cells.reshape(images.shape)
 
 
-def _batches(data, batch_size):
-    """(images, labels) numpy batches from arrays or from an iterable of batches."""
-    if isinstance(data, tuple) and len(data) == 2 and np.ndim(data[0]) == 4:
-        images, labels = data
-        if len(images) != len(labels):
-            raise ValueError(
-                f"Got {len(images)} images but {len(labels)} labels: they must match."
-            )
-        for start in range(0, len(images), batch_size):
-            yield np.asarray(images[start : start + batch_size]), np.asarray(
-                labels[start : start + batch_size]
-            )
-        return
-    # tf.data datasets yield tf tensors; their numpy iterator avoids a TF import here.
-    iterator = data.as_numpy_iterator() if hasattr(data, "as_numpy_iterator") else data
-    try:
-        iterator = iter(iterator)
-    except TypeError:
-        raise ValueError(
-            "data must be an (images, labels) pair of arrays or an iterable of "
-            f"(images, labels) batches such as a tf.data.Dataset, got {type(data).__name__}."
-        ) from None
-    for batch in iterator:
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-            raise ValueError(
-                f"Each batch must be an (images, labels) pair, got a {type(batch).__name__}."
-            )
-        yield np.asarray(batch[0]), np.asarray(batch[1])
-
-
-def _class_ids(labels):
-    labels = np.asarray(labels)
-    return labels.argmax(axis=-1) if labels.ndim == 2 else labels.reshape(-1)
-
-
 def robustness_probes(
     model,
     data,
+    labels=None,
+    *,
     drop_fractions=DROP_FRACTIONS,
     shuffle_grids=SHUFFLE_GRIDS,
     patch_size=None,
@@ -135,15 +103,15 @@ def robustness_probes(
 
     Args:
         model: a classifier mapping images to logits (any keras-vit ViT).
-        data: `(images, labels)` arrays, or an iterable of `(images, labels)`
-            batches such as a `tf.data.Dataset`; images as the model takes them
-            (NHWC in [-1, 1]), labels as class ids or one-hot rows.
+        data: images as the model takes them (NHWC in [-1, 1]), or a
+            `tf.data.Dataset` of `(images, labels)` (batched or not).
+        labels: class ids (or one-hot rows) of array `data`; None for a dataset.
         drop_fractions: fractions of patches occluded (`drop_patches`).
         shuffle_grids: cells per side for `shuffle_patches`.
         patch_size: occlusion patch size in pixels; defaults to the model's token size.
         fill: value of occluded pixels (0 is mid-grey in [-1, 1]).
         seed: seed of the random patch choices and permutations.
-        batch_size: batch size when `data` is arrays.
+        batch_size: images per forward pass (and per batch of an unbatched dataset).
 
     Returns:
         `{"accuracy": clean accuracy, "occlusion": {fraction: accuracy},
@@ -154,7 +122,8 @@ def robustness_probes(
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
     ...                       num_heads=4, mlp_dim=64, num_classes=10)
     >>> images, labels = np.zeros((4, 32, 32, 3), "float32"), np.zeros(4, int)
-    >>> robustness_probes(model, (images, labels), [0.0, 0.5], [1, 2])["shuffle"]
+    >>> robustness_probes(model, images, labels, drop_fractions=[0.0, 0.5],
+    ...                   shuffle_grids=[1, 2])["shuffle"]
     {1: 1.0, 2: 1.0}
     """
     if patch_size is None:
@@ -168,17 +137,20 @@ def robustness_probes(
         logits = np.asarray(model.predict_on_batch(images))
         return int((logits.argmax(axis=-1) == labels).sum())
 
-    for images, labels in _batches(data, batch_size):
+    for images, batch_labels in _batches(data, labels, batch_size):
+        if batch_labels is None:
+            raise ValueError(
+                "Robustness probes need labels: pass labels with array data, or a dataset "
+                "of (images, labels)."
+            )
         images = _check_images(images).astype("float32", copy=False)
-        labels = _class_ids(labels)
-        if len(images) != len(labels):
-            raise ValueError(f"A batch has {len(images)} images but {len(labels)} labels.")
-        correct["accuracy"] += hits(images, labels)
+        batch_labels = _integer_labels(batch_labels)
+        correct["accuracy"] += hits(images, batch_labels)
         for fraction in drop_fractions:
             dropped = drop_patches(images, fraction, patch_size, fill, rng)
-            correct["occlusion"][fraction] += hits(dropped, labels)
+            correct["occlusion"][fraction] += hits(dropped, batch_labels)
         for grid in shuffle_grids:
-            correct["shuffle"][grid] += hits(shuffle_patches(images, grid, rng), labels)
+            correct["shuffle"][grid] += hits(shuffle_patches(images, grid, rng), batch_labels)
         count += len(images)
     if not count:
         raise ValueError("data holds no examples.")

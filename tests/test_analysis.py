@@ -227,12 +227,15 @@ def test_probes_at_zero_drop_and_grid_one_equal_clean_accuracy(digits32):
     model = _randomise(tiny_vit(), scale=0.5)
     clean = np.mean(_np(model(images)).argmax(-1) == labels)
     assert 0 < clean < 1  # random weights: a non-trivial accuracy to compare
-    results = probes.robustness_probes(model, (images, labels), [0.0, 0.5], [1, 2], batch_size=32)
+    settings = dict(drop_fractions=[0.0, 0.5], shuffle_grids=[1, 2], batch_size=32)
+    results = probes.robustness_probes(model, images, labels, **settings)
     assert results["examples"] == 96
     assert results["accuracy"] == results["occlusion"][0.0] == results["shuffle"][1] == clean
     # A tf.data source with the same batches and one-hot labels gives the same numbers.
     dataset = tf.data.Dataset.from_tensor_slices((images, np.eye(10)[labels])).batch(32)
-    assert probes.robustness_probes(model, dataset, [0.0, 0.5], [1, 2]) == results
+    assert probes.robustness_probes(model, dataset, **settings) == results
+    with pytest.raises(ValueError, match="Robustness probes need labels"):
+        probes.robustness_probes(model, images, **settings)
 
 
 def test_drop_patches_fills_exactly_the_requested_fraction():
