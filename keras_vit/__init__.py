@@ -8,6 +8,7 @@ from keras_vit.analysis import (
     patch_embedding_components,
     position_embedding_similarity,
 )
+from keras_vit.checkpoints import LoadReport, load_pretrained, save_npz
 from keras_vit.fewshot import (
     RidgeProbe,
     extract_features,
@@ -23,6 +24,7 @@ from keras_vit.layers import (
     TransformerBlock,
 )
 from keras_vit.model import VARIANTS, ViT, parse_variant, preprocess
+from keras_vit.posembed import resample_position_grid
 from keras_vit.probes import drop_patches, robustness_probes, shuffle_patches
 
 __version__ = "0.1.0"

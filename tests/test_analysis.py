@@ -175,7 +175,7 @@ def test_sincos2d_similarity_peaks_on_the_diagonal_and_decays_with_distance():
             assert np.all(np.diff(similarity[i, j, i, : j + 1]) > 0)
             assert np.all(np.diff(similarity[i, j, i:, j]) < 0)
     # Closed form: sin/cos pairs give cos(w * offset), averaged over the 2 * 8 pairs.
-    omega = 1.0 / 10000 ** (np.arange(8) / 8)
+    omega = 1.0 / 10000 ** (np.arange(8) / 7)  # big_vision: temperature ** -(i / (D/4 - 1))
     dy, dx = np.meshgrid(np.arange(4), np.arange(4), indexing="ij")
     closed = (np.cos(omega * dy[..., None]) + np.cos(omega * dx[..., None])).mean(-1) / 2
     np.testing.assert_allclose(similarity[0, 0], closed, atol=1e-6)
