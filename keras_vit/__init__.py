@@ -24,7 +24,23 @@ from keras_vit.layers import (
     TransformerBlock,
 )
 from keras_vit.model import VARIANTS, ViT, parse_variant, preprocess
+from keras_vit.mpp import (
+    MaskedPatchPrediction,
+    corrupt_patch_embeddings,
+    masked_patch_loss,
+    mean_color_targets,
+)
 from keras_vit.posembed import resample_position_grid
 from keras_vit.probes import drop_patches, robustness_probes, shuffle_patches
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # export.py imports TensorFlow, which is slow to import and unused by the JAX and
+    # PyTorch backends until a model is exported: load it on first use.
+    if name == "export_saved_model":
+        from keras_vit.export import export_saved_model
+
+        return export_saved_model
+    raise AttributeError(f"module 'keras_vit' has no attribute {name!r}")

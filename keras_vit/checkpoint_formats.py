@@ -317,6 +317,10 @@ def _from_npz(arrays, source):
     params = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
     origin = {k[len(prefix):]: k for k in arrays if k.startswith(prefix)}
     notes = []
+    for key, value in params.items():
+        # Some hybrid files keep GroupNorm parameters with singleton dims, (1, 1, 1, C).
+        if re.fullmatch(r"(gn_root|block\d+/unit\d+/gn(\d|_proj))/(scale|bias)", key):
+            params[key] = value.reshape(-1)
     if len(params) < len(arrays):
         notes.append(f"ignored {len(arrays) - len(params)} tensors outside {prefix!r}.")
     big_vision = any(

@@ -143,6 +143,22 @@ class _ModelLayout:
             slots.append(_Slot((f"{key}/kernel",), layer.kernel))
             slots.append(_Slot((f"{key}/bias",), layer.bias))
 
+        # A hybrid's ResNet trunk: official keys `conv_root`, `gn_root` and
+        # `block{s}/unit{u}/{conv,gn}{1,2,3,_proj}`.
+        if "conv_root" in self.layers:
+            slots.append(_Slot(("conv_root/kernel",), self.layers["conv_root"].kernel))
+            norm("gn_root", self.layers["gn_root"])
+        for name, unit in self.layers.items():
+            stage_unit = re.fullmatch(r"block(\d+)_unit(\d+)", name)
+            if not stage_unit:
+                continue
+            prefix = f"block{stage_unit[1]}/unit{stage_unit[2]}"
+            for suffix in ("_proj", "1", "2", "3"):
+                conv = getattr(unit, f"conv{suffix}", None)
+                if conv is not None:
+                    slots.append(_Slot((f"{prefix}/conv{suffix}/kernel",), conv.kernel))
+                    norm(f"{prefix}/gn{suffix}", getattr(unit, f"gn{suffix}"))
+
         for i, block in enumerate(self.blocks):
             prefix, mha, heads = BLOCK_KEY.format(i=i), ATTENTION_KEY.format(i=i), block.num_heads
             norm(prefix + "LayerNorm_0", block.norm1)

@@ -511,16 +511,47 @@ def test_learned_table_into_other_position_embedding_is_an_error(saved, pos_embe
         keras_vit.load_pretrained(tiny_vit(pos_embedding=pos_embedding), saved[0])
 
 
-def test_weights_outside_the_official_layout_are_never_skipped_silently(saved, tmp_path):
-    # A hybrid's ResNet trunk has no official ViT key here: save_npz refuses the model,
-    # load_pretrained reports the trunk as missing.
+def test_a_plain_checkpoint_leaves_the_hybrid_trunk_reported_missing(saved):
     hybrid = tiny_vit(image_size=64, patch_size=2, resnet_stages=())
-    with pytest.raises(ValueError, match="no official key for these weights .*conv_root/kernel"):
-        keras_vit.save_npz(hybrid, tmp_path / "hybrid.npz")
     with pytest.raises(ValueError, match=r"missing conv_root/kernel: checkpoint -, model \(7, 7, 3, 64\)"):
         keras_vit.load_pretrained(hybrid, saved[0])
     report = keras_vit.load_pretrained(hybrid, saved[0], strict=False)
-    assert {"conv_root/kernel", "gn_root/gamma", "gn_root/beta"} <= set(report.missing)
+    assert {"conv_root/kernel", "gn_root/scale", "gn_root/bias"} <= set(report.missing)
+
+
+def _official_hybrid_keys(stage_units):
+    """The trunk keys of vit_jax's models_resnet for these stages, written out by hand."""
+    keys = {"conv_root/kernel", "gn_root/scale", "gn_root/bias"}
+    for s, units in enumerate(stage_units, 1):
+        for u in range(1, units + 1):
+            parts = ["1", "2", "3"] + (["_proj"] if u == 1 else [])
+            for part in parts:
+                keys |= {f"block{s}/unit{u}/conv{part}/kernel", f"block{s}/unit{u}/gn{part}/scale",
+                         f"block{s}/unit{u}/gn{part}/bias"}
+    return keys
+
+
+def test_hybrid_round_trips_through_the_official_layout(tmp_path):
+    model = tiny_vit(image_size=32, patch_size=1, num_layers=1, resnet_stages=(1, 1))
+    rng = np.random.default_rng(11)
+    for v in model.weights:
+        v.assign(rng.normal(scale=0.2, size=v.shape).astype("float32"))
+    path = tmp_path / "hybrid.npz"
+    keras_vit.save_npz(model, path)
+    saved = dict(np.load(path))
+    assert _official_hybrid_keys((1, 1)) <= set(saved)
+    assert not {k for k in saved if k.split("/")[0] not in ("Transformer", "embedding", "cls", "head")} - _official_hybrid_keys((1, 1))
+
+    # Older files carry GroupNorm parameters with singleton dims.
+    singleton = {k: (v.reshape(1, 1, 1, -1) if "/gn" in "/" + k else v) for k, v in saved.items()}
+    np.savez(tmp_path / "singleton.npz", **singleton)
+    x = rng.uniform(-1, 1, size=(2, 32, 32, 3)).astype("float32")
+    for source in (path, tmp_path / "singleton.npz"):
+        fresh = tiny_vit(image_size=32, patch_size=1, num_layers=1, resnet_stages=(1, 1))
+        keras_vit.load_pretrained(fresh, source)
+        np.testing.assert_array_equal(np.asarray(fresh(x)), np.asarray(model(x)))
+        for a, b in zip(fresh.weights, model.weights):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_bad_arguments_are_named(shared_model, tmp_path):
