@@ -1,5 +1,13 @@
 """keras-vit: the Vision Transformer for Keras 3 on TensorFlow, JAX and PyTorch."""
 
+from keras_vit.analysis import (
+    attention_map,
+    attention_model,
+    attention_rollout,
+    mean_attention_distance,
+    patch_embedding_components,
+    position_embedding_similarity,
+)
 from keras_vit.checkpoints import LoadReport, load_pretrained, save_npz
 from keras_vit.fewshot import (
     RidgeProbe,
@@ -23,6 +31,7 @@ from keras_vit.mpp import (
     mean_color_targets,
 )
 from keras_vit.posembed import resample_position_grid
+from keras_vit.probes import drop_patches, robustness_probes, shuffle_patches
 
 __version__ = "0.1.0"
 
