@@ -35,12 +35,20 @@ from keras_vit.probes import drop_patches, robustness_probes, shuffle_patches
 
 __version__ = "0.1.0"
 
+# TensorFlow-only parts (SavedModel export, the training engine with tf.data and
+# tf.distribute) are imported on first use: TensorFlow is slow to import and unused by
+# the JAX and PyTorch backends until then.
+_LAZY = {
+    "export_saved_model": "keras_vit.export",
+    "TrainConfig": "keras_vit.training",
+    "TrainingModel": "keras_vit.training",
+    "train": "keras_vit.training",
+}
+
 
 def __getattr__(name):
-    # export.py imports TensorFlow, which is slow to import and unused by the JAX and
-    # PyTorch backends until a model is exported: load it on first use.
-    if name == "export_saved_model":
-        from keras_vit.export import export_saved_model
+    if name in _LAZY:
+        import importlib
 
-        return export_saved_model
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'keras_vit' has no attribute {name!r}")
