@@ -8,6 +8,7 @@ from keras_vit.layers import (
     TokenPooling,
     TransformerBlock,
 )
-from keras_vit.model import VARIANTS, ViT, parse_variant, preprocess
+from keras_vit.flops import forward_flops
+from keras_vit.model import VARIANTS, ViT, VisionTransformer, parse_variant, preprocess
 
 __version__ = "0.1.0"

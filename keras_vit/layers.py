@@ -5,6 +5,7 @@ backends. Weight layouts are chosen so that the official checkpoints map onto
 them by reshapes alone (see `keras_vit.checkpoints`).
 """
 
+import functools
 import math
 
 import keras
@@ -50,6 +51,23 @@ def sincos_2d_table(grid_size, width, temperature=10000.0):
     x = ops.reshape(x, (-1, 1)) * omega[None]
     table = ops.concatenate([ops.sin(y), ops.cos(y), ops.sin(x), ops.cos(x)], axis=1)
     return table[None]
+
+
+@functools.cache
+def _fused_attention_is_faster():
+    """Whether `ops.dot_product_attention` beats explicit products on this machine.
+
+    It runs fused kernels on PyTorch (CPU and GPU) and, on JAX, on GPUs and TPUs
+    (cuDNN or Pallas flash attention); on TensorFlow and on a JAX CPU it is two
+    einsums, slower than the batched matmuls of `TransformerBlock` (measured with
+    bench/models.py).
+    """
+    backend = keras.backend.backend()
+    if backend == "torch":
+        return True
+    if backend == "jax":
+        return not keras.distribution.list_devices()[0].startswith("cpu")
+    return False
 
 
 @_register
@@ -328,9 +346,11 @@ class TransformerBlock(keras.layers.Layer):
 
     The query, key and value projections are one fused Dense of width 3D (q | k | v,
     heads contiguous inside each), which maps exactly onto the official separate
-    `(D, heads, head_dim)` kernels. The normal path uses fused attention
-    (`keras.ops.dot_product_attention`); `call(..., return_attention=True)` returns
-    `(outputs, weights)` with weights of shape `(batch, heads, tokens, tokens)`.
+    `(D, heads, head_dim)` kernels. Attention uses the backend's fused kernel
+    (`keras.ops.dot_product_attention`) where it has one (PyTorch; JAX on GPU and
+    TPU) and batched matmuls under XLA on CPU and on TensorFlow, which are faster
+    there; `call(..., return_attention=True)` returns `(outputs, weights)` with
+    weights of shape `(batch, heads, tokens, tokens)`.
 
     Args:
         num_heads: attention heads; must divide the width.
@@ -399,16 +419,18 @@ class TransformerBlock(keras.layers.Layer):
     def _attend(self, x, training, return_attention):
         length, width = ops.shape(x)[1], x.shape[-1]
         qkv = ops.reshape(self.qkv(x), (-1, length, 3, self.num_heads, self.head_dim))
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        weights = None
-        if return_attention or (training and self.attention_dropout_rate > 0):
-            scale = 1.0 / math.sqrt(self.head_dim)
-            logits = ops.einsum("bqhd,bkhd->bhqk", q * ops.cast(scale, q.dtype), k)
-            weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
-            dropped = self.attention_dropout(ops.cast(weights, v.dtype), training=training)
-            out = ops.einsum("bhqk,bkhd->bqhd", dropped, v)
-        else:
-            out = ops.dot_product_attention(q, k, v)
+        explicit = return_attention or (training and self.attention_dropout_rate > 0)
+        if not explicit and _fused_attention_is_faster():
+            out = ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+            return self.attention_output(ops.reshape(out, (-1, length, width))), None
+        # One transpose of the fused q|k|v, then products batched over (batch, heads).
+        qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # (3, batch, heads, tokens, head_dim)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        q = q * ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
+        logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
+        weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+        dropped = self.attention_dropout(ops.cast(weights, v.dtype), training=training)
+        out = ops.transpose(ops.matmul(dropped, v), (0, 2, 1, 3))
         out = self.attention_output(ops.reshape(out, (-1, length, width)))
         return out, weights
 
