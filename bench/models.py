@@ -162,6 +162,7 @@ def run_group(variant, tasks, contenders, plan, log_dir, echo):
                                 BATCH * len(x["step_s"]) / sum(x["step_s"]) for x in replies
                             ],
                             step_s=[x["step_s"] for x in replies],
+                            cpu_s=[x["cpu_s"] for x in replies],
                             matmul_gflops=[x["matmul_gflops"] for x in replies],
                             round_peak_gflops=peaks,
                             peak_rss_mib=replies[-1]["peak_rss_mib"],
@@ -188,6 +189,10 @@ def summarise(entries):
         rates = e["images_per_s"]
         e["median_images_per_s"] = statistics.median(rates)
         e["median_gflops_per_s"] = e["median_images_per_s"] * e["flops_per_image"] / 1e9
+        # CPU seconds per wall second: how many cores the contender got on a shared machine.
+        e["median_cores_used"] = statistics.median(
+            cpu / sum(steps) for cpu, steps in zip(e["cpu_s"], e["step_s"])
+        )
         e["median_fraction_of_peak"] = statistics.median(
             rate * e["flops_per_image"] / 1e9 / peak
             for rate, peak in zip(rates, e["round_peak_gflops"])
@@ -255,8 +260,9 @@ def format_table(entries, growth, peak):
         f"float32, batch {BATCH}; machine matmul peak (median of per-round best) "
         f"{peak:.0f} GFLOP/s",
         "",
-        "| model | px | task | contender | img/s | x HF | GFLOP/s | % peak | peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | px | task | contender | img/s | x HF | GFLOP/s | % peak | cores used "
+        "| peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in entries:
         ratio = e.get("ratio_vs_hf")
@@ -264,7 +270,7 @@ def format_table(entries, growth, peak):
             f"| {e['variant']} | {e['image_size']} | {e['mode']} | {e['contender']} "
             f"| {e['median_images_per_s']:.1f} | {'' if ratio is None else f'{ratio:.2f}'} "
             f"| {e['median_gflops_per_s']:.0f} | {100 * e['median_fraction_of_peak']:.0f} "
-            f"| {e['peak_rss_mib']:.0f} |"
+            f"| {e['median_cores_used']:.2f} | {e['peak_rss_mib']:.0f} |"
         )
     jax_vs_tf = [
         f"{e['variant']} {e['image_size']} {e['mode']}: {e['ratio_vs_tensorflow']:.2f}"

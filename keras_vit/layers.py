@@ -424,21 +424,36 @@ class TransformerBlock(keras.layers.Layer):
             out = ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
             return self.attention_output(ops.reshape(out, (-1, length, width))), None
         # One transpose of the fused q|k|v, then products batched over (batch, heads).
-        qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # (3, batch, heads, tokens, head_dim)
-        q, k, v = qkv[0], qkv[1], qkv[2]
+        q, k, v = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3, axis=0)
         q = q * ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
-        logits = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
-        weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
-        dropped = self.attention_dropout(ops.cast(weights, v.dtype), training=training)
-        out = ops.transpose(ops.matmul(dropped, v), (0, 2, 1, 3))
+        logits = ops.cast(ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))), "float32")
+        if explicit:
+            weights = ops.softmax(logits, axis=-1)
+            dropped = self.attention_dropout(ops.cast(weights, v.dtype), training=training)
+            out = ops.matmul(dropped, v)
+        else:
+            # Softmax normalised after the product, over (tokens, head_dim) values
+            # rather than (tokens, tokens); the shift cancels, so it needs no gradient.
+            weights = None
+            exp = ops.exp(logits - ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True)))
+            out = ops.cast(ops.matmul(ops.cast(exp, v.dtype), v), "float32")
+            out = ops.cast(out / ops.sum(exp, axis=-1, keepdims=True), v.dtype)
+        out = ops.transpose(out, (0, 2, 1, 3))
         out = self.attention_output(ops.reshape(out, (-1, length, width)))
         return out, weights
+
+    def _gelu(self, y):
+        # PyTorch runs eagerly, where its one-kernel gelu wins; under XLA the erf form
+        # beats the erfc form that tf.nn.gelu and jax.nn.gelu use.
+        if self.gelu_approximate or keras.backend.backend() == "torch":
+            return keras.activations.gelu(y, approximate=self.gelu_approximate)
+        return y * 0.5 * (1.0 + ops.erf(y * ops.cast(1.0 / math.sqrt(2.0), y.dtype)))
 
     def call(self, x, training=False, return_attention=False):
         attended, weights = self._attend(self.norm1(x), training, return_attention)
         x = x + self.drop_path(self.dropout(attended, training=training), training=training)
         y = self.mlp_fc1(self.norm2(x))
-        y = keras.activations.gelu(y, approximate=self.gelu_approximate)
+        y = self._gelu(y)
         y = self.mlp_fc2(self.dropout(y, training=training))
         x = x + self.drop_path(self.dropout(y, training=training), training=training)
         return (x, weights) if return_attention else x
