@@ -444,9 +444,10 @@ class TransformerBlock(keras.layers.Layer):
         return out, weights
 
     def _gelu(self, y):
-        # PyTorch runs eagerly, where its one-kernel gelu wins; under XLA the erf form
-        # beats the erfc form that tf.nn.gelu and jax.nn.gelu use.
-        if self.gelu_approximate or keras.backend.backend() == "torch":
+        # Under TensorFlow's XLA the erf form beats tf.nn.gelu's erfc form. JAX keeps
+        # jax.nn.gelu: its erf lowers to a StableHLO composite that TensorFlow cannot
+        # load, which would break SavedModel export of JAX-built models (jax2tf).
+        if self.gelu_approximate or keras.backend.backend() != "tensorflow":
             return keras.activations.gelu(y, approximate=self.gelu_approximate)
         return y * 0.5 * (1.0 + ops.erf(y * ops.cast(1.0 / math.sqrt(2.0), y.dtype)))
 
