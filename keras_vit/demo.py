@@ -101,6 +101,20 @@ def _stage_name(config):
     return f"classes {config.classes or 'all'}, {config.image_size} px"
 
 
+def _train_stage(title, config, seconds, verbose):
+    """Runs one training stage with log lines before and after; records its seconds."""
+    stage = os.path.basename(config.out)
+    logger.info(
+        "%s on %s (%s), %d epochs -> %s",
+        title, config.data, _stage_name(config), config.epochs, config.out,
+    )
+    start = time.time()
+    result = train(config, verbose=verbose)
+    seconds[stage] = time.time() - start
+    logger.info("%s: test accuracy %.4f (%.0f s)", stage, _accuracy(result), seconds[stage])
+    return result
+
+
 def plot_training(histories, path):
     """Saves a PNG of test (and train) accuracy per epoch of training runs.
 
@@ -160,18 +174,8 @@ def run_demo(config, *, out=None, verbose=1):
     os.makedirs(out, exist_ok=True)
     seconds = {}
 
-    start = time.time()
     pretrain_config = dataclasses.replace(config.pretrain, out=os.path.join(out, "pretrain"))
-    logger.info(
-        "Stage 1/3: pretraining on %s (%s), %d epochs -> %s",
-        pretrain_config.data, _stage_name(pretrain_config), pretrain_config.epochs,
-        pretrain_config.out,
-    )
-    pretrained = train(pretrain_config, verbose=verbose)
-    seconds["pretrain"] = time.time() - start
-    logger.info(
-        "Pretraining: test accuracy %.4f (%.0f s)", _accuracy(pretrained), seconds["pretrain"]
-    )
+    pretrained = _train_stage("Stage 1/3: pretraining", pretrain_config, seconds, verbose)
 
     start = time.time()
     logger.info(
@@ -192,21 +196,13 @@ def run_demo(config, *, out=None, verbose=1):
         )
         logger.info("Few-shot, %s: %s", name, scores)
 
-    start = time.time()
     encoder = os.path.join(pretrain_config.out, ENCODER)
     save_encoder(pretrained.model, encoder)
     finetune_config = dataclasses.replace(
         config.finetune, out=os.path.join(out, "finetune"), init_from=encoder
     )
-    logger.info(
-        "Stage 3/3: fine-tuning the pretrained encoder on %s (%s), %d epochs -> %s",
-        finetune_config.data, _stage_name(finetune_config), finetune_config.epochs,
-        finetune_config.out,
-    )
-    finetuned = train(finetune_config, verbose=verbose)
-    seconds["finetune"] = time.time() - start
-    logger.info(
-        "Fine-tuning: test accuracy %.4f (%.0f s)", _accuracy(finetuned), seconds["finetune"]
+    finetuned = _train_stage(
+        "Stage 3/3: fine-tuning the pretrained encoder", finetune_config, seconds, verbose
     )
 
     references = {

@@ -57,33 +57,25 @@ SHIFT = keras.layers.RandomTranslation(0.15, 0.15, fill_mode="constant", fill_va
 
 DEMO_MODEL = dict(patch_size=2, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64)
 
+# What both training stages of the demo share: the model, the shifts, no weight decay.
+DEMO_BASE = dataclasses.replace(
+    CONFIG, model_kwargs=DEMO_MODEL, augmentations=[SHIFT], weight_decay=0.0, tensorboard=False
+)
+
 DEMO = DemoConfig(
-    pretrain=dataclasses.replace(
-        CONFIG,
-        classes="0-4",
-        image_size=8,
-        model_kwargs=DEMO_MODEL,
-        augmentations=[SHIFT],
-        weight_decay=0.0,
-        epochs=40,
-        tensorboard=False,
-    ),
+    pretrain=dataclasses.replace(DEMO_BASE, classes="0-4", image_size=8, epochs=40),
     fewshot=FewshotConfig(
         data="digits", classes="5-9", shots=(1, 5, 10, 25), seeds=3, sweep=True
     ),
     finetune=dataclasses.replace(
-        CONFIG,
+        DEMO_BASE,
         classes="5-9",
         image_size=16,
-        model_kwargs=DEMO_MODEL,
-        augmentations=[SHIFT],
         optimizer="sgd",
         momentum=0.9,
         learning_rate=0.03,
-        weight_decay=0.0,
         warmup_steps=10,
         epochs=40,
-        tensorboard=False,
     ),
     out="runs/demo",
 )
