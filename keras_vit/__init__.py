@@ -10,7 +10,9 @@ from keras_vit.analysis import (
 )
 from keras_vit.checkpoints import LoadReport, load_pretrained, save_npz
 from keras_vit.fewshot import (
+    FewshotConfig,
     RidgeProbe,
+    evaluate_source,
     extract_features,
     fewshot_evaluate,
     linear_fewshot_accuracy,
@@ -37,13 +39,15 @@ from keras_vit.probes import drop_patches, robustness_probes, shuffle_patches
 __version__ = "0.1.0"
 
 # TensorFlow-only parts (SavedModel export, the training engine with tf.data and
-# tf.distribute) are imported on first use: TensorFlow is slow to import and unused by
-# the JAX and PyTorch backends until then.
+# tf.distribute, the demo pipeline) are imported on first use: TensorFlow is slow to
+# import and unused by the JAX and PyTorch backends until then.
 _LAZY = {
     "export_saved_model": "keras_vit.export",
     "TrainConfig": "keras_vit.training",
     "TrainingModel": "keras_vit.training",
     "train": "keras_vit.training",
+    "DemoConfig": "keras_vit.demo",
+    "run_demo": "keras_vit.demo",
 }
 
 

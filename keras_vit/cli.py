@@ -123,21 +123,23 @@ def find_recipe(name, command=None):
     )
 
 
-def load_recipe(name, command=None):
-    """Loads a recipe file and returns its `CONFIG`.
+def load_recipe(name, command=None, attribute="CONFIG"):
+    """Loads a recipe file and returns its `CONFIG` (or another `attribute`).
 
     Example:
 
     >>> load_recipe("demo").model
     'custom'
+    >>> load_recipe("demo", attribute="DEMO").fewshot.classes
+    '5-9'
     """
     path = find_recipe(name, command)
     spec = importlib.util.spec_from_file_location(f"keras_vit_recipe_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    if not hasattr(module, "CONFIG"):
-        raise ValueError(f"Recipe {str(path)!r} defines no CONFIG.")
-    return module.CONFIG
+    if not hasattr(module, attribute):
+        raise ValueError(f"Recipe {str(path)!r} defines no {attribute}.")
+    return getattr(module, attribute)
 
 
 _TRUE = ("true", "1", "yes", "on")
@@ -268,6 +270,94 @@ def finetune(args):
     if not config.init_from:
         raise ValueError("finetune needs weights: pass --from CKPT (or --set init_from=...).")
     return _train(config)
+
+
+# --- few-shot evaluation and the demo ----------------------------------------------
+
+
+def parse_int_list(flag, text):
+    """`"1,5,10"` -> `(1, 5, 10)`; anything but positive integers is a ValueError naming `flag`.
+
+    Example:
+
+    >>> parse_int_list("--shots", "1,5,10,25")
+    (1, 5, 10, 25)
+    """
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise ValueError(
+            f"{flag} expects comma-separated positive integers (e.g. 1,5,10,25), got {text!r}."
+        )
+    return tuple(int(part) for part in parts)
+
+
+def _fewshot_arguments(parser):
+    parser.add_argument("--recipe", metavar="NAME", help="recipe name or .py file (default: fewshot)")
+    add_from_argument(parser, required=True)
+    add_data_argument(parser)
+    parser.add_argument("--shots", metavar="N,N,...", help="shots per class, e.g. 1,5,10,25")
+    parser.add_argument("--seeds", metavar="N", help="number of seeds (samples per shot count)")
+    parser.add_argument("--classes", metavar="SPEC", help="use only these classes, e.g. 5-9")
+    parser.add_argument("--l2", metavar="L2", help="ridge strength (e.g. 1024), or 'sweep'")
+    add_out_argument(parser)
+    parser.add_argument(
+        "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config field (repeatable), e.g. --set batch_size=64",
+    )
+
+
+@command("fewshot", "few-shot linear evaluation of a model's representation", _fewshot_arguments)
+def fewshot(args):
+    from keras_vit import fewshot as vit_fewshot
+    from keras_vit.runs import load_model
+
+    config = load_recipe(args.recipe or "fewshot", "fewshot")
+    flags = dict(data=args.data, out=args.out, classes=args.classes)
+    if args.shots is not None:
+        flags["shots"] = parse_int_list("--shots", args.shots)
+    if args.seeds is not None:
+        flags["seeds"] = parse_int_list("--seeds", args.seeds)
+        if len(flags["seeds"]) != 1:
+            raise ValueError(f"--seeds expects one positive integer, got {args.seeds!r}.")
+        flags["seeds"] = flags["seeds"][0]
+    if args.l2 == "sweep":
+        flags["sweep"] = True
+    elif args.l2 is not None:
+        try:
+            flags.update(l2=float(args.l2), sweep=False)
+        except ValueError:
+            raise ValueError(f"--l2 expects a positive number or 'sweep', got {args.l2!r}.") from None
+    config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
+    config = apply_overrides(config, args.assignments).validate()
+    model = load_model(args.source)
+    result = vit_fewshot.evaluate_source(model, config, verbose=1)
+    table = vit_fewshot.save_results({os.path.basename(os.path.normpath(args.source)): result}, config.out)
+    print(table)
+    print(f"Results: {os.path.join(config.out, 'fewshot.json')}, fewshot.png")
+    return 0
+
+
+def _demo_arguments(parser):
+    parser.add_argument("--recipe", metavar="NAME", help="recipe with a DEMO config (default: demo)")
+    add_out_argument(parser)
+
+
+@command(
+    "demo",
+    "pretrain on digits 0-4, few-shot evaluate and fine-tune on 5-9 (a few minutes, no network)",
+    _demo_arguments,
+)
+def demo(args):
+    from keras_vit.demo import run_demo
+
+    config = load_recipe(args.recipe or "demo", "demo", attribute="DEMO")
+    out = args.out or config.out
+    summary = run_demo(config, out=out)
+    minutes = sum(summary["seconds"].values()) / 60
+    print(summary["table"])
+    print(f"{minutes:.1f} minutes. Tables, plots and runs: {out}/ (table.txt, fewshot.png, "
+          "training.png, pretrain/, finetune/)")
+    return 0
 
 
 # --- entry point -------------------------------------------------------------------

@@ -129,6 +129,76 @@ def spec_split(spec):
     return None
 
 
+def parse_classes(classes):
+    """The class labels a class selection names, sorted: `"0-4"`, `"0,2,5-7"` or integers.
+
+    Example:
+
+    >>> parse_classes("5-9"), parse_classes("0,3-4"), parse_classes([7, 2])
+    ((5, 6, 7, 8, 9), (0, 3, 4), (2, 7))
+    """
+    expected = "class labels like '0-4', '0,2,5-7' or a list of integers"
+    if isinstance(classes, str):
+        labels = set()
+        for part in classes.replace(" ", "").split(","):
+            low, dash, high = part.partition("-")
+            if not (low.isdigit() and (not dash or high.isdigit())) or (dash and int(high) < int(low)):
+                raise ValueError(f"classes must be {expected}, got {classes!r} (bad part {part!r}).")
+            labels.update(range(int(low), int(high if dash else low) + 1))
+    else:
+        try:
+            labels = set(classes)
+        except TypeError:
+            labels = None
+        if labels is None or any(
+            not isinstance(c, (int, np.integer)) or isinstance(c, bool) or c < 0 for c in labels
+        ):
+            raise ValueError(f"classes must be {expected}, got {classes!r}.")
+    if len(labels) < 2:
+        raise ValueError(f"classes={classes!r} selects {len(labels)} class(es): expected at least 2.")
+    return tuple(sorted(int(c) for c in labels))
+
+
+def select_classes(source, classes):
+    """`source` restricted to some of its classes, relabelled `0 .. len(classes) - 1`.
+
+    `classes` is anything `parse_classes` reads; label `classes[i]` becomes `i`, so a
+    model trained on a selection has one output per selected class. Counting the
+    selection reads the source's records once.
+
+    Example:
+
+    >>> upper = select_classes(load_source("digits", "test"), "5-9")
+    >>> upper.size, upper.num_classes, upper.class_names
+    (180, 5, ['5', '6', '7', '8', '9'])
+    """
+    labels = parse_classes(classes)
+    outside = [c for c in labels if c >= source.num_classes]
+    if outside:
+        raise ValueError(
+            f"classes={classes!r} names class(es) {outside} that {source.name} does not have: "
+            f"its labels are 0-{source.num_classes - 1}."
+        )
+    relabel = np.full(source.num_classes, -1, "int32")
+    relabel[list(labels)] = np.arange(len(labels))
+    relabel = tf.constant(relabel)
+    records = source.records.filter(lambda key, label: tf.gather(relabel, label) >= 0).map(
+        lambda key, label: (key, tf.gather(relabel, label))
+    )
+    size = int(records.map(lambda key, label: label).reduce(0, lambda count, _: count + 1))
+    # A known length: Keras then reads an eval pass to its end without a warning.
+    records = records.apply(tf.data.experimental.assert_cardinality(size))
+    names = source.class_names and [source.class_names[c] for c in labels]
+    return dataclasses.replace(
+        source,
+        name=f"{source.name}[classes {','.join(map(str, labels))}]",
+        records=records,
+        size=size,
+        num_classes=len(labels),
+        class_names=names,
+    )
+
+
 def _digits(split):
     """scikit-learn's digits: 8x8 grey levels 0-16, scaled to uint8 0-255, one channel."""
     from sklearn.datasets import load_digits

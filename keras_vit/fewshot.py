@@ -8,8 +8,12 @@ Shots are drawn per class with a seed, for several shot counts and seeds, with a
 fixed L2 strength or one chosen per shot count on a held-out part of the train split.
 """
 
+import dataclasses
+import json
 import math
 import numbers
+import os
+from typing import Optional
 
 import keras
 import numpy as np
@@ -140,6 +144,8 @@ def _extract(extractor, data, labels, batch_size, verbose):
             all_labels.append(_integer_labels(batch_labels))
         if progress is not None:
             progress.add(count)
+    if progress is not None:
+        progress.update(sum(len(f) for f in features), finalize=True)  # ends the line
     if not features:
         raise ValueError("No images to extract features from: data is empty.")
     labels = np.concatenate(all_labels) if all_labels else None
@@ -453,6 +459,151 @@ def evaluate_model(model, train_data, test_data, *, batch_size=256, layer=None, 
             raise ValueError(f"{name} has no labels: yield (images, labels) batches.")
         splits += [features, labels]
     return fewshot_evaluate(*splits, **kwargs)
+
+
+@dataclasses.dataclass
+class FewshotConfig:
+    """A few-shot evaluation of a model on an image source; `recipes/fewshot.py` is one.
+
+    `data` is a `keras_vit.data.load_source` specification whose train split gives the
+    shots and whose test split (or `test_data`) is scored; `classes` selects some of its
+    classes (e.g. `"5-9"`). `shots`, `seeds`, `l2` and `holdout_fraction` are those of
+    `fewshot_evaluate`; `sweep=True` chooses `l2` per shot count from `L2_GRID`.
+    Images are resized to the model's input size (`crop_fraction=1`, as big_vision's
+    few-shot evaluators do, or a central crop) and passed through the model
+    `batch_size` at a time; `layer` picks the representation (see `feature_model`).
+    `out` is where `save_results` writes.
+
+    Example:
+
+    >>> FewshotConfig(data="digits", classes="5-9", shots=(1, 5)).validate().shots
+    (1, 5)
+    """
+
+    data: str = "digits"
+    test_data: Optional[str] = None
+    classes: Optional[str] = None
+    shots: tuple = (1, 5, 10, 25)
+    seeds: int = 3
+    l2: float = DEFAULT_L2
+    sweep: bool = False
+    holdout_fraction: float = 0.2
+    batch_size: int = 256
+    crop_fraction: float = 1.0
+    layer: Optional[str] = None
+    out: str = "runs/fewshot"
+
+    def __post_init__(self):
+        self.shots = tuple(self.shots)
+
+    def validate(self):
+        """Raises `ValueError` naming the first field with a bad value."""
+        self.shots = tuple(_check_shots(self.shots))
+        if not isinstance(self.seeds, numbers.Integral) or isinstance(self.seeds, bool) or self.seeds < 1:
+            raise ValueError(f"seeds must be a positive integer, got {self.seeds!r}.")
+        _check_l2(self.l2)
+        if int(self.batch_size) != self.batch_size or self.batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {self.batch_size!r}.")
+        if not 0 < self.crop_fraction <= 1:
+            raise ValueError(f"crop_fraction must be in (0, 1], got {self.crop_fraction!r}.")
+        if self.sweep and not 0 < self.holdout_fraction < 1:
+            raise ValueError(
+                f"holdout_fraction must be in (0, 1) to choose l2, got {self.holdout_fraction!r}."
+            )
+        if self.classes is not None:
+            from keras_vit.data import parse_classes
+
+            parse_classes(self.classes)
+        return self
+
+
+def evaluate_source(model, config, *, verbose=0):
+    """Few-shot accuracy of `model` on the image source `config` names.
+
+    Loads the train and test splits of `config.data` (TensorFlow's `tf.data`, any Keras
+    backend), selects `config.classes`, preprocesses images to the model's input size
+    and channels as the eval pipeline does, and returns `evaluate_model`'s result with
+    the source's name and class names added.
+
+    Example:
+
+    >>> vit = keras_vit.ViT(image_size=8, patch_size=4, hidden_dim=16, num_layers=1,
+    ...                     num_heads=2, mlp_dim=32, channels=1)
+    >>> config = FewshotConfig(data="digits", classes="5-9", shots=(1, 5))
+    >>> evaluate_source(vit, config)["class_names"]
+    ['5', '6', '7', '8', '9']
+    """
+    import tensorflow as tf  # tf.data, imported only when used
+
+    from keras_vit import data as vit_data
+
+    config.validate()
+    if config.test_data is None and vit_data.spec_split(config.data):
+        raise ValueError(
+            f"data={config.data!r} names its split: set test_data to the split to score."
+        )
+    _, height, width, channels = model.input_shape
+    if height != width or height is None:
+        raise ValueError(
+            f"Few-shot evaluation needs a model with a fixed square input, got {model.input_shape}."
+        )
+    splits = []
+    for spec, split in ((config.data, "train"), (config.test_data or config.data, "test")):
+        source = vit_data.load_source(spec, split)
+        labels = tf.range(source.num_classes)
+        if config.classes is not None:
+            source = vit_data.select_classes(source, config.classes)
+            labels = tf.constant(vit_data.parse_classes(config.classes))
+        dataset = vit_data.eval_dataset(
+            source, height, config.batch_size, channels=channels, crop_fraction=config.crop_fraction
+        )
+        # The source's own labels (5-9, not 0-4), so that results and errors name them.
+        splits.append(dataset.map(lambda x, y: (x, tf.gather(labels, tf.argmax(y, axis=-1)))))
+    result = evaluate_model(
+        model, *splits, batch_size=config.batch_size, layer=config.layer, verbose=verbose,
+        shots=config.shots, seeds=config.seeds, l2="sweep" if config.sweep else config.l2,
+        holdout_fraction=config.holdout_fraction,
+    )
+    result.update(data=source.name, class_names=source.class_names)
+    return result
+
+
+def save_results(runs, out, *, references=None, title="Few-shot linear evaluation"):
+    """Writes `fewshot.json`, `fewshot.txt` (the table) and `fewshot.png` under `out`.
+
+    Args:
+        runs: `{name: result}` from `fewshot_evaluate` (or a single result).
+        out: the output folder (created).
+        references: optional `{name: {run name: accuracy}}` rows of the table, drawn as
+            dashed lines in the plot (e.g. a fine-tuned model's accuracy).
+        title: the plot's title.
+
+    Returns:
+        The table (`format_table`).
+
+    Example:
+
+    >>> import tempfile
+    >>> result = dict(shots=[1, 5], mean=[0.5, 0.75], std=[0.1, 0.05], l2=[1024.0, 1024.0])
+    >>> print(save_results({"pretrained": result}, tempfile.mkdtemp()).splitlines()[0])
+    shots | pretrained   | l2
+    """
+    if "shots" in runs:
+        runs = {"accuracy": runs}
+    references = references or {}
+    os.makedirs(out, exist_ok=True)
+    table = format_table(runs, references)
+    with open(os.path.join(out, "fewshot.json"), "w") as f:
+        json.dump(dict(runs=runs, references=references), f, indent=2)
+    with open(os.path.join(out, "fewshot.txt"), "w") as f:
+        f.write(table + "\n")
+    lines = {
+        f"{row} ({name})" if len(values) > 1 else row: accuracy
+        for row, values in references.items()
+        for name, accuracy in values.items()
+    }
+    plot_fewshot(runs, os.path.join(out, "fewshot.png"), references=lines, title=title)
+    return table
 
 
 def format_table(runs, references=None):

@@ -44,7 +44,9 @@ class TrainConfig:
     a class mismatch), `interpolation` for that resampling.
 
     Data: `data` and `eval_data` (`"digits"`, `"tfds:NAME[:SPLIT]"`, a folder; eval
-    defaults to the source's test split; `evaluate=False` skips evaluation); `batch_size` is global, per optimizer update,
+    defaults to the source's test split; `evaluate=False` skips evaluation); `classes`
+    selects some of the source's classes, relabelled in order (e.g. `"0-4"`, see
+    `keras_vit.data.select_classes`); `batch_size` is global, per optimizer update,
     and `accumulation_steps` splits it into that many batches whose gradients are
     averaged; `epochs` passes over the data, or `steps` optimizer updates (rounded up
     to whole epochs); `steps_per_epoch` overrides the epoch length (in batches);
@@ -86,6 +88,7 @@ class TrainConfig:
     interpolation: Optional[str] = None
     data: str = "digits"
     eval_data: Optional[str] = None
+    classes: Optional[str] = None
     evaluate: bool = True
     accumulation_steps: int = 1
     steps: Optional[int] = None
@@ -170,6 +173,8 @@ class TrainConfig:
             )
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}.")
+        if self.classes is not None:
+            vit_data.parse_classes(self.classes)
         if self.model != "custom":
             from keras_vit.model import parse_variant
 
@@ -377,6 +382,9 @@ def train(config, *, callbacks=(), verbose="auto"):
 
     train_source = vit_data.load_source(config.data, "train", strict=config.strict_data)
     eval_source = _eval_source(config)
+    if config.classes is not None:
+        train_source = vit_data.select_classes(train_source, config.classes)
+        eval_source = eval_source and vit_data.select_classes(eval_source, config.classes)
     skipped = train_source.skipped + (eval_source.skipped if eval_source else [])
     if skipped:
         with tf.io.gfile.GFile(os.path.join(out, "skipped_files.txt"), "w") as f:

@@ -57,7 +57,7 @@ def test_command_reports_errors_without_a_traceback(capsys):
     assert "finetune needs weights: pass --from" in capsys.readouterr().err
     assert cli.main(["pretrain", "--recipe", "nonesuch"]) == 2
     error = capsys.readouterr().err
-    assert "No recipe 'nonesuch'" in error and "demo, finetune, pretrain" in error
+    assert "No recipe 'nonesuch'" in error and "demo, fewshot, finetune, pretrain" in error
 
 
 @pytest.mark.parametrize("name", ["demo", "pretrain", "finetune"])
@@ -130,3 +130,61 @@ def test_demo_recipe_trains_to_95_percent_on_digits(tmp_path, capsys):
     for name in ("encoderblock_0", "encoderblock_1", "head"):
         for a, b in zip(trained.get_layer(name).get_weights(), larger.get_layer(name).get_weights()):
             np.testing.assert_array_equal(a, b)
+
+
+def test_demo_command_runs_all_stages_and_reports_them(tmp_path, capsys, caplog):
+    """The demo recipe's pipeline, cut to a few steps per stage (same code path)."""
+    recipe = tmp_path / "tiny_demo.py"
+    recipe.write_text(
+        "import dataclasses\n"
+        "from keras_vit.cli import load_recipe\n"
+        "demo = load_recipe('demo', attribute='DEMO')\n"
+        "tiny = dict(epochs=1, steps_per_epoch=2, warmup_steps=0, jit_compile='off')\n"
+        "DEMO = dataclasses.replace(\n"
+        "    demo, pretrain=dataclasses.replace(demo.pretrain, **tiny),\n"
+        "    fewshot=dataclasses.replace(demo.fewshot, shots=(1, 5), seeds=2),\n"
+        "    finetune=dataclasses.replace(demo.finetune, **tiny))\n"
+    )
+    out = tmp_path / "demo"
+    with caplog.at_level("INFO", logger="keras_vit"):
+        assert cli.main(["demo", "--recipe", str(recipe), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for stage in ("Stage 1/3", "Stage 2/3", "Stage 3/3", "head is reset to zeros",
+                  "position embedding resampled"):
+        assert stage in caplog.text
+
+    demo = cli.load_recipe("demo", attribute="DEMO")
+    summary = json.loads((out / "summary.json").read_text())
+    final = {
+        stage: json.loads((out / stage / runs.METRICS_JSON).read_text())["final"]["top1"]
+        for stage in ("pretrain", "finetune")
+    }
+    assert (summary["pretrain_accuracy"], summary["finetune_accuracy"]) == (
+        final["pretrain"], final["finetune"],
+    )
+    rows = [[c.strip() for c in line.split("|")] for line in printed.splitlines() if "|" in line]
+    assert rows[0] == ["shots", "pretrained", "random init"]
+    assert [row[0] for row in rows[1:3]] == ["1", "5"]
+    results = summary["fewshot"]
+    assert rows[1][1:] == [
+        f"{100 * results[name]['mean'][0]:.1f} ± {100 * results[name]['std'][0]:.1f}%"
+        for name in ("pretrained", "random init")
+    ]
+    assert results["pretrained"]["class_names"] == ["5", "6", "7", "8", "9"]
+    assert rows[3] == [f"pretrain (classes 0-4, {demo.pretrain.image_size} px)",
+                       f"{100 * final['pretrain']:.1f}%", "-"]
+    assert rows[4] == [f"fine-tune (classes 5-9, {demo.finetune.image_size} px)",
+                       f"{100 * final['finetune']:.1f}%", "-"]
+    assert (out / "table.txt").read_text() == summary["table"] + "\n"
+    assert summary["table"] in printed
+    for png in ("fewshot.png", "training.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # Fine-tuning started from the pretrained encoder: a new resolution, a zero head.
+    assert json.loads((out / "finetune" / runs.CONFIG).read_text())["init_from"].endswith(
+        "pretrain/encoder.npz"
+    )
+    assert not [k for k in np.load(out / "pretrain" / "encoder.npz") if k.startswith("head")]
+    pretrained, finetuned = (runs.load_model(str(out / stage)) for stage in ("pretrain", "finetune"))
+    assert finetuned.input_shape[1] == demo.finetune.image_size != pretrained.input_shape[1]
+    assert finetuned.output_shape == pretrained.output_shape == (None, 5)

@@ -136,3 +136,36 @@ def test_bad_sources_and_levels_are_named(tmp_path):
         data.load_source(str(_write_images(tmp_path, {"a": [(8, 8)], "b": [(8, 8)]})), "test")
     with pytest.raises(ValueError, match="'strong3'"):
         data.augmentation_layers("strong3")
+
+
+def test_select_classes_keeps_and_relabels_only_those_classes():
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = np.round(digits.images * (255.0 / 16.0)).astype("uint8")[..., None]
+    _, x_test, _, y_test = train_test_split(
+        images, digits.target, test_size=0.2, random_state=0, stratify=digits.target
+    )
+    source = data.select_classes(data.load_source("digits", "test"), "2,7-9")
+    keep = np.isin(y_test, [2, 7, 8, 9])
+    assert (source.size, source.num_classes, source.class_names) == (keep.sum(), 4, ["2", "7", "8", "9"])
+    pairs = list(source.records.as_numpy_iterator())
+    assert len(pairs) == source.size == int(source.records.cardinality())
+    np.testing.assert_array_equal(np.stack([image for image, _ in pairs]), x_test[keep])
+    np.testing.assert_array_equal([label for _, label in pairs], np.searchsorted([2, 7, 8, 9], y_test[keep]))
+
+
+@pytest.mark.parametrize(
+    "classes, message",
+    [
+        ("5-", r"got '5-' \(bad part '5-'\)"),
+        ("9-5", r"got '9-5' \(bad part '9-5'\)"),
+        ("3", r"classes='3' selects 1 class\(es\): expected at least 2"),
+        ([1.5, 2], r"got \[1.5, 2\]"),
+        ("8-11", r"classes='8-11' names class\(es\) \[10, 11\] that digits:test does not have"),
+    ],
+)
+def test_select_classes_names_a_bad_selection(classes, message):
+    with pytest.raises(ValueError, match=message):
+        data.select_classes(data.load_source("digits", "test"), classes)

@@ -250,3 +250,70 @@ def test_pretrained_encoder_beats_random_weights_on_unseen_digits():
     print(f"\n10-shot accuracy on digits 5-9: random weights {random_accuracy:.3f}, "
           f"pretrained on 0-4 {pretrained_accuracy:.3f}")
     assert pretrained_accuracy >= random_accuracy + 0.08
+
+
+def _digits_arrays(split_classes):
+    """The digits source's train/test split and [-1, 1] scaling, written out with sklearn."""
+    digits = load_digits()
+    images = np.round(digits.images * (255.0 / 16.0))[..., None] / 127.5 - 1.0
+    x_train, x_test, y_train, y_test = train_test_split(
+        images.astype("float32"), digits.target, test_size=0.2, random_state=0,
+        stratify=digits.target,
+    )
+    keep_train, keep_test = np.isin(y_train, split_classes), np.isin(y_test, split_classes)
+    return (x_train[keep_train], y_train[keep_train]), (x_test[keep_test], y_test[keep_test])
+
+
+def test_fewshot_command_writes_table_json_and_plot(tmp_path, capsys):
+    from keras_vit import cli
+
+    model = keras_vit.ViT(image_size=8, patch_size=4, hidden_dim=16, num_layers=1, num_heads=2,
+                          mlp_dim=32, num_classes=10, channels=1)
+    path = tmp_path / "tiny.keras"
+    model.save(path)
+    out = tmp_path / "fewshot"
+    argv = ["fewshot", "--from", str(path), "--data", "digits", "--classes", "5-9",
+            "--shots", "1,3,10", "--seeds", "2", "--out", str(out)]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    rows = [[cell.strip() for cell in line.split("|")] for line in printed.splitlines() if "|" in line]
+    assert rows[0] == ["shots", "tiny.keras", "l2"]
+    assert [row[0] for row in rows[1:]] == ["1", "3", "10"]
+
+    saved = json.loads((out / "fewshot.json").read_text())["runs"]["tiny.keras"]
+    assert saved["shots"] == [1, 3, 10] and saved["seeds"] == [0, 1]
+    assert saved["l2"] == [2.0**10] * 3 and saved["class_names"] == ["5", "6", "7", "8", "9"]
+    # The same evaluation on arrays prepared independently of keras_vit.data.
+    expected = fewshot.evaluate_model(model, *_digits_arrays([5, 6, 7, 8, 9]), shots=(1, 3, 10), seeds=2)
+    assert (saved["num_train"], saved["num_test"]) == (expected["num_train"], expected["num_test"])
+    np.testing.assert_allclose(saved["accuracy"], expected["accuracy"])
+    assert rows[1][1] == f"{100 * expected['mean'][0]:.1f} ± {100 * expected['std'][0]:.1f}%"
+    table = [line for line in printed.splitlines() if "|" in line or "-+-" in line]
+    assert (out / "fewshot.txt").read_text().splitlines() == table
+    assert (out / "fewshot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--shots", "0,x"], r"--shots expects comma-separated positive integers .*got '0,x'"),
+        (["--seeds", "0"], r"--seeds expects comma-separated positive integers .*got '0'"),
+        (["--seeds", "2,3"], r"--seeds expects one positive integer, got '2,3'"),
+        (["--l2", "big"], r"--l2 expects a positive number or 'sweep', got 'big'"),
+        (["--l2", "-1"], r"l2 must be a positive number, got -1.0"),
+        (["--classes", "5-12"], r"classes='5-12' names class\(es\) \[10, 11, 12\]"),
+        (["--set", "shots=(1,200)"], r"Class 5 has 14\d training example\(s\), fewer than the 200 shots"),
+    ],
+)
+def test_fewshot_command_names_bad_arguments(tmp_path, capsys, flags, message):
+    import re
+
+    from keras_vit import cli
+
+    path = tmp_path / "tiny.keras"
+    keras_vit.ViT(image_size=8, patch_size=4, hidden_dim=16, num_layers=1, num_heads=2,
+                  mlp_dim=32, channels=1).save(path)
+    argv = ["fewshot", "--from", str(path), "--classes", "5-9", "--out", str(tmp_path), *flags]
+    assert cli.main(argv) == 2
+    error = capsys.readouterr().err
+    assert re.search(message, error) and "Traceback" not in error, error

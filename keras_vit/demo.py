@@ -1,0 +1,231 @@
+"""The paper's pipeline in miniature: pretrain, few-shot evaluate, fine-tune (`keras-vit demo`).
+
+On scikit-learn's digits (built in, no network): a small ViT is pretrained on some
+classes (0-4), its frozen representation is scored by few-shot linear evaluation on the
+other classes (5-9) against the same architecture with random weights, and it is then
+fine-tuned on those classes at a higher resolution (the position embedding resampled,
+the head replaced by a zero-initialised one, as in the paper). `recipes/demo.py` holds
+the hyperparameters; the stages are `keras_vit.train` and `keras_vit.fewshot`. TensorFlow
+backend only (the training engine's tf.data and tf.distribute).
+
+Output folder:
+
+```
+OUT/pretrain/               the pretraining run (see keras_vit.runs), plus encoder.npz
+OUT/finetune/               the fine-tuning run
+OUT/fewshot.json|txt|png    few-shot results, pretrained and random init
+OUT/training.png            test accuracy per epoch of both runs
+OUT/summary.json, OUT/table.txt
+```
+"""
+
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+import time
+
+import keras
+import numpy as np
+
+from keras_vit import fewshot
+from keras_vit.checkpoints import save_npz
+from keras_vit.fewshot import FewshotConfig
+from keras_vit.training import TrainConfig, train
+
+logger = logging.getLogger("keras_vit")
+
+ENCODER = "encoder.npz"
+
+
+@dataclasses.dataclass
+class DemoConfig:
+    """The three stages of the demo: each a config of its own engine.
+
+    `pretrain` and `finetune` are `TrainConfig`s (their `classes` select the two halves
+    of the data; `finetune.init_from` is set to the pretrained encoder), `fewshot` a
+    `FewshotConfig` evaluated on the pretrained model and on a randomly initialised copy.
+    `out` is the output folder; each run goes in a sub-folder.
+
+    Example:
+
+    >>> from keras_vit.cli import load_recipe
+    >>> config = load_recipe("demo", attribute="DEMO")
+    >>> config.pretrain.classes, config.fewshot.classes, config.finetune.classes
+    ('0-4', '5-9', '5-9')
+    """
+
+    pretrain: TrainConfig
+    fewshot: FewshotConfig
+    finetune: TrainConfig
+    out: str = "runs/demo"
+
+    def validate(self):
+        """Validates the three stage configs; returns self."""
+        self.pretrain.validate()
+        self.fewshot.validate()
+        self.finetune.validate()
+        return self
+
+
+def save_encoder(model, path):
+    """Saves `model`'s weights as an official `.npz` without its head.
+
+    Fine-tuning from it replaces the head by a zero-initialised one, as the paper does,
+    even when the new task has as many classes as the old one.
+
+    Example:
+
+    >>> import tempfile, keras_vit
+    >>> vit = keras_vit.ViT(image_size=8, patch_size=4, hidden_dim=16, num_layers=1,
+    ...                     num_heads=2, mlp_dim=32, num_classes=5, channels=1)
+    >>> path = os.path.join(tempfile.mkdtemp(), "encoder.npz")
+    >>> save_encoder(vit, path)
+    >>> sorted(k for k in np.load(path) if k.startswith("head"))
+    []
+    """
+    with tempfile.TemporaryDirectory(prefix="keras_vit_encoder_") as folder:
+        full = os.path.join(folder, "model.npz")
+        save_npz(model, full)
+        with np.load(full) as params:
+            encoder = {key: params[key] for key in params.files if not key.startswith("head/")}
+    np.savez(path, **encoder)
+
+
+def _accuracy(result):
+    return result.metrics.get("top1", float("nan"))
+
+
+def _stage_name(config):
+    return f"classes {config.classes or 'all'}, {config.image_size} px"
+
+
+def _train_stage(title, config, seconds, verbose):
+    """Runs one training stage with log lines before and after; records its seconds."""
+    stage = os.path.basename(config.out)
+    logger.info(
+        "%s on %s (%s), %d epochs -> %s",
+        title, config.data, _stage_name(config), config.epochs, config.out,
+    )
+    start = time.time()
+    result = train(config, verbose=verbose)
+    seconds[stage] = time.time() - start
+    logger.info("%s: test accuracy %.4f (%.0f s)", stage, _accuracy(result), seconds[stage])
+    return result
+
+
+def plot_training(histories, path):
+    """Saves a PNG of test (and train) accuracy per epoch of training runs.
+
+    Args:
+        histories: `{name: history}` with Keras `fit` histories (`top1`, `val_top1`).
+        path: the PNG file to write.
+
+    Example:
+
+    >>> import tempfile
+    >>> history = dict(top1=[0.5, 0.8], val_top1=[0.6, 0.9])
+    >>> plot_training({"pretrain": history}, os.path.join(tempfile.mkdtemp(), "t.png"))
+    """
+    from matplotlib.figure import Figure  # no pyplot: no display, no global state
+
+    figure = Figure(figsize=(5, 3.6))
+    axes = figure.add_subplot()
+    for index, (name, history) in enumerate(histories.items()):
+        for key, style, label in (("val_top1", "-", "test"), ("top1", ":", "train")):
+            values = history.get(key)
+            if values:
+                epochs = np.arange(1, len(values) + 1)
+                axes.plot(
+                    epochs, 100 * np.asarray(values), style, color=f"C{index}", marker="o",
+                    markersize=3, label=f"{name} ({label})",
+                )
+    axes.set_xlabel("epoch")
+    axes.set_ylabel("accuracy (%)")
+    axes.set_title("Training")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def run_demo(config, *, out=None, verbose=1):
+    """Runs the demo: pretrain, few-shot evaluate (pretrained and random init), fine-tune.
+
+    Args:
+        config: a `DemoConfig` (`recipes/demo.py`'s `DEMO`).
+        out: the output folder (default `config.out`).
+        verbose: 1 shows Keras progress bars; every stage logs to the `keras_vit` logger.
+
+    Returns:
+        The summary dict also written to `OUT/summary.json`: `pretrain_accuracy`,
+        `fewshot` (`{"pretrained": result, "random init": result}`),
+        `finetune_accuracy`, `table`, `seconds` per stage.
+
+    Example (what `keras-vit demo` runs):
+
+    >>> from keras_vit.cli import load_recipe
+    >>> summary = run_demo(load_recipe("demo", attribute="DEMO"), out="runs/demo")
+    >>> print(summary["table"])
+    """
+    config.validate()
+    out = out or config.out
+    os.makedirs(out, exist_ok=True)
+    seconds = {}
+
+    pretrain_config = dataclasses.replace(config.pretrain, out=os.path.join(out, "pretrain"))
+    pretrained = _train_stage("Stage 1/3: pretraining", pretrain_config, seconds, verbose)
+
+    start = time.time()
+    logger.info(
+        "Stage 2/3: few-shot linear evaluation on classes %s, shots %s, %d seeds: "
+        "the pretrained encoder, then the same architecture with random weights",
+        config.fewshot.classes or "all", ",".join(map(str, config.fewshot.shots)),
+        config.fewshot.seeds,
+    )
+    random_init = keras.models.clone_model(pretrained.model)  # fresh initialisers
+    results = {
+        "pretrained": fewshot.evaluate_source(pretrained.model, config.fewshot),
+        "random init": fewshot.evaluate_source(random_init, config.fewshot),
+    }
+    seconds["fewshot"] = time.time() - start
+    for name, result in results.items():
+        scores = ", ".join(
+            f"{shots}-shot {100 * mean:.1f}%" for shots, mean in zip(result["shots"], result["mean"])
+        )
+        logger.info("Few-shot, %s: %s", name, scores)
+
+    encoder = os.path.join(pretrain_config.out, ENCODER)
+    save_encoder(pretrained.model, encoder)
+    finetune_config = dataclasses.replace(
+        config.finetune, out=os.path.join(out, "finetune"), init_from=encoder
+    )
+    finetuned = _train_stage(
+        "Stage 3/3: fine-tuning the pretrained encoder", finetune_config, seconds, verbose
+    )
+
+    references = {
+        f"pretrain ({_stage_name(pretrain_config)})": {"pretrained": _accuracy(pretrained)},
+        f"fine-tune ({_stage_name(finetune_config)})": {"pretrained": _accuracy(finetuned)},
+    }
+    table = fewshot.save_results(
+        results, out, references=references,
+        title=f"Few-shot on classes {config.fewshot.classes or 'all'}",
+    )
+    plot_training(
+        {"pretrain": pretrained.history, "fine-tune": finetuned.history},
+        os.path.join(out, "training.png"),
+    )
+    summary = dict(
+        pretrain_accuracy=_accuracy(pretrained),
+        fewshot=results,
+        finetune_accuracy=_accuracy(finetuned),
+        table=table,
+        seconds=seconds,
+    )
+    with open(os.path.join(out, "table.txt"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, default=float)
+    return summary
