@@ -202,7 +202,8 @@ def test_mpp_recipe_pretrains_an_encoder_that_fewshot_and_finetune_take(tmp_path
     assert sorted(metrics["final"]) == ["accuracy", "loss"]  # on the corrupted test pixels
     # The run's model is the encoder alone, a plain ViT without a head.
     encoder = runs.load_model(str(out))
-    assert encoder.output_shape == (None, 32) and "head" not in [l.name for l in encoder.layers]
+    assert encoder.output_shape == (None, 32)
+    assert "head" not in [layer.name for layer in encoder.layers]
     keras.utils.set_random_seed(config.seed)
     random_init = _build_model(config, num_classes=10)
     before, after = _ten_shot_accuracy(random_init, config), _ten_shot_accuracy(encoder, config)
@@ -213,7 +214,7 @@ def test_mpp_recipe_pretrains_an_encoder_that_fewshot_and_finetune_take(tmp_path
 
     # Fine-tuning starts from the encoder: the head (absent) is reset, the rest copied.
     # Two Adam steps, the first at learning rate 0 (warmup), the second at 1e-3, move
-    # a weight by about 1e-3 at most.
+    # a weight by a few 1e-3 at most (|Adam step| <= lr (1 - beta_1) / sqrt(1 - beta_2)).
     capsys.readouterr()
     assert cli.main(["finetune", "--recipe", "demo_mpp", "--from", str(out), "--out", str(tuned),
                      "--set", "objective=supervised", "--set", "steps_per_epoch=2",
@@ -228,9 +229,10 @@ def test_mpp_recipe_pretrains_an_encoder_that_fewshot_and_finetune_take(tmp_path
     for name in ("patch_encoder", "encoderblock_0", "encoderblock_1", "encoder_norm"):
         for mine, theirs in zip(finetuned.get_layer(name).get_weights(),
                                 encoder.get_layer(name).get_weights()):
-            np.testing.assert_allclose(mine, theirs, atol=1e-2)
-    moved = max(np.abs(a - b).max() for a, b in zip(encoder.get_weights(), random_init.get_weights()))
-    assert moved > 0.1
+            np.testing.assert_allclose(mine, theirs, atol=5e-3)
+    # ... while pretraining moved them far from their initial values.
+    pairs = zip(encoder.get_weights(), random_init.get_weights())
+    assert max(np.abs(a - b).max() for a, b in pairs) > 0.1
 
 
 def test_mpp_recipe_holds_the_papers_settings():
