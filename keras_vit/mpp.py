@@ -16,20 +16,23 @@ from keras_vit.layers import Patches, _register
 CLEAN, MASKED, REPLACED, KEPT = 0, 1, 2, 3
 
 
-def _check_rates(corrupt_rate, mask_rate, random_rate):
+def _check_rates(corrupt_rate, mask_rate, random_rate, prefix=""):
+    """Raises `ValueError` naming a corruption rate (as `{prefix}{name}`) out of range."""
     for name, rate in (("corrupt_rate", corrupt_rate), ("mask_rate", mask_rate),
                        ("random_rate", random_rate)):
         if not 0.0 <= rate <= 1.0:
-            raise ValueError(f"{name} must be in [0, 1], got {rate!r}.")
+            raise ValueError(f"{prefix}{name} must be in [0, 1], got {rate!r}.")
     if mask_rate + random_rate > 1.0:
         raise ValueError(
-            f"mask_rate + random_rate must be at most 1, got {mask_rate} + {random_rate}."
+            f"{prefix}mask_rate + {prefix}random_rate must be at most 1, got "
+            f"{mask_rate} + {random_rate}."
         )
 
 
-def _check_bits(bits):
+def _check_bits(bits, prefix=""):
+    """Returns `bits` as an int, or raises `ValueError` naming it (as `{prefix}bits`)."""
     if int(bits) != bits or bits < 1:
-        raise ValueError(f"bits must be a positive integer, got {bits!r}.")
+        raise ValueError(f"{prefix}bits must be a positive integer, got {bits!r}.")
     return int(bits)
 
 

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from keras_vit import data as vit_data
 from keras_vit import distribute, runs
+from keras_vit import mpp as vit_mpp
 from keras_vit.callbacks import EpochCheckpoints, TrainingBackup
 from keras_vit.losses import SigmoidCrossEntropy
 from keras_vit.model import ViT
@@ -29,6 +30,7 @@ from keras_vit.schedules import DECAYS, WarmupDecay
 logger = logging.getLogger("keras_vit")
 
 LOSSES = ("softmax", "sigmoid")
+OBJECTIVES = ("supervised", "mpp")
 
 
 @dataclasses.dataclass
@@ -59,6 +61,13 @@ class TrainConfig:
     `beta_2`, `schedule` (`linear` to `end_learning_rate`, `cosine`, `constant`),
     `warmup_steps` (optimizer updates), `clip_norm` (global norm), `loss` (`softmax`,
     `sigmoid`), `label_smoothing`.
+
+    Objective: `objective` is `supervised` (classify the source's labels) or `mpp`:
+    self-supervised masked patch prediction (`keras_vit.MaskedPatchPrediction`; the
+    source's labels are ignored, the model is built without a head, and the encoder is
+    what the run saves), with `mpp_bits` (bits per colour channel of the targets),
+    `mpp_corrupt_rate`, `mpp_mask_rate` and `mpp_random_rate` (the paper's 3, 0.5, 0.8,
+    0.1).
 
     Engine: `strategy` (`auto`, `tpu`, `mirrored`, `multiworker`, `cpu`), `precision`
     (`auto`, `float32`, `mixed_float16`, `mixed_bfloat16`), `jit_compile` (`auto`: XLA
@@ -115,6 +124,11 @@ class TrainConfig:
     clip_norm: Optional[float] = 1.0
     loss: str = "softmax"
     label_smoothing: float = 0.0
+    objective: str = "supervised"
+    mpp_bits: int = 3
+    mpp_corrupt_rate: float = 0.5
+    mpp_mask_rate: float = 0.8
+    mpp_random_rate: float = 0.1
     strategy: str = "auto"
     precision: str = "auto"
     jit_compile: str = "auto"
@@ -145,6 +159,7 @@ class TrainConfig:
             optimizer=OPTIMIZERS,
             schedule=DECAYS,
             loss=LOSSES,
+            objective=OBJECTIVES,
             augment=tuple(vit_data.AUGREG_LEVELS),
             strategy=distribute.STRATEGIES,
             precision=distribute.PRECISIONS,
@@ -182,12 +197,30 @@ class TrainConfig:
         low, high = self.crop_area
         if not 0 < low <= high <= 1:
             raise ValueError(f"crop_area must be (low, high) with 0 < low <= high <= 1, got {self.crop_area!r}.")
+        if self.objective == "mpp":
+            self._validate_mpp()
         if self.backup_every and self.backup_every % self.steps_per_execution:
             raise ValueError(
                 f"backup_every {self.backup_every} must be a multiple of steps_per_execution "
                 f"{self.steps_per_execution}."
             )
         return self
+
+    def _validate_mpp(self):
+        vit_mpp._check_bits(self.mpp_bits, prefix="mpp_")
+        vit_mpp._check_rates(
+            self.mpp_corrupt_rate, self.mpp_mask_rate, self.mpp_random_rate, prefix="mpp_"
+        )
+        # Settings of the supervised loss mean nothing here: a recipe that sets them
+        # was written for the other objective.
+        supervised = dict(loss="softmax", label_smoothing=0.0)
+        for name, default in supervised.items():
+            if getattr(self, name) != default:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} does not apply to objective='mpp' "
+                    f"(its loss is softmax cross-entropy on colour codes, without labels); "
+                    f"set {name}={default!r}."
+                )
 
     def to_dict(self):
         """A JSON-ready dict (augmentation layers serialized).
@@ -216,29 +249,20 @@ class TrainConfig:
         return cls(**config)
 
 
-@keras.saving.register_keras_serializable(package="keras_vit")
-class TrainingModel(keras.Model):
-    """The functional model `train` fits: a `keras_vit.ViT`'s graph, plus resume support.
+class ResumableFit:
+    """What `train` adds to the `fit` of the models it trains (a `keras.Model` mixin).
 
-    Built from any functional model (`TrainingModel.wrap(vit)`), it shares that model's
-    layers and weights, so the plain model is what gets saved. It adds `pass_steps`:
-    after a restart from a mid-epoch backup, the next `n` steps of `fit` are passed over
-    without reading data or changing any state, so the epoch continues where it was.
-    Engine-level fixes to `fit` (e.g. for multi-worker strategies) belong here.
+    `pass_steps`: after a restart from a mid-epoch backup, the next `n` steps of `fit`
+    are passed over without reading data or changing any state, so the epoch continues
+    where it was. Engine-level fixes to `fit` (e.g. for multi-worker strategies) belong
+    here, so that every objective's model (`TrainingModel`, `MaskedPatchTraining`) gets
+    them.
 
     Example:
 
-    >>> import keras_vit
-    >>> vit = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
-    ...                     num_heads=4, mlp_dim=64, num_classes=10)
-    >>> trainer = TrainingModel.wrap(vit)
-    >>> trainer.weights[0] is vit.weights[0]
+    >>> issubclass(TrainingModel, ResumableFit)
     True
     """
-
-    @classmethod
-    def wrap(cls, model):
-        return cls(inputs=model.inputs, outputs=model.outputs, name=model.name)
 
     def pass_steps(self, steps):
         """Makes the next `steps` training steps no-ops (they must be whole executions)."""
@@ -263,6 +287,42 @@ class TrainingModel(keras.Model):
         train_function.passes_steps = True
         self.train_function = train_function
         return train_function
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class TrainingModel(ResumableFit, keras.Model):
+    """The functional model `train` fits: a `keras_vit.ViT`'s graph, plus resume support.
+
+    Built from any functional model (`TrainingModel.wrap(vit)`), it shares that model's
+    layers and weights, so the plain model is what gets saved. `fit` resumes mid-epoch
+    (`ResumableFit`).
+
+    Example:
+
+    >>> import keras_vit
+    >>> vit = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
+    ...                     num_heads=4, mlp_dim=64, num_classes=10)
+    >>> trainer = TrainingModel.wrap(vit)
+    >>> trainer.weights[0] is vit.weights[0]
+    True
+    """
+
+    @classmethod
+    def wrap(cls, model):
+        return cls(inputs=model.inputs, outputs=model.outputs, name=model.name)
+
+
+class MaskedPatchTraining(ResumableFit, vit_mpp.MaskedPatchPrediction):
+    """`keras_vit.MaskedPatchPrediction` as `train` fits it (`objective="mpp"`).
+
+    Example:
+
+    >>> import keras_vit
+    >>> encoder = keras_vit.ViT(image_size=16, patch_size=4, hidden_dim=32, num_layers=1,
+    ...                         num_heads=2, mlp_dim=64, include_top=False)
+    >>> MaskedPatchTraining(encoder, seed=0).encoder is encoder
+    True
+    """
 
 
 @dataclasses.dataclass
@@ -301,8 +361,33 @@ def _build_model(config, num_classes):
         num_classes=num_classes,
         channels=config.channels,
         head_bias_init=head_bias,
+        include_top=config.objective == "supervised",
         **config.model_kwargs,
     )
+
+
+def _objective(config, network, num_classes):
+    """The model `fit` trains around `network`, and its `compile` arguments."""
+    if config.objective == "mpp":
+        model = MaskedPatchTraining(
+            network,
+            bits=config.mpp_bits,
+            corrupt_rate=config.mpp_corrupt_rate,
+            mask_rate=config.mpp_mask_rate,
+            random_rate=config.mpp_random_rate,
+            seed=config.seed,
+        )
+        return model, {}  # It computes its loss and masked-patch accuracy itself.
+    if config.loss == "sigmoid":
+        loss = SigmoidCrossEntropy()
+    else:
+        loss = keras.losses.CategoricalCrossentropy(
+            from_logits=True, label_smoothing=config.label_smoothing
+        )
+    metrics = [keras.metrics.CategoricalAccuracy(name="top1")]
+    if num_classes > 5:
+        metrics.append(keras.metrics.TopKCategoricalAccuracy(k=5, name="top5"))
+    return TrainingModel.wrap(network), dict(loss=loss, metrics=metrics)
 
 
 def _check_resumable(config, out):
@@ -329,6 +414,10 @@ def _write_json(path, value):
 
 def train(config, *, callbacks=(), verbose="auto"):
     """Trains a ViT as `config` says, writing the run under `config.out`.
+
+    With `objective="mpp"` the model trained is `MaskedPatchTraining` around a headless
+    ViT, and that encoder is what the run saves (`model.keras`, checkpoints), ready for
+    fine-tuning or few-shot evaluation with `--from`.
 
     A run whose output folder holds an unfinished backup resumes from it (same config
     required). Returns a `TrainResult`; raises `FloatingPointError` (naming the last good
@@ -455,7 +544,7 @@ def train(config, *, callbacks=(), verbose="auto"):
             vit = _build_model(config, train_source.num_classes)
             if config.init_from:
                 logger.info(runs.load_weights(vit, config.init_from, interpolation=config.interpolation))
-            model = TrainingModel.wrap(vit)
+            model, objective = _objective(config, vit, train_source.num_classes)
             schedule = WarmupDecay(
                 config.learning_rate,
                 total_steps=total_updates,
@@ -467,28 +556,18 @@ def train(config, *, callbacks=(), verbose="auto"):
             optimizer = make_optimizer(
                 config.optimizer,
                 schedule,
-                vit,
+                model,
                 weight_decay=config.weight_decay,
                 momentum=config.momentum,
                 beta_2=config.beta_2,
                 clip_norm=config.clip_norm,
                 accumulation_steps=config.accumulation_steps,
             )
-            if config.loss == "sigmoid":
-                loss = SigmoidCrossEntropy()
-            else:
-                loss = keras.losses.CategoricalCrossentropy(
-                    from_logits=True, label_smoothing=config.label_smoothing
-                )
-            metrics = [keras.metrics.CategoricalAccuracy(name="top1")]
-            if train_source.num_classes > 5:
-                metrics.append(keras.metrics.TopKCategoricalAccuracy(k=5, name="top5"))
             model.compile(
                 optimizer=optimizer,
-                loss=loss,
-                metrics=metrics,
                 jit_compile=jit,
                 steps_per_execution=config.steps_per_execution,
+                **objective,
             )
     finally:
         keras.config.set_dtype_policy(previous_policy)

@@ -57,10 +57,10 @@ def test_command_reports_errors_without_a_traceback(capsys):
     assert "finetune needs weights: pass --from" in capsys.readouterr().err
     assert cli.main(["pretrain", "--recipe", "nonesuch"]) == 2
     error = capsys.readouterr().err
-    assert "No recipe 'nonesuch'" in error and "demo, fewshot, finetune, pretrain" in error
+    assert "No recipe 'nonesuch'" in error and "demo, demo_mpp, fewshot, finetune, pretrain" in error
 
 
-@pytest.mark.parametrize("name", ["demo", "pretrain", "finetune"])
+@pytest.mark.parametrize("name", ["demo", "pretrain", "finetune", "demo_mpp", "pretrain_mpp"])
 def test_recipes_are_valid_configs(name):
     config = cli.load_recipe(name)
     assert isinstance(config, TrainConfig)

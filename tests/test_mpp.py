@@ -1,14 +1,14 @@
 """Masked patch prediction: corruption statistics, colour targets, loss masking, training."""
 
+import json
+
 import keras
 import numpy as np
 import pytest
 from scipy.special import log_softmax
-from sklearn.datasets import load_digits
 
-import keras_vit
-from keras_vit import mpp
-from keras_vit.fewshot import linear_fewshot_accuracy, sample_shots
+from keras_vit import cli, mpp, runs
+from keras_vit.training import TrainConfig
 from conftest import tiny_vit
 
 
@@ -178,46 +178,87 @@ def test_loss_and_gradients_come_from_corrupted_positions_only():
     assert np.all(np.abs(logit_grads[corrupted == 1]).sum(-1) > 0)
 
 
-def test_mpp_pretraining_on_digits_improves_10_shot_accuracy(tmp_path):
-    import tensorflow as tf
+def _ten_shot_accuracy(model, config):
+    """Mean 10-shot linear accuracy on the digits test split, shots drawn from train."""
+    from keras_vit import data
+    from keras_vit.fewshot import evaluate_model
 
-    digits = load_digits()
-    images = (digits.images[..., None] / 8.0 - 1.0).astype("float32")  # [0, 16] -> [-1, 1]
-    labels = digits.target
-    pretrain, held_x, held_y = images[:1000], images[1000:], labels[1000:]
-    # One-pixel patches: the targets are the 8-level grey values of masked pixels.
-    encoder = keras_vit.ViT(
-        image_size=8, patch_size=1, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64,
-        channels=1, classifier="gap", include_top=False,
+    splits = [
+        data.eval_dataset(data.load_source("digits", split), config.image_size, 512,
+                          channels=config.channels, crop_fraction=1.0)
+        for split in ("train", "test")
+    ]
+    return evaluate_model(model, *splits, shots=(10,), seeds=5)["mean"][0]
+
+
+def test_mpp_recipe_pretrains_an_encoder_that_fewshot_and_finetune_take(tmp_path, capsys):
+    from keras_vit.training import _build_model
+
+    out, tuned = tmp_path / "mpp", tmp_path / "tuned"
+    assert cli.main(["pretrain", "--recipe", "demo_mpp", "--out", str(out),
+                     "--set", "tensorboard=false"]) == 0
+    config = cli.load_recipe("demo_mpp")
+    metrics = json.loads((out / runs.METRICS_JSON).read_text())
+    assert sorted(metrics["final"]) == ["accuracy", "loss"]  # on the corrupted test pixels
+    # The run's model is the encoder alone, a plain ViT without a head.
+    encoder = runs.load_model(str(out))
+    assert encoder.output_shape == (None, 32)
+    assert "head" not in [layer.name for layer in encoder.layers]
+    keras.utils.set_random_seed(config.seed)
+    random_init = _build_model(config, num_classes=10)
+    before, after = _ten_shot_accuracy(random_init, config), _ten_shot_accuracy(encoder, config)
+    with capsys.disabled():
+        print(f"\n10-shot accuracy on the digits test split: random init {before:.3f}, "
+              f"after MPP pretraining ({metrics['seconds']:.0f} s) {after:.3f}")
+    assert after > before + 0.05
+
+    # Fine-tuning starts from the encoder: the head (absent) is reset, the rest copied.
+    # Two Adam steps, the first at learning rate 0 (warmup), the second at 1e-3, move
+    # a weight by a few 1e-3 at most (|Adam step| <= lr (1 - beta_1) / sqrt(1 - beta_2)).
+    capsys.readouterr()
+    assert cli.main(["finetune", "--recipe", "demo_mpp", "--from", str(out), "--out", str(tuned),
+                     "--set", "objective=supervised", "--set", "steps_per_epoch=2",
+                     "--set", "learning_rate=1e-3", "--set", "warmup_steps=1",
+                     "--set", "epochs=1", "--set", "evaluate=false", "--set", "jit_compile=off",
+                     "--set", "tensorboard=false"]) == 0
+    assert f"loaded {out}: the checkpoint has no head: the head is reset to zeros." in (
+        capsys.readouterr().err
     )
+    finetuned = runs.load_model(str(tuned))
+    assert finetuned.output_shape == (None, 10)
+    for name in ("patch_encoder", "encoderblock_0", "encoderblock_1", "encoder_norm"):
+        for mine, theirs in zip(finetuned.get_layer(name).get_weights(),
+                                encoder.get_layer(name).get_weights()):
+            np.testing.assert_allclose(mine, theirs, atol=5e-3)
+    # ... while pretraining moved them far from their initial values.
+    pairs = zip(encoder.get_weights(), random_init.get_weights())
+    assert max(np.abs(a - b).max() for a, b in pairs) > 0.1
 
-    def ten_shot_accuracy():
-        features = _np(encoder(held_x))
-        accuracies = []
-        for seed in range(10):
-            shots = sample_shots(held_y, 10, seed=seed)
-            rest = np.setdiff1d(np.arange(len(held_y)), shots)
-            accuracies.append(linear_fewshot_accuracy(
-                features[shots], held_y[shots], features[rest], held_y[rest]
-            ))
-        return float(np.mean(accuracies))
 
-    random_init = ten_shot_accuracy()
-    model = mpp.MaskedPatchPrediction(encoder, seed=0)
-    steps = 5 * 1000 // 64
-    schedule = keras.optimizers.schedules.CosineDecay(
-        0.0, steps, warmup_target=1e-2, warmup_steps=steps // 10
-    )
-    model.compile(optimizer=keras.optimizers.Adam(schedule))
-    # A labelled source as the engine gives it: fit ignores the labels.
-    source = tf.data.Dataset.from_tensor_slices((pretrain, labels[:1000])).batch(64)
-    history = model.fit(source, epochs=5, verbose=0)
-    assert sorted(history.history) == ["accuracy", "loss"]
-    pretrained = ten_shot_accuracy()
-    print(f"10-shot accuracy on held-out digits: random init {random_init:.3f}, "
-          f"after MPP pretraining {pretrained:.3f}")
-    assert pretrained > random_init + 0.05
-    # The encoder trained in place is a plain ViT that saves and loads as one.
-    encoder.save(tmp_path / "encoder.keras")
-    restored = keras.saving.load_model(tmp_path / "encoder.keras")
-    np.testing.assert_array_equal(_np(restored(held_x)), _np(encoder(held_x)))
+def test_mpp_recipe_holds_the_papers_settings():
+    path = cli.find_recipe("mpp", "pretrain")
+    assert path.name == "pretrain_mpp.py"
+    config = cli.load_recipe("mpp", "pretrain").validate()
+    # Paper appendix B.1.2: ViT-B/16, batch 4096, Adam at 2e-4, 10k warmup, cosine, 1M steps.
+    assert (config.objective, config.model, config.batch_size) == ("mpp", "B/16", 4096)
+    assert (config.optimizer, config.learning_rate, config.schedule) == ("adam", 2e-4, "cosine")
+    assert (config.warmup_steps, config.steps) == (10_000, 1_000_000)
+    assert (config.mpp_bits, config.mpp_corrupt_rate, config.mpp_mask_rate,
+            config.mpp_random_rate) == (3, 0.5, 0.8, 0.1)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(objective="mim"), "objective='mim' is not one of 'supervised', 'mpp'"),
+        (dict(mpp_corrupt_rate=1.5), r"mpp_corrupt_rate must be in \[0, 1\], got 1.5"),
+        (dict(mpp_random_rate=0.3), r"mpp_mask_rate \+ mpp_random_rate must be at most 1"),
+        (dict(mpp_bits=0), "mpp_bits must be a positive integer, got 0"),
+        (dict(loss="sigmoid"), "loss='sigmoid' does not apply to objective='mpp'"),
+        (dict(label_smoothing=0.1), "label_smoothing=0.1 does not apply to objective='mpp'"),
+    ],
+)
+def test_mpp_settings_are_validated(overrides, message):
+    config = TrainConfig(**{"objective": "mpp", **overrides})
+    with pytest.raises(ValueError, match=message):
+        config.validate()

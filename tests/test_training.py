@@ -212,11 +212,12 @@ train(config, callbacks=kill, verbose=0)
 """
 
 
-def test_run_killed_mid_epoch_resumes_to_the_same_weights(tmp_path):
+@pytest.mark.parametrize("objective", ["supervised", "mpp"])
+def test_run_killed_mid_epoch_resumes_to_the_same_weights(tmp_path, objective):
     # Dropout (seed states), MixUp (stream seeds), accumulation and a schedule make
-    # every piece of state matter.
+    # every piece of state matter; masked patch prediction adds its corruption draws.
     config = dict(
-        TINY_RUN, epochs=3, steps_per_epoch=6, backup_every=2, deterministic=True,
+        TINY_RUN, objective=objective, epochs=3, steps_per_epoch=6, backup_every=2, deterministic=True,
         accumulation_steps=2, mixup=0.2, schedule="cosine",
         model_kwargs=dict(TINY_RUN["model_kwargs"], dropout_rate=0.1),
     )
