@@ -27,8 +27,8 @@ def _check_choice(name, value, allowed):
 def sincos_2d_table(grid_size, width, temperature=10000.0):
     """Fixed 2-D sine-cosine position table of shape `(1, rows * cols, width)`.
 
-    The first half of the channels encodes the row, the second half the column,
-    as in big_vision's `posemb_sincos_2d`.
+    As big_vision's `posemb_sincos_2d`: frequencies `temperature ** -(i / (width/4 - 1))`,
+    channels `[sin(col), cos(col), sin(row), cos(row)]`.
 
     Example:
 
@@ -37,18 +37,19 @@ def sincos_2d_table(grid_size, width, temperature=10000.0):
     (1, 16, 32)
     """
     rows, cols = grid_size
-    if width % 4:
+    if width % 4 or width < 8:
         raise ValueError(
-            f"pos_embedding='sincos2d' needs a width divisible by 4, got hidden_dim={width}."
+            "pos_embedding='sincos2d' needs a width divisible by 4 and at least 8, "
+            f"got hidden_dim={width}."
         )
     quarter = width // 4
-    omega = 1.0 / temperature ** (ops.arange(quarter, dtype="float32") / quarter)
+    omega = 1.0 / temperature ** (ops.arange(quarter, dtype="float32") / (quarter - 1))
     y, x = ops.meshgrid(
         ops.arange(rows, dtype="float32"), ops.arange(cols, dtype="float32"), indexing="ij"
     )
     y = ops.reshape(y, (-1, 1)) * omega[None]
     x = ops.reshape(x, (-1, 1)) * omega[None]
-    table = ops.concatenate([ops.sin(y), ops.cos(y), ops.sin(x), ops.cos(x)], axis=1)
+    table = ops.concatenate([ops.sin(x), ops.cos(x), ops.sin(y), ops.cos(y)], axis=1)
     return table[None]
 
 

@@ -23,3 +23,24 @@ def tiny_vit(**overrides):
     )
     kwargs.update(overrides)
     return keras_vit.ViT(**kwargs)
+
+
+def randomise_weights(model, seed, scale=0.2):
+    """Non-default weights, so that a lost or misplaced tensor shows in the outputs."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for v in model.weights:
+        v.assign(rng.normal(scale=scale, size=v.shape).astype("float32"))
+    return rng
+
+
+def assert_keras_file_round_trip(model, inputs, path):
+    """Saving to and loading from a `.keras` file gives identical outputs."""
+    import numpy as np
+
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(loaded(inputs)), keras.ops.convert_to_numpy(model(inputs))
+    )

@@ -41,14 +41,14 @@ def test_patches_plus_projection_equals_patch_conv():
     np.testing.assert_allclose(got, expected, atol=1e-6)
 
 
-def test_sincos2d_table_matches_closed_form():
+def test_sincos2d_table_matches_big_vision_closed_form():
     rows, cols, width = 3, 5, 16
     table = _np(L.sincos_2d_table((rows, cols), width))[0]
-    omega = 1.0 / 10000 ** (np.arange(4) / 4)
+    omega = 1.0 / 10000 ** (np.arange(4) / 3)
     for r in range(rows):
         for c in range(cols):
             expected = np.concatenate(
-                [np.sin(r * omega), np.cos(r * omega), np.sin(c * omega), np.cos(c * omega)]
+                [np.sin(c * omega), np.cos(c * omega), np.sin(r * omega), np.cos(r * omega)]
             )
             np.testing.assert_allclose(table[r * cols + c], expected, atol=1e-6)
 

@@ -7,7 +7,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import keras_vit
-from conftest import tiny_vit
+from conftest import assert_keras_file_round_trip, randomise_weights, tiny_vit
 
 # vit_jax models_test.py, num_classes=1000 at 224 px.
 OFFICIAL_COUNTS = {
@@ -64,15 +64,9 @@ def test_custom_model_round_trips_through_keras_file(tmp_path):
         classifier="gap", pos_embedding="learned2d", representation_size=16,
         dropout_rate=0.1, drop_path_rate=0.1, gelu_approximate=True,
     )
-    rng = np.random.default_rng(0)
-    for v in model.weights:
-        v.assign(rng.normal(scale=0.2, size=v.shape).astype("float32"))
+    rng = randomise_weights(model, seed=0)
     x = rng.uniform(-1, 1, size=(3, 32, 32, 3)).astype("float32")
-    model.save(tmp_path / "vit.keras")
-    loaded = keras.saving.load_model(tmp_path / "vit.keras")
-    np.testing.assert_array_equal(
-        keras.ops.convert_to_numpy(loaded(x)), keras.ops.convert_to_numpy(model(x))
-    )
+    assert_keras_file_round_trip(model, x, tmp_path / "vit.keras")
 
 
 @pytest.mark.parametrize(

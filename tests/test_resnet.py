@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import keras_vit
+from conftest import assert_keras_file_round_trip, randomise_weights
 from keras_vit import resnet
 
 # vit_jax models_test.py, num_classes=1000 at 224 px.
@@ -72,13 +73,9 @@ def test_tiny_hybrid_round_trips_through_keras_file(tmp_path):
         image_size=32, patch_size=1, hidden_dim=32, num_layers=1, num_heads=4, mlp_dim=64,
         num_classes=5, resnet_stages=(1, 1),
     )
-    rng = np.random.default_rng(3)
-    for v in model.weights:
-        v.assign(rng.normal(scale=0.2, size=v.shape).astype("float32"))
+    rng = randomise_weights(model, seed=3)
     x = rng.uniform(-1, 1, size=(2, 32, 32, 3)).astype("float32")
-    model.save(tmp_path / "hybrid.keras")
-    loaded = keras.saving.load_model(tmp_path / "hybrid.keras")
-    np.testing.assert_array_equal(_np(loaded(x)), _np(model(x)))
+    assert_keras_file_round_trip(model, x, tmp_path / "hybrid.keras")
 
 
 def test_hybrid_image_size_must_fit_the_trunk_stride():

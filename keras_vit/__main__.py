@@ -1,0 +1,5 @@
+"""`python -m keras_vit` is the `keras-vit` command."""
+
+from keras_vit.cli import main
+
+raise SystemExit(main())

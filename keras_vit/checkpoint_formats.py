@@ -1,0 +1,364 @@
+"""Reading ViT checkpoints of every supported layout into the official vit_jax layout.
+
+The official layout is the keys of the released vit_jax `.npz` files (`cls`,
+`embedding/kernel`, `Transformer/posembed_input/pos_embedding`,
+`Transformer/encoderblock_{i}/MultiHeadDotProductAttention_1/query/kernel`, ...).
+big_vision `.npz` files and HF transformers / timm safetensors are converted to it
+by key-renaming tables and reshapes; `keras_vit.checkpoints` maps it onto a model.
+Paths may be local or URLs such as `gs://...` (read through `tf.io.gfile`).
+"""
+
+import io
+import json
+import math
+import os
+import re
+
+import ml_dtypes
+import numpy as np
+
+POS_KEY = "Transformer/posembed_input/pos_embedding"
+QKV = ("query", "key", "value")
+BLOCK_KEY = "Transformer/encoderblock_{i}/"
+ATTENTION_KEY = BLOCK_KEY + "MultiHeadDotProductAttention_1"
+
+# ---------------------------------------------------------------------------
+# Files: local paths, or gs:// and other URLs through TensorFlow's file systems.
+
+
+def _gfile():
+    import tensorflow as tf  # only URLs need it; local files load on any backend
+
+    return tf.io.gfile
+
+
+def _is_url(path):
+    return "://" in path
+
+
+def _exists(path):
+    return _gfile().exists(path) if _is_url(path) else os.path.exists(path)
+
+
+def _isdir(path):
+    return _gfile().isdir(path) if _is_url(path) else os.path.isdir(path)
+
+
+def _join(directory, name):
+    if _is_url(directory):
+        return f"{directory.rstrip('/')}/{name}"
+    return os.path.join(directory, name)
+
+
+def _read_bytes(path):
+    if _is_url(path):
+        with _gfile().GFile(path, "rb") as f:
+            return f.read()
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write_bytes(path, data):
+    """Writes `data` to a local path, or to a URL such as `gs://...` via `tf.io.gfile`."""
+    if _is_url(path):
+        with _gfile().GFile(path, "wb") as f:
+            f.write(data)
+    else:
+        with open(path, "wb") as f:
+            f.write(data)
+
+
+def _checkpoint_files(source):
+    if _isdir(source):
+        single = _join(source, "model.safetensors")
+        if _exists(single):
+            return [single]
+        index = _join(source, "model.safetensors.index.json")
+        if _exists(index):
+            shards = json.loads(_read_bytes(index))["weight_map"].values()
+            return [_join(source, name) for name in sorted(set(shards))]
+        raise FileNotFoundError(
+            f"Directory {source} holds no model.safetensors or model.safetensors.index.json."
+        )
+    if not _exists(source):
+        raise FileNotFoundError(f"Checkpoint {source} does not exist.")
+    return [source]
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "U8": np.uint8,
+}
+
+
+def _safetensors_arrays(data):
+    import safetensors
+
+    arrays = {}
+    for name, view in safetensors.deserialize(data):
+        if view["dtype"] not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"tensor {name!r} has the unsupported dtype {view['dtype']}")
+        dtype = _SAFETENSORS_DTYPES[view["dtype"]]
+        arrays[name] = np.frombuffer(view["data"], dtype).reshape(view["shape"])
+    return arrays
+
+
+def _read_arrays(path):
+    data = _read_bytes(path)
+    try:
+        if data[:4] == b"PK\x03\x04":  # .npz files are zip archives
+            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+                return {key: npz[key] for key in npz.files}
+        return _safetensors_arrays(data)
+    except Exception as err:  # every reader's own error becomes one that names the file
+        raise ValueError(
+            f"Cannot read checkpoint {path}: it is truncated or corrupt, or neither an .npz "
+            f"nor a .safetensors file ({type(err).__name__}: {err})."
+        ) from err
+
+
+# ---------------------------------------------------------------------------
+# Source layouts -> the official vit_jax layout.
+
+
+def _split_heads(x, heads, axis):
+    # A width the model's heads do not divide is left whole for the shape check to report.
+    if x.shape[axis] % heads:
+        return x
+    return x.reshape(*x.shape[:axis], heads, -1, *x.shape[axis + 1 :])
+
+
+def _convert(kind, target, param, value, heads):
+    """One torch tensor as `[(official key, array)]`; torch Linear weights are (out, in)."""
+    if kind == "copy":
+        return [(target, value)]
+    if kind == "norm":
+        return [(f"{target}/{'scale' if param == 'weight' else 'bias'}", value)]
+    if param == "bias":
+        if kind == "qkv":
+            return [
+                (f"{target}/{name}/bias", _split_heads(part, heads, 0))
+                for name, part in zip(QKV, np.split(value, 3))
+            ]
+        split = _split_heads(value, heads, 0) if kind == "heads_in" else value
+        return [(f"{target}/bias", split)]
+    if kind == "conv":
+        return [(f"{target}/kernel", value.transpose(2, 3, 1, 0))]
+    kernel = value.T
+    if kind == "qkv":
+        return [
+            (f"{target}/{name}/kernel", _split_heads(part, heads, 1))
+            for name, part in zip(QKV, np.split(kernel, 3, axis=1))
+        ]
+    if kind == "heads_in":
+        kernel = _split_heads(kernel, heads, 1)
+    elif kind == "heads_out":
+        kernel = _split_heads(kernel, heads, 0)
+    return [(f"{target}/kernel", kernel)]
+
+
+def _expected_ndim(kind, param):
+    if kind == "copy":
+        return 3
+    if param == "bias" or kind == "norm":
+        return 1
+    return 4 if kind == "conv" else 2
+
+
+def _divisible(kind, value):
+    return kind != "qkv" or value.shape[0] % 3 == 0
+
+
+_HF_LAYER = r"encoder\.layer\.(?P<i>\d+)\."
+_TIMM_BLOCK = r"blocks\.(?P<i>\d+)\."
+# official module, conversion, HF transformers name, timm name (None: not in that format)
+_TORCH_NAMES = [
+    ("cls", "copy", r"embeddings\.cls_token", r"cls_token"),
+    (POS_KEY, "copy", r"embeddings\.position_embeddings", r"pos_embed"),
+    ("embedding", "conv", r"embeddings\.patch_embeddings\.projection", r"patch_embed\.proj"),
+    (BLOCK_KEY + "LayerNorm_0", "norm", _HF_LAYER + "layernorm_before", _TIMM_BLOCK + "norm1"),
+    (
+        ATTENTION_KEY + "/{name}",
+        "heads_in",
+        _HF_LAYER + r"attention\.attention\.(?P<name>query|key|value)",
+        None,
+    ),
+    (ATTENTION_KEY, "qkv", None, _TIMM_BLOCK + r"attn\.qkv"),
+    (
+        ATTENTION_KEY + "/out",
+        "heads_out",
+        _HF_LAYER + r"attention\.output\.dense",
+        _TIMM_BLOCK + r"attn\.proj",
+    ),
+    (BLOCK_KEY + "LayerNorm_2", "norm", _HF_LAYER + "layernorm_after", _TIMM_BLOCK + "norm2"),
+    (
+        BLOCK_KEY + "MlpBlock_3/Dense_0",
+        "dense",
+        _HF_LAYER + r"intermediate\.dense",
+        _TIMM_BLOCK + r"mlp\.fc1",
+    ),
+    (
+        BLOCK_KEY + "MlpBlock_3/Dense_1",
+        "dense",
+        _HF_LAYER + r"output\.dense",
+        _TIMM_BLOCK + r"mlp\.fc2",
+    ),
+    ("Transformer/encoder_norm", "norm", r"layernorm", r"norm"),
+    # ViTModel's pooler is the representation layer: Dense + tanh on the class token.
+    ("pre_logits", "dense", r"pooler\.dense", None),
+    ("head", "dense", r"classifier", r"head"),
+]
+
+
+def _rules(column):
+    """`(pattern, official target, conversion)` for one format of `_TORCH_NAMES`."""
+    rules = []
+    for target, kind, *names in _TORCH_NAMES:
+        name = names[column]
+        if name is not None:
+            suffix = "" if kind == "copy" else r"\.(?P<param>weight|bias)"
+            rules.append((name + suffix, target, kind))
+    return rules
+
+
+_HF_RULES, _TIMM_RULES = _rules(0), _rules(1)
+_HF_RENAMES = [
+    (r"^vit\.", ""),
+    # transformers 5.x module names (in memory); its files keep the older names.
+    (r"^layers\.(\d+)\.attention\.q_proj\.", r"encoder.layer.\1.attention.attention.query."),
+    (r"^layers\.(\d+)\.attention\.k_proj\.", r"encoder.layer.\1.attention.attention.key."),
+    (r"^layers\.(\d+)\.attention\.v_proj\.", r"encoder.layer.\1.attention.attention.value."),
+    (r"^layers\.(\d+)\.attention\.o_proj\.", r"encoder.layer.\1.attention.output.dense."),
+    (r"^layers\.(\d+)\.mlp\.fc1\.", r"encoder.layer.\1.intermediate.dense."),
+    (r"^layers\.(\d+)\.mlp\.fc2\.", r"encoder.layer.\1.output.dense."),
+    (r"^layers\.(\d+)\.", r"encoder.layer.\1."),
+]
+
+
+def _from_torch_layout(arrays, rules, renames, heads):
+    params, origin = {}, {}
+    for source, value in arrays.items():
+        key = source
+        for pattern, replacement in renames:
+            key = re.sub(pattern, replacement, key)
+        for pattern, target, kind in rules:
+            match = re.fullmatch(pattern, key)
+            if match:
+                groups = match.groupdict()
+                param = groups.pop("param", None)
+                if value.ndim == _expected_ndim(kind, param) and _divisible(kind, value):
+                    target = target.format(**groups)
+                    for official, array in _convert(kind, target, param, value, heads):
+                        params[official], origin[official] = array, source
+                    break
+        else:  # kept under its own name, so the checks report it as unexpected
+            params[source], origin[source] = value, source
+    return params, origin
+
+
+_NPZ_PREFIXES = ("opt/target/", "params/img/", "params/")
+# big_vision's Linen modules are numbered without the dropout layers vit_jax counts.
+_BIG_VISION_RENAMES = {
+    "MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
+    "LayerNorm_1": "LayerNorm_2",
+    "MlpBlock_0": "MlpBlock_3",
+}
+
+
+def _from_big_vision(params, origin, notes):
+    out, out_origin = {}, {}
+    for key, value in params.items():
+        scanned = re.fullmatch(r"Transformer/encoderblock/(.+)", key)
+        if scanned:  # nn.scan stacks the blocks on a leading depth axis
+            entries = [
+                (f"Transformer/encoderblock_{i}/{scanned[1]}", layer, f"{origin[key]}[{i}]")
+                for i, layer in enumerate(value)
+            ]
+        else:
+            entries = [(key, value, origin[key])]
+        for name, array, source in entries:
+            parts = re.fullmatch(r"(Transformer/encoderblock_\d+/)([^/]+)(/.+)", name)
+            if parts and parts[2] in _BIG_VISION_RENAMES:
+                name = parts[1] + _BIG_VISION_RENAMES[parts[2]] + parts[3]
+            out[name], out_origin[name] = array, source
+    for name in ("pos_embedding", "Transformer/pos_embedding"):
+        if name not in out:
+            continue
+        table, source = out.pop(name), out_origin.pop(name)
+        rows = table.shape[1]
+        # big_vision adds the table before prepending cls (no cls row); files from
+        # before 2022 still hold the cls row first, which their length gives away.
+        if "cls" in out and math.isqrt(rows - 1) ** 2 + 1 != rows:
+            table = np.concatenate([np.zeros_like(table[:, :1]), table], axis=1)
+            notes.append(
+                "big_vision adds no position embedding to the class token: its position "
+                "row is set to zero."
+            )
+        out[POS_KEY], out_origin[POS_KEY] = table, source
+    return out, out_origin
+
+
+def _unknown_layout(source, keys):
+    keys = sorted(keys)
+    raise ValueError(
+        f"Unknown checkpoint layout in {source}: expected an official ViT / AugReg or "
+        f"big_vision .npz, or HF transformers or timm ViT safetensors. It holds {len(keys)} "
+        f"tensors, e.g. {', '.join(keys[:8])}."
+    )
+
+
+def _from_npz(arrays, source):
+    prefix = next((p for p in _NPZ_PREFIXES if any(k.startswith(p) for k in arrays)), "")
+    params = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+    origin = {k[len(prefix):]: k for k in arrays if k.startswith(prefix)}
+    notes = []
+    for key, value in params.items():
+        # Some hybrid files keep GroupNorm parameters with singleton dims, (1, 1, 1, C).
+        if re.fullmatch(r"(gn_root|block\d+/unit\d+/gn(\d|_proj))/(scale|bias)", key):
+            params[key] = value.reshape(-1)
+    if len(params) < len(arrays):
+        notes.append(f"ignored {len(arrays) - len(params)} tensors outside {prefix!r}.")
+    big_vision = any(
+        k in ("pos_embedding", "Transformer/pos_embedding")
+        or k.startswith("Transformer/encoderblock/")
+        or re.match(r"Transformer/encoderblock_\d+/MultiHeadDotProductAttention_0/", k)
+        for k in params
+    )
+    if big_vision:
+        params, origin = _from_big_vision(params, origin, notes)
+    if "embedding/kernel" not in params and not any(
+        k.startswith("Transformer/encoderblock_") for k in params
+    ):
+        _unknown_layout(source, arrays)
+    return ("big_vision" if big_vision else "vit_jax"), params, origin, notes
+
+
+def read_official(source, heads):
+    """Reads a checkpoint file or HF directory in the official layout.
+
+    Args:
+        source: local path or URL of an .npz or .safetensors file, or of a directory
+            holding `model.safetensors` (or a sharded `model.safetensors.index.json`).
+        heads: attention heads, to split the fused (D, D) projections of HF and timm
+            into the official (D, heads, head_dim) kernels.
+
+    Returns:
+        `(format, params, origin, notes)`: the format name (`"vit_jax"`,
+        `"big_vision"`, `"hf"` or `"timm"`), the tensors by official key, the source key
+        of each official key, and notes on what was ignored or adapted.
+    """
+    arrays = {}
+    for path in _checkpoint_files(source):
+        arrays.update(_read_arrays(path))
+    if any("/" in key for key in arrays):
+        return _from_npz(arrays, source)
+    if "patch_embed.proj.weight" in arrays:
+        return ("timm", *_from_torch_layout(arrays, _TIMM_RULES, [], heads), [])
+    if any(re.match(r"(vit\.)?embeddings\.patch_embeddings\.", key) for key in arrays):
+        return ("hf", *_from_torch_layout(arrays, _HF_RULES, _HF_RENAMES, heads), [])
+    _unknown_layout(source, arrays)

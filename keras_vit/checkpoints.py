@@ -1,0 +1,490 @@
+"""Pretrained weights: `load_pretrained` into a `keras_vit.ViT` model, and `save_npz`.
+
+Every checkpoint is read in the official vit_jax layout (`keras_vit.checkpoint_formats`),
+which is also what `save_npz` writes; this module maps that one layout onto the
+model's weights and adapts the position embedding, the head and `pre_logits`.
+"""
+
+import dataclasses
+import io
+import logging
+import math
+import os
+import re
+
+import keras
+import numpy as np
+
+from keras_vit import posembed
+from keras_vit.checkpoint_formats import (
+    ATTENTION_KEY,
+    BLOCK_KEY,
+    POS_KEY,
+    QKV,
+    read_official,
+    write_bytes,
+)
+from keras_vit.layers import sincos_2d_table
+
+logger = logging.getLogger(__name__)
+
+# vit_jax resamples with scipy's zoom; timm (and so the HF/timm weights) bicubically.
+_DEFAULT_INTERPOLATION = {
+    "vit_jax": "bilinear_align_corners",
+    "big_vision": "bilinear_align_corners",
+    "hf": "bicubic_antialias",
+    "timm": "bicubic_antialias",
+}
+
+
+@dataclasses.dataclass
+class LoadReport:
+    """What `load_pretrained` did. Keys are in the official vit_jax `.npz` layout.
+
+    Attributes:
+        source: the checkpoint path or URL.
+        format: `"vit_jax"`, `"big_vision"`, `"hf"` or `"timm"`.
+        loaded: keys copied into the model.
+        missing: keys the model has and the checkpoint lacks (left unchanged); model
+            weights outside the official layout appear under their Keras path.
+        unexpected: checkpoint keys the model has no place for (ignored).
+        mismatched: `(key, checkpoint_shape, model_shape)` of tensors that do not fit.
+        messages: what was adapted (head reset, pre_logits dropped, resampling).
+    """
+
+    source: str
+    format: str
+    loaded: list = dataclasses.field(default_factory=list)
+    missing: list = dataclasses.field(default_factory=list)
+    unexpected: list = dataclasses.field(default_factory=list)
+    mismatched: list = dataclasses.field(default_factory=list)
+    messages: list = dataclasses.field(default_factory=list)
+    _levels: list = dataclasses.field(default_factory=list, repr=False)
+
+    def _note(self, text, level=logging.INFO):
+        self.messages.append(text)
+        self._levels.append(level)
+
+    def _log(self):
+        # Only once the weights are in: a strict failure changes nothing, says nothing.
+        for text, level in zip(self.messages, self._levels):
+            logger.log(level, "%s: %s", self.source, text)
+
+
+# ---------------------------------------------------------------------------
+# The official layout <-> the model's weights.
+
+
+@dataclasses.dataclass
+class _Slot:
+    """A model variable, the official keys it holds, and the maps between them."""
+
+    keys: tuple
+    variable: object
+    split: object = lambda array: [array]
+    join: object = lambda parts: parts[0]
+
+
+class _ModelLayout:
+    """A `keras_vit.ViT` model's weights seen in the official layout."""
+
+    def __init__(self, model):
+        self.layers = {layer.name: layer for layer in model.layers}
+        for required in ("patches", "patch_encoder", "encoder_norm"):
+            if required not in self.layers:
+                raise ValueError(
+                    f"Model {model.name!r} has no layer {required!r}: load_pretrained and "
+                    "save_npz work on keras_vit.ViT models, whose layer names are the "
+                    "weight layout."
+                )
+        self.blocks = sorted(
+            (l for l in model.layers if re.fullmatch(r"encoderblock_\d+", l.name)),
+            key=lambda l: int(l.name.rsplit("_", 1)[1]),
+        )
+        self.encoder = self.layers["patch_encoder"]
+        self.class_token = self.layers.get("class_token")
+        self.heads = self.blocks[0].num_heads if self.blocks else 1
+        self.slots = self._slots()
+        # Weights outside the official ViT layout (e.g. a hybrid's ResNet trunk).
+        mapped = {id(slot.variable) for slot in self.slots}
+        mapped.update(id(v) for v in self._position_variables())
+        self.unmapped = [v for v in model.weights if id(v) not in mapped]
+
+    def _position_variables(self):
+        if self.class_token is not None and self.class_token.use_position:
+            yield self.class_token.position
+        if self.encoder.pos_embedding == "learned":
+            yield self.encoder.position
+        elif self.encoder.pos_embedding == "learned2d":
+            yield from (self.encoder.row_position, self.encoder.col_position)
+
+    def _slots(self):
+        slots = []
+        projection = self.encoder.projection
+        patch = self.layers["patches"].patch_size
+        width = self.encoder.hidden_dim
+        slots.append(
+            _Slot(
+                ("embedding/kernel",),
+                projection.kernel,
+                lambda a: [a.reshape(patch, patch, -1, width)],
+                lambda parts: parts[0].reshape(-1, width),
+            )
+        )
+        slots.append(_Slot(("embedding/bias",), projection.bias))
+        if self.class_token is not None:
+            slots.append(_Slot(("cls",), self.class_token.token))
+
+        def norm(key, layer):
+            slots.append(_Slot((f"{key}/scale",), layer.gamma))
+            slots.append(_Slot((f"{key}/bias",), layer.beta))
+
+        def dense(key, layer):
+            slots.append(_Slot((f"{key}/kernel",), layer.kernel))
+            slots.append(_Slot((f"{key}/bias",), layer.bias))
+
+        # A hybrid's ResNet trunk: official keys `conv_root`, `gn_root` and
+        # `block{s}/unit{u}/{conv,gn}{1,2,3,_proj}`.
+        if "conv_root" in self.layers:
+            slots.append(_Slot(("conv_root/kernel",), self.layers["conv_root"].kernel))
+            norm("gn_root", self.layers["gn_root"])
+        for name, unit in self.layers.items():
+            stage_unit = re.fullmatch(r"block(\d+)_unit(\d+)", name)
+            if not stage_unit:
+                continue
+            prefix = f"block{stage_unit[1]}/unit{stage_unit[2]}"
+            for suffix in ("_proj", "1", "2", "3"):
+                conv = getattr(unit, f"conv{suffix}", None)
+                if conv is not None:
+                    slots.append(_Slot((f"{prefix}/conv{suffix}/kernel",), conv.kernel))
+                    norm(f"{prefix}/gn{suffix}", getattr(unit, f"gn{suffix}"))
+
+        for i, block in enumerate(self.blocks):
+            prefix, mha, heads = BLOCK_KEY.format(i=i), ATTENTION_KEY.format(i=i), block.num_heads
+            norm(prefix + "LayerNorm_0", block.norm1)
+            # The fused q|k|v projection holds the three (D, heads, head_dim) kernels.
+            slots.append(
+                _Slot(
+                    tuple(f"{mha}/{name}/kernel" for name in QKV),
+                    block.qkv.kernel,
+                    lambda a, h=heads: [k.reshape(k.shape[0], h, -1) for k in np.split(a, 3, 1)],
+                    lambda parts: np.concatenate([k.reshape(k.shape[0], -1) for k in parts], 1),
+                )
+            )
+            slots.append(
+                _Slot(
+                    tuple(f"{mha}/{name}/bias" for name in QKV),
+                    block.qkv.bias,
+                    lambda a, h=heads: [b.reshape(h, -1) for b in np.split(a, 3)],
+                    lambda parts: np.concatenate([b.reshape(-1) for b in parts]),
+                )
+            )
+            slots.append(
+                _Slot(
+                    (f"{mha}/out/kernel",),
+                    block.attention_output.kernel,
+                    lambda a, h=heads: [a.reshape(h, -1, a.shape[1])],
+                    lambda parts: parts[0].reshape(-1, parts[0].shape[-1]),
+                )
+            )
+            slots.append(_Slot((f"{mha}/out/bias",), block.attention_output.bias))
+            norm(prefix + "LayerNorm_2", block.norm2)
+            dense(prefix + "MlpBlock_3/Dense_0", block.mlp_fc1)
+            dense(prefix + "MlpBlock_3/Dense_1", block.mlp_fc2)
+        norm("Transformer/encoder_norm", self.layers["encoder_norm"])
+        for name in ("pre_logits", "head"):
+            if name in self.layers:
+                dense(name, self.layers[name])
+        return slots
+
+    def params(self):
+        """The model's weights in the official layout, without the position table."""
+        params = {}
+        for slot in self.slots:
+            params.update(zip(slot.keys, slot.split(keras.ops.convert_to_numpy(slot.variable))))
+        return params
+
+    def position_table(self):
+        """The official `(1, [1 +] patches, D)` table: the model's function in VT's terms."""
+        table = self.encoder.position_table()
+        rows, cols = self.encoder.grid_size
+        width = self.encoder.hidden_dim
+        if table is None:
+            table = np.zeros((1, rows * cols, width), "float32")
+        table = keras.ops.convert_to_numpy(table)
+        if self.class_token is not None:
+            if self.class_token.use_position:
+                cls_row = keras.ops.convert_to_numpy(self.class_token.position)
+            else:
+                cls_row = np.zeros((1, 1, width), table.dtype)
+            table = np.concatenate([cls_row, table], axis=1)
+        return table
+
+    def assign(self, params, keys):
+        """Writes `params` (a complete official dict) to the variables holding `keys`."""
+        for slot in self.slots:
+            if keys.intersection(slot.keys):
+                value = slot.join([params[key] for key in slot.keys])
+                slot.variable.assign(np.asarray(value, dtype=slot.variable.dtype))
+
+
+def _checkpoint_grid(count, model_grid, source):
+    # Same patch count: the model's grid, as vit_jax and timm assume. Otherwise the
+    # released checkpoints are all square.
+    if count == model_grid[0] * model_grid[1]:
+        return tuple(model_grid)
+    side = math.isqrt(count)
+    if side * side == count:
+        return (side, side)
+    raise ValueError(
+        f"Cannot tell the patch grid of the {count} position embeddings in {source}: "
+        f"{count} is not square and differs from the model's {model_grid[0]}x"
+        f"{model_grid[1]} grid."
+    )
+
+
+def _position_assignments(layout, table, interpolation, report):
+    """`[(variable, value)]` that put the official table into the model, or raises."""
+    encoder, token = layout.encoder, layout.class_token
+    rows, cols = encoder.grid_size
+    width = encoder.hidden_dim
+    has_cls = token is not None
+    expected = (1, rows * cols + has_cls, width)
+    if table.ndim != 3 or table.shape[::2] != (1, width) or table.shape[1] <= has_cls:
+        report.mismatched.append((POS_KEY, tuple(table.shape), expected))
+        return []
+    cls_row = table[:, :1] if has_cls else None
+    patches = table[0, 1:] if has_cls else table[0]
+    old = _checkpoint_grid(len(patches), (rows, cols), report.source)
+    grid = patches.reshape(*old, width)
+    if encoder.pos_embedding in ("sincos2d", "none"):
+        if encoder.pos_embedding == "none":
+            fixed = np.zeros_like(grid)
+        else:
+            fixed = keras.ops.convert_to_numpy(sincos_2d_table(old, width)).reshape(grid.shape)
+        if (cls_row is not None and np.any(cls_row)) or not np.allclose(grid, fixed, atol=1e-5):
+            raise ValueError(
+                f"Checkpoint {report.source} has a learned position embedding "
+                f"({POS_KEY} {tuple(table.shape)}), but the model uses the fixed "
+                f"pos_embedding={encoder.pos_embedding!r}: build the model with "
+                "pos_embedding='learned'."
+            )
+        report.loaded.append(POS_KEY)
+        return []
+    if old != (rows, cols):
+        report._note(
+            f"position embedding resampled from a {old[0]}x{old[1]} to a {rows}x{cols} "
+            f"patch grid ({interpolation})."
+        )
+    assignments = [(token.position, cls_row)] if has_cls else []
+    if encoder.pos_embedding == "learned":
+        grid = posembed.resample_position_grid(grid, (rows, cols), interpolation)
+        assignments.append((encoder.position, grid.reshape(1, rows * cols, width)))
+    else:  # learned2d: a row table and a column table, concatenated per patch
+        half = width // 2
+        row_table, col_table = grid[:, :1, :half], grid[:1, :, half:]
+        rebuilt = np.concatenate(
+            [np.broadcast_to(row_table, (*old, half)), np.broadcast_to(col_table, (*old, half))],
+            axis=-1,
+        )
+        if not np.array_equal(grid, rebuilt):
+            raise ValueError(
+                f"Checkpoint {report.source} has a full learned position table "
+                f"({POS_KEY} {tuple(table.shape)}), which a pos_embedding='learned2d' model "
+                "(row and column tables) cannot hold: build the model with "
+                "pos_embedding='learned'."
+            )
+        resample = posembed.resample_position_grid
+        assignments.append((encoder.row_position, resample(row_table, (rows, 1), interpolation)))
+        assignments.append((encoder.col_position, resample(col_table, (1, cols), interpolation)))
+    report.loaded.append(POS_KEY)
+    return assignments
+
+
+def _drop_pre_logits(layout, params, report):
+    # As vit_jax does when fine-tuning an in21k checkpoint without a representation layer.
+    if "pre_logits" in layout.layers or "pre_logits/kernel" not in params:
+        return
+    shape = tuple(params["pre_logits/kernel"].shape)
+    for key in [key for key in params if key.startswith("pre_logits/")]:
+        del params[key]
+    report._note(
+        f"the model has no pre_logits layer (representation_size=None): the checkpoint's "
+        f"pre_logits {shape} is dropped.",
+        logging.WARNING,
+    )
+
+
+def _reconcile_head(layout, params, current, report):
+    """Returns the head values to force (zeros) when the checkpoint's head cannot be used."""
+    head = {key: params.pop(key) for key in ("head/kernel", "head/bias") if key in params}
+    if "head" not in layout.layers:
+        if head:
+            report._note(
+                "the model has no head (include_top=False): the checkpoint's head is not loaded."
+            )
+        return {}
+    kernel = current["head/kernel"]
+    got = head.get("head/kernel")
+    if got is None:
+        reason = "the checkpoint has no head"
+    elif got.ndim == 2 and got.shape[0] == kernel.shape[0] and got.shape[1] != kernel.shape[1]:
+        reason = f"the checkpoint's head has {got.shape[1]} classes, the model {kernel.shape[1]}"
+    else:  # loaded, or reported as mismatched, like any other tensor
+        params.update(head)
+        return {}
+    report._note(f"{reason}: the head is reset to zeros.", logging.WARNING)
+    return {key: np.zeros_like(current[key]) for key in ("head/kernel", "head/bias")}
+
+
+def _problems(report, origin, model_shapes, checkpoint_shapes):
+    def name(key):
+        return key if origin.get(key, key) == key else f"{key} (from {origin[key]})"
+
+    lines = [f"Checkpoint {report.source} ({report.format}) does not fit the model:"]
+    for key in report.missing:
+        lines.append(f"  missing {name(key)}: checkpoint -, model {model_shapes[key]}")
+    for key in report.unexpected:
+        lines.append(f"  unexpected {name(key)}: checkpoint {checkpoint_shapes[key]}, model -")
+    for key, got, want in report.mismatched:
+        lines.append(f"  mis-shaped {name(key)}: checkpoint {got}, model {want}")
+    lines.append("Pass strict=False to load the tensors that fit and get a report.")
+    return "\n".join(lines)
+
+
+def load_pretrained(model, source, *, strict=True, interpolation=None):
+    """Loads pretrained ViT weights into a `keras_vit.ViT` model.
+
+    `source` is a local path or a `gs://` URL (read through `tf.io.gfile`) of an
+    official vit_jax / AugReg `.npz` (also in21k files with `pre_logits`, and gap
+    files without `cls`), a big_vision `.npz` (`params/`, `params/img/` or
+    `opt/target/` prefixes, scanned blocks), an HF transformers `model.safetensors`
+    (or a directory holding it, sharded too) or a timm `.safetensors`; the format is
+    told from the keys.
+
+    When the model's patch grid differs from the checkpoint's, the position embedding
+    is resampled (see `resample_position_grid`): by default bilinearly with aligned
+    corners for `.npz` files, as vit_jax does, and bicubically with antialiasing for
+    HF/timm files, as timm does. A head with a different class count (or a checkpoint
+    without one) is reset to zeros; `pre_logits` is dropped when the model has no
+    representation layer; both are logged and listed in the report's messages.
+
+    Args:
+        model: a `keras_vit.ViT` model; its `classifier` must match the checkpoint's.
+        source: path or URL of the checkpoint file, or of an HF model directory.
+        strict: if True, any missing, unexpected or mis-shaped tensor raises one
+            `ValueError` that lists them all; if False, what fits is loaded.
+        interpolation: `"bilinear_align_corners"` or `"bicubic_antialias"` to override
+            the default resampling method.
+
+    Returns:
+        A `LoadReport` (keys in the official `.npz` layout).
+
+    Example:
+
+    >>> import os, tempfile, keras_vit
+    >>> pretrained = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32,
+    ...                            num_layers=2, num_heads=4, mlp_dim=64, num_classes=10)
+    >>> path = os.path.join(tempfile.mkdtemp(), "vit.npz")
+    >>> keras_vit.save_npz(pretrained, path)
+    >>> finetune = keras_vit.ViT(image_size=48, patch_size=8, hidden_dim=32,
+    ...                          num_layers=2, num_heads=4, mlp_dim=64, num_classes=5)
+    >>> report = keras_vit.load_pretrained(finetune, path)
+    >>> for message in report.messages:
+    ...     print(message)
+    the checkpoint's head has 10 classes, the model 5: the head is reset to zeros.
+    position embedding resampled from a 4x4 to a 6x6 patch grid (bilinear_align_corners).
+    """
+    if interpolation is not None:
+        posembed.check_interpolation(interpolation)
+    source = os.fspath(source)
+    layout = _ModelLayout(model)
+    fmt, params, origin, notes = read_official(source, layout.heads)
+    report = LoadReport(source, fmt)
+    for note in notes:
+        report._note(note)
+
+    model_token = layout.class_token is not None
+    if ("cls" in params) != model_token:
+        have, need = ("token", "gap") if "cls" in params else ("gap", "token")
+        raise ValueError(
+            f"Checkpoint {source} is a classifier={have!r} model "
+            f"({'with' if have == 'token' else 'without'} a class token 'cls'), but the "
+            f"model uses classifier={need!r}: build it with classifier={have!r}."
+        )
+
+    checkpoint_shapes = {key: tuple(value.shape) for key, value in params.items()}
+    current = layout.params()
+    _drop_pre_logits(layout, params, report)
+    forced = _reconcile_head(layout, params, current, report)
+    model_shapes = {key: tuple(value.shape) for key, value in current.items()}
+    learned = layout.encoder.pos_embedding.startswith("learned")
+    if learned:
+        model_shapes[POS_KEY] = tuple(layout.position_table().shape)
+
+    table = params.pop(POS_KEY, None)
+    position = []
+    if table is not None:
+        position = _position_assignments(
+            layout, table, interpolation or _DEFAULT_INTERPOLATION[fmt], report
+        )
+    elif learned:
+        report.missing.append(POS_KEY)
+    for variable in layout.unmapped:
+        report.missing.append(variable.path)
+        model_shapes[variable.path] = tuple(variable.shape)
+
+    values = dict(forced)
+    for key, value in current.items():
+        if key in forced:
+            continue
+        if key not in params:
+            report.missing.append(key)
+            continue
+        got = params.pop(key)
+        if got.shape != value.shape:
+            report.mismatched.append((key, tuple(got.shape), tuple(value.shape)))
+        else:
+            values[key] = got
+            report.loaded.append(key)
+    report.unexpected.extend(sorted(params))
+
+    if strict and (report.missing or report.unexpected or report.mismatched):
+        raise ValueError(_problems(report, origin, model_shapes, checkpoint_shapes))
+    layout.assign({**current, **values}, set(values))
+    for variable, value in position:
+        variable.assign(np.asarray(value, dtype=variable.dtype))
+    report._log()
+    return report
+
+
+def save_npz(model, path):
+    """Saves a `keras_vit.ViT` model's weights as an official vit_jax `.npz`.
+
+    The file has the layout of the released checkpoints (query/key/value kernels
+    `(D, heads, head_dim)`, `embedding/kernel` `(P, P, C, D)`, the position table with
+    its class-token row, ...), so vit_jax, big_vision and timm load it, and
+    `load_pretrained` restores it exactly. `path` may be a `gs://` URL.
+
+    Example:
+
+    >>> import os, tempfile, keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
+    ...                       num_heads=4, mlp_dim=64, num_classes=10)
+    >>> path = os.path.join(tempfile.mkdtemp(), "vit.npz")
+    >>> keras_vit.save_npz(model, path)
+    >>> query = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
+    >>> np.load(path)[query].shape
+    (32, 4, 8)
+    """
+    layout = _ModelLayout(model)
+    if layout.unmapped:
+        raise ValueError(
+            f"save_npz has no official key for these weights of model {model.name!r}: "
+            f"{', '.join(v.path for v in layout.unmapped)}."
+        )
+    params = layout.params()
+    params[POS_KEY] = layout.position_table()
+    buffer = io.BytesIO()
+    np.savez(buffer, **params)
+    write_bytes(os.fspath(path), buffer.getvalue())

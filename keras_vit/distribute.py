@@ -1,0 +1,123 @@
+"""`tf.distribute` strategies, XLA and mixed precision for training (TensorFlow-only)."""
+
+import logging
+import os
+
+import keras
+import tensorflow as tf
+
+logger = logging.getLogger("keras_vit")
+
+STRATEGIES = ("auto", "tpu", "mirrored", "multiworker", "cpu")
+PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+
+
+def _tpu_present():
+    # Checked without a TPUClusterResolver, which would query the GCE metadata server.
+    return bool(os.environ.get("TPU_NAME")) or os.path.exists("/dev/accel0")
+
+
+def make_strategy(name="auto"):
+    """Returns the `tf.distribute.Strategy` called `name`.
+
+    - `"auto"`: a TPU when one is attached, `MirroredStrategy` over several GPUs, else
+      `OneDeviceStrategy` on the GPU or the CPU.
+    - `"tpu"`: `TPUStrategy` (the TPU named by `$TPU_NAME`, or the local TPU VM).
+    - `"mirrored"`: `MirroredStrategy` over all GPUs, or over all logical CPU devices
+      when there is no GPU.
+    - `"multiworker"`: `MultiWorkerMirroredStrategy` (cluster from `$TF_CONFIG`).
+    - `"cpu"`: one CPU device.
+
+    Example:
+
+    >>> make_strategy("cpu").num_replicas_in_sync
+    1
+    """
+    if name not in STRATEGIES:
+        raise ValueError(
+            f"Unknown strategy {name!r}: expected one of {', '.join(map(repr, STRATEGIES))}."
+        )
+    if name == "auto":
+        if _tpu_present():
+            name = "tpu"
+        elif len(tf.config.list_logical_devices("GPU")) > 1:
+            name = "mirrored"
+        else:
+            # An explicit strategy (not the default one) also makes Keras build the
+            # model's metrics and optimizer before fit's first step.
+            device = (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU"))[0]
+            return tf.distribute.OneDeviceStrategy(device.name)
+    if name == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
+            tpu=os.environ.get("TPU_NAME", "local")
+        )
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+    if name == "mirrored":
+        devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+        return tf.distribute.MirroredStrategy([d.name for d in devices])
+    if name == "multiworker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    return tf.distribute.OneDeviceStrategy("/cpu:0")
+
+
+def _device_type(strategy):
+    return tf.DeviceSpec.from_string(strategy.extended.worker_devices[0]).device_type
+
+
+def jit_allowed(strategy):
+    """Whether `model.fit` can compile its step with XLA under `strategy`.
+
+    XLA runs everywhere except for a step replicated over several CPU devices
+    (MirroredStrategy's cross-device reduction fails under XLA on CPU).
+
+    Example:
+
+    >>> jit_allowed(make_strategy("cpu"))
+    True
+    """
+    return not (strategy.num_replicas_in_sync > 1 and _device_type(strategy) == "CPU")
+
+
+def precision_policy(name, strategy):
+    """Resolves a precision name to a Keras dtype policy name.
+
+    `"auto"` means `mixed_bfloat16` on TPU, `mixed_bfloat16` on GPUs that compute in
+    bfloat16 (compute capability 8.0 and up), `mixed_float16` on older GPUs, and
+    `float32` on CPU. The model's head and the loss stay float32 in every policy.
+
+    Example:
+
+    >>> precision_policy("auto", make_strategy("cpu"))
+    'float32'
+    """
+    if name not in PRECISIONS:
+        raise ValueError(
+            f"Unknown precision {name!r}: expected one of {', '.join(map(repr, PRECISIONS))}."
+        )
+    if name != "auto":
+        return name
+    device_type = _device_type(strategy)
+    if device_type == "TPU":
+        return "mixed_bfloat16"
+    if device_type == "GPU":
+        gpus = tf.config.list_physical_devices("GPU")
+        capability = tf.config.experimental.get_device_details(gpus[0]).get(
+            "compute_capability", (0, 0)
+        )
+        return "mixed_bfloat16" if tuple(capability) >= (8, 0) else "mixed_float16"
+    return "float32"
+
+
+def describe(strategy):
+    """One line naming the strategy and its devices, for logs.
+
+    Example:
+
+    >>> describe(make_strategy("cpu"))
+    'OneDeviceStrategy, 1 replica: /job:localhost/replica:0/task:0/device:CPU:0'
+    """
+    replicas = strategy.num_replicas_in_sync
+    devices = ", ".join(strategy.extended.worker_devices)
+    return f"{type(strategy).__name__}, {replicas} replica{'s' * (replicas > 1)}: {devices}"

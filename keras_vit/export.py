@@ -1,0 +1,265 @@
+"""SavedModel export for serving: raw images in, probabilities and top-k classes out.
+
+TensorFlow-only (SavedModel is a TensorFlow format). The exported graph holds the
+eval preprocessing, so a client sends uint8 pixels or encoded JPEG/PNG files.
+"""
+
+import json
+import os
+
+import keras
+import tensorflow as tf
+
+from keras_vit import __version__
+from keras_vit.layers import _check_choice
+from keras_vit.model import preprocess
+
+ACTIVATIONS = ("softmax", "sigmoid")
+# `assets.extra/` is the SavedModel folder for files that serving systems carry along
+# but never load into the graph (TensorFlow Serving's convention).
+CONFIG_FILE = os.path.join("assets.extra", "keras_vit.json")
+# Eval preprocessing of the official code (vit_jax input_pipeline): a plain bilinear
+# resize of the whole image to the model's size, then (x - 127.5) / 127.5.
+RESIZE_METHOD = "bilinear"
+
+
+def _check_backend():
+    backend = keras.backend.backend()
+    if backend not in ("tensorflow", "jax"):
+        raise RuntimeError(
+            f"SavedModel export needs the TensorFlow or JAX backend, but Keras runs on "
+            f"{backend!r}. Save the model (model.save('model.keras')), then export it "
+            "from a process started with KERAS_BACKEND=tensorflow (or jax): "
+            "`keras_vit.export_saved_model(keras.saving.load_model('model.keras'), path)`."
+        )
+
+
+def _input_size(model):
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"export_saved_model needs a keras.Model, got {type(model).__name__}.")
+    shape = tuple(model.inputs[0].shape) if len(model.inputs) == 1 else None
+    if shape is None or len(shape) != 4 or not all(isinstance(d, int) for d in shape[1:]):
+        shapes = [tuple(x.shape) for x in model.inputs]
+        raise ValueError(
+            "export_saved_model needs a model with one image input of fixed size "
+            f"(batch, height, width, channels), got input shapes {shapes}."
+        )
+    return shape[1:]
+
+
+def _num_classes(model):
+    shape = tuple(model.outputs[0].shape) if len(model.outputs) == 1 else None
+    has_head = any(layer.name == "head" for layer in model.layers)
+    if not has_head or len(shape or ()) != 2 or not isinstance(shape[1], int):
+        shapes = [tuple(x.shape) for x in model.outputs]
+        raise ValueError(
+            "export_saved_model needs a classifier: a `head` layer and one "
+            f"(batch, classes) output; model {model.name!r} has output shapes {shapes}"
+            f"{'' if has_head else ' and no head'}. Build it with include_top=True."
+        )
+    return shape[1]
+
+
+def _check_labels(labels, num_classes):
+    if labels is None:
+        return None
+    labels = [str(label) for label in labels]
+    if len(labels) != num_classes:
+        raise ValueError(
+            f"Got {len(labels)} labels for a model with {num_classes} classes: "
+            "pass one label per class, in class-index order."
+        )
+    return labels
+
+
+def _to_model_size(images, height, width):
+    """Float32 pixels in [0, 255] at (height, width); images at that size only cast."""
+    shape = tf.shape(images)
+    same_size = tf.logical_and(tf.equal(shape[1], height), tf.equal(shape[2], width))
+    return tf.cond(
+        same_size,
+        lambda: tf.cast(images, tf.float32),
+        lambda: tf.image.resize(images, (height, width), method=RESIZE_METHOD),
+    )
+
+
+def _with_channels(images, channels, what):
+    """`images` once its channel count is `channels`, failing readably if not."""
+    check = tf.debugging.assert_equal(
+        tf.shape(images)[-1],
+        channels,
+        message=f"{what} must have {channels} channels (the model's channel count)",
+    )
+    with tf.control_dependencies([check]):
+        images = tf.identity(images)
+    # Static shape only: tf.ensure_shape could fail before the check, unreadably.
+    images.set_shape((None, None, None, channels))
+    return images
+
+
+def _serving_functions(logits, image_size, channels, activation, top_k, labels):
+    """The `serving_default` and `serving_bytes` tf.functions around `logits`."""
+    height, width = image_size
+
+    def predictions(pixels):
+        pixels.set_shape((None, height, width, channels))
+        scores = logits(pixels)["logits"]
+        probabilities = tf.nn.softmax(scores) if activation == "softmax" else tf.sigmoid(scores)
+        top = tf.math.top_k(probabilities, k=top_k)
+        outputs = {
+            "probabilities": probabilities,
+            "top_k_indices": top.indices,
+            "top_k_probabilities": top.values,
+        }
+        if labels is not None:
+            outputs["top_k_labels"] = tf.gather(tf.constant(labels), top.indices)
+        return outputs
+
+    @tf.function(
+        input_signature=[tf.TensorSpec((None, None, None, None), tf.uint8, name="images")],
+        autograph=False,
+    )
+    def serve_images(images):
+        images = _with_channels(images, channels, "images")
+        return predictions(_to_model_size(images, height, width))
+
+    # decode_image converts grey and colour files to 1 or 3 channels; other channel
+    # counts must be stored in the file as they are.
+    decode_channels = channels if channels in (1, 3) else 0
+
+    def decode(image_bytes):
+        image = tf.io.decode_image(image_bytes, channels=decode_channels, expand_animations=False)
+        image = _with_channels(image[None], channels, "decoded images")
+        return _to_model_size(image, height, width)[0]
+
+    @tf.function(
+        input_signature=[tf.TensorSpec((None,), tf.string, name="image_bytes")],
+        autograph=False,
+    )
+    def serve_bytes(image_bytes):
+        pixels = tf.map_fn(
+            decode,
+            image_bytes,
+            fn_output_signature=tf.TensorSpec((height, width, channels), tf.float32),
+        )
+        return predictions(pixels)
+
+    # ExportArchive takes a tf.function without an input signature once it is traced.
+    serve_images.get_concrete_function()
+    serve_bytes.get_concrete_function()
+    return serve_images, serve_bytes
+
+
+def export_saved_model(
+    model, path, *, labels=None, top_k=5, activation="softmax", metadata=None
+):
+    """Exports a classifier as a SavedModel that takes raw images, for serving.
+
+    The SavedModel has three signatures:
+
+    - `serving_default(images)`: a uint8 batch `(batch, height, width, channels)` of
+      any height and width. Images are resized (bilinear, the eval pipeline's resize)
+      to the model's size unless already at that size, and scaled to [-1, 1].
+    - `serving_bytes(image_bytes)`: a batch of encoded JPEG, PNG, GIF or BMP files
+      (a string tensor of shape `(batch,)`), decoded and then treated as above.
+    - `logits(images)`: float32 pixels in [0, 255] at the model's size to `logits`.
+
+    The first two return `probabilities` (batch, classes), `top_k_indices`,
+    `top_k_probabilities` (batch, top_k) and, with `labels`, `top_k_labels`.
+    The model's config, the labels and the export options are written to
+    `assets.extra/keras_vit.json` in the SavedModel folder.
+
+    Models built under the TensorFlow or the JAX backend (converted with jax2tf)
+    export; under PyTorch, save the model as `.keras` and export it from a
+    TensorFlow or JAX process.
+
+    Args:
+        model: a classifier built by `keras_vit.ViT` (with `include_top=True`).
+        path: the SavedModel folder to write.
+        labels: optional class names, one per class in index order.
+        top_k: how many of the most probable classes to return.
+        activation: `"softmax"`, or `"sigmoid"` for models trained with sigmoid
+            cross-entropy (independent per-class probabilities).
+        metadata: optional JSON-serialisable dict stored in the config file, e.g.
+            the checkpoint and training config the model came from.
+
+    Returns:
+        The dict written to `assets.extra/keras_vit.json`.
+
+    Example:
+
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32,
+    ...                       num_layers=2, num_heads=4, mlp_dim=64, num_classes=3)
+    >>> _ = export_saved_model(model, "/tmp/vit", labels=["a", "b", "c"], top_k=2)
+    >>> served = tf.saved_model.load("/tmp/vit").signatures["serving_default"]
+    >>> out = served(images=tf.zeros((1, 50, 40, 3), tf.uint8))
+    >>> out["top_k_labels"].shape.as_list()
+    [1, 2]
+    """
+    _check_backend()
+    height, width, channels = _input_size(model)
+    num_classes = _num_classes(model)
+    labels = _check_labels(labels, num_classes)
+    _check_choice("activation", activation, ACTIVATIONS)
+    if not isinstance(top_k, int) or not 1 <= top_k <= num_classes:
+        raise ValueError(
+            f"top_k must be an int between 1 and the number of classes ({num_classes}), "
+            f"got {top_k!r}."
+        )
+    record = {
+        "keras_vit_version": __version__,
+        "keras_version": keras.__version__,
+        "tensorflow_version": tf.__version__,
+        "backend": keras.backend.backend(),
+        "model": json.loads(model.to_json()),
+        "image_size": [height, width],
+        "channels": channels,
+        "num_classes": num_classes,
+        "activation": activation,
+        "top_k": top_k,
+        "labels": labels,
+        "preprocessing": f"{RESIZE_METHOD} resize to image_size unless already that "
+        "size, then (x - 127.5) / 127.5",
+        "signatures": ["serving_default", "serving_bytes", "logits"],
+        "metadata": metadata,
+    }
+    try:
+        record_json = json.dumps(record, indent=2)
+    except TypeError as error:
+        raise ValueError(
+            f"metadata must be JSON-serialisable, got {metadata!r}: {error}."
+        ) from error
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+
+    def logits_from_pixels(images):
+        return {"logits": model(preprocess(images), training=False)}
+
+    # Under JAX, add_endpoint converts this function with jax2tf; everything else is
+    # plain TensorFlow around it, so the serving graph is the same for both backends.
+    jax_options = {}
+    if keras.backend.backend() == "jax":
+        # Lowered for every platform (not only this machine's), so that a model
+        # exported on a CPU serves on GPUs and TPUs; inference only, no gradients.
+        jax_options["jax2tf_kwargs"] = dict(
+            native_serialization_platforms=("cpu", "cuda", "tpu"), with_gradient=False
+        )
+    logits = archive.add_endpoint(
+        "logits",
+        logits_from_pixels,
+        input_signature=[keras.InputSpec(shape=(None, height, width, channels), dtype="float32")],
+        **jax_options,
+    )
+    serve_images, serve_bytes = _serving_functions(
+        logits, (height, width), channels, activation, top_k, labels
+    )
+    archive.add_endpoint("serving_default", serve_images)
+    archive.add_endpoint("serving_bytes", serve_bytes)
+    archive.write_out(os.fspath(path), verbose=False)
+
+    config_path = os.path.join(os.fspath(path), CONFIG_FILE)
+    os.makedirs(os.path.dirname(config_path), exist_ok=True)
+    with open(config_path, "w") as f:
+        f.write(record_json)
+    return record

@@ -1,0 +1,80 @@
+"""The paper's optimizers: Adam/AdamW with decoupled weight decay on kernels only, SGD."""
+
+import keras
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+def decayed_variables(model):
+    """The variables weight decay applies to: the kernels of Dense layers (all
+    projections, the MLPs, `pre_logits`, `head`); not biases, LayerNorm scales and
+    offsets, position tables or the class token.
+
+    Example:
+
+    >>> import keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
+    ...                       num_heads=4, mlp_dim=64, num_classes=10)
+    >>> len(decayed_variables(model))  # projection, qkv, attention_output, fc1, fc2, head
+    6
+    """
+    return [v for v in model.trainable_variables if v.name == "kernel"]
+
+
+def make_optimizer(
+    name,
+    learning_rate,
+    model,
+    *,
+    weight_decay=0.0,
+    momentum=0.9,
+    beta_2=0.999,
+    clip_norm=1.0,
+    accumulation_steps=1,
+):
+    """Builds a Keras optimizer for `model` as the paper trains.
+
+    Args:
+        name: `"adam"` / `"adamw"` (same thing in Keras 3: weight decay is decoupled,
+            `w -= learning_rate * weight_decay * w`) or `"sgd"` (with momentum).
+        learning_rate: a float or a `keras.optimizers.schedules.LearningRateSchedule`.
+        model: the model to train; its `decayed_variables` get weight decay, nothing else.
+        weight_decay: decoupled weight decay (0: none).
+        momentum: SGD momentum, or Adam's beta_1.
+        beta_2: Adam's beta_2.
+        clip_norm: global-norm gradient clipping (None: no clipping).
+        accumulation_steps: average the gradients of this many batches per update.
+
+    Example:
+
+    >>> import keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
+    ...                       num_heads=4, mlp_dim=64, num_classes=10)
+    >>> optimizer = make_optimizer("adamw", 1e-3, model, weight_decay=0.1)
+    >>> optimizer.global_clipnorm
+    1.0
+    """
+    if name not in OPTIMIZERS:
+        raise ValueError(
+            f"Unknown optimizer {name!r}: expected one of {', '.join(map(repr, OPTIMIZERS))}."
+        )
+    if int(accumulation_steps) != accumulation_steps or accumulation_steps < 1:
+        raise ValueError(f"accumulation_steps must be an integer >= 1, got {accumulation_steps!r}.")
+    common = dict(
+        learning_rate=learning_rate,
+        weight_decay=weight_decay or None,
+        global_clipnorm=clip_norm,
+        # Keras counts accumulation as "steps >= 2"; one step means none.
+        gradient_accumulation_steps=int(accumulation_steps) if accumulation_steps > 1 else None,
+    )
+    if name == "sgd":
+        optimizer = keras.optimizers.SGD(momentum=momentum, **common)
+    else:
+        # Every Keras 3 optimizer decays decoupled; Adam(weight_decay) is AdamW.
+        optimizer = keras.optimizers.Adam(beta_1=momentum, beta_2=beta_2, **common)
+    if weight_decay:
+        decayed = {id(v) for v in decayed_variables(model)}
+        optimizer.exclude_from_weight_decay(
+            var_list=[v for v in model.trainable_variables if id(v) not in decayed]
+        )
+    return optimizer

@@ -1,0 +1,140 @@
+"""What a training run writes under its output folder, and finding weights again (`--from`).
+
+```
+OUT/config.json             the run's configuration
+OUT/model.keras             the final model
+OUT/checkpoints/epoch_NNNN.keras
+OUT/backup/state.npz        full training state while the run is unfinished
+OUT/metrics.csv             one row per epoch; OUT/metrics.json: history + final eval
+OUT/logs/                   TensorBoard
+```
+"""
+
+import os
+import tempfile
+
+import keras
+import tensorflow as tf
+
+from keras_vit.checkpoints import load_pretrained, save_npz
+
+CONFIG = "config.json"
+MODEL = "model.keras"
+CHECKPOINTS = "checkpoints"
+BACKUP = "backup"
+METRICS_CSV = "metrics.csv"
+METRICS_JSON = "metrics.json"
+LOGS = "logs"
+
+
+def latest_checkpoint(run_dir):
+    """The newest `checkpoints/epoch_NNNN.keras` of a run folder, or None.
+
+    Example:
+
+    >>> latest_checkpoint("/tmp/no-such-run") is None
+    True
+    """
+    folder = os.path.join(run_dir, CHECKPOINTS)
+    if not tf.io.gfile.isdir(folder):
+        return None
+    names = sorted(
+        n for n in tf.io.gfile.listdir(folder) if n.startswith("epoch_") and n.endswith(".keras")
+    )
+    return os.path.join(folder, names[-1]) if names else None
+
+
+def resolve_from(source):
+    """Turns a `--from` argument into a file to load.
+
+    A run's output folder gives its final `model.keras`, or its newest checkpoint while
+    it is unfinished; a `.keras` file is itself; anything else (an official `.npz`, a
+    `.safetensors` file, a Hugging Face folder, a `gs://` URL) is returned unchanged for
+    `keras_vit.load_pretrained`.
+
+    Example:
+
+    >>> resolve_from("ViT-B_16.npz")
+    'ViT-B_16.npz'
+    """
+    if not isinstance(source, str) or not source:
+        raise ValueError(f"--from needs a path, got {source!r}.")
+    if tf.io.gfile.isdir(source) and tf.io.gfile.exists(os.path.join(source, CONFIG)):
+        final = os.path.join(source, MODEL)
+        if tf.io.gfile.exists(final):
+            return final
+        checkpoint = latest_checkpoint(source)
+        if checkpoint is None:
+            raise FileNotFoundError(
+                f"Run folder {source!r} has neither {MODEL} nor a checkpoint in {CHECKPOINTS}/ yet."
+            )
+        return checkpoint
+    if source.endswith(".keras") and not tf.io.gfile.exists(source):
+        raise FileNotFoundError(f"No such model file: {source!r}.")
+    return source
+
+
+def load_model(source):
+    """Loads the Keras model a `--from` argument names (a run folder or a `.keras` file).
+
+    Example:
+
+    >>> import tempfile, keras_vit
+    >>> path = os.path.join(tempfile.mkdtemp(), "tiny.keras")
+    >>> keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
+    ...               num_heads=4, mlp_dim=64, num_classes=10).save(path)
+    >>> load_model(path).output_shape
+    (None, 10)
+    """
+    path = resolve_from(source)
+    if not path.endswith(".keras"):
+        raise ValueError(
+            f"{source!r} holds weights only; build the model (keras_vit.ViT) and load them "
+            "with keras_vit.load_pretrained, or pass a run folder or a .keras file."
+        )
+    return keras.saving.load_model(path, compile=False)
+
+
+def load_weights(model, source, *, interpolation=None):
+    """Initialises `model` from a `--from` source, as fine-tuning does.
+
+    A `.keras` model (or run folder) of the same architecture, resolution and classes is
+    copied weight for weight. Any other case goes through `keras_vit.load_pretrained`
+    (a `.keras` model via its official `.npz` layout, `keras_vit.save_npz`), which
+    resamples the position embedding to the model's patch grid and resets the head when
+    the class count differs; other mismatches raise `ValueError` listing them.
+
+    Returns a short description of what was loaded.
+
+    Example:
+
+    >>> import tempfile, keras_vit
+    >>> tiny = dict(patch_size=8, hidden_dim=32, num_layers=1, num_heads=4, mlp_dim=64)
+    >>> path = os.path.join(tempfile.mkdtemp(), "tiny.keras")
+    >>> keras_vit.ViT(image_size=32, num_classes=10, **tiny).save(path)
+    >>> load_weights(keras_vit.ViT(image_size=32, num_classes=10, **tiny), path)  # doctest: +ELLIPSIS
+    'copied 21 weights from ...tiny.keras'
+    """
+    path = resolve_from(source)
+    if path.endswith(".keras"):
+        saved = keras.saving.load_model(path, compile=False)
+        mine = {v.path: v for v in model.weights}
+        theirs = {v.path: v for v in saved.weights}
+        same = mine.keys() == theirs.keys() and all(
+            tuple(mine[k].shape) == tuple(theirs[k].shape) for k in mine
+        )
+        if same:
+            for key, variable in mine.items():
+                variable.assign(theirs[key].value)
+            return f"copied {len(mine)} weights from {path}"
+        with tempfile.TemporaryDirectory(prefix="keras_vit_from_") as folder:
+            # The official layout is what load_pretrained adapts (grid, head, pre_logits).
+            npz = os.path.join(folder, os.path.basename(path) + ".npz")
+            save_npz(saved, npz)
+            return _load_pretrained(model, npz, source, interpolation)
+    return _load_pretrained(model, path, source, interpolation)
+
+
+def _load_pretrained(model, path, source, interpolation):
+    report = load_pretrained(model, path, interpolation=interpolation)
+    return " ".join([f"loaded {source}:", *report.messages])

@@ -1,0 +1,138 @@
+"""Input pipelines: sources, inception crop, eval crop, resumable and shardable streams."""
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_vit import data
+
+
+def _write_images(root, sizes_by_class, corrupt=()):
+    """A class folder tree of JPEGs and PNGs made here; `corrupt` names bad files."""
+    rng = np.random.default_rng(0)
+    for label, sizes in sizes_by_class.items():
+        folder = root / label
+        folder.mkdir(parents=True)
+        for i, (height, width) in enumerate(sizes):
+            pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+            encode = tf.io.encode_jpeg if i % 2 else tf.io.encode_png
+            (folder / f"{i}.{'jpg' if i % 2 else 'png'}").write_bytes(encode(pixels).numpy())
+    for name in corrupt:
+        (root / name).write_bytes(b"\xff\xd8\xff\xe0 this is not a JPEG")
+    return root
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("images")
+    sizes = [(40, 60), (64, 48), (33, 33)]
+    return _write_images(root, {"cat": sizes, "dog": sizes}, corrupt=["dog/broken.jpg"])
+
+
+def test_folder_skips_a_corrupt_file_and_names_it(folder, caplog):
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        source = data.load_source(str(folder))
+    assert source.size == 6 and source.num_classes == 2
+    assert source.class_names == ["cat", "dog"]
+    assert source.skipped == [str(folder / "dog" / "broken.jpg")]
+    assert "1 of 7 files" in caplog.text and "broken.jpg" in caplog.text
+    # Two passes over the data run without an error.
+    stream = data.train_dataset(source, 16, 4, seed=1)
+    labels = np.concatenate([y for _, y in stream.take(3)])
+    assert labels.shape == (12, 2)
+    with pytest.raises(ValueError, match="broken.jpg"):
+        data.load_source(str(folder), strict=True)
+
+
+def test_augmented_stream_is_static_in_range_and_restartable(folder):
+    source = data.load_source(str(folder))
+
+    def stream(start):
+        # 6 images, batch 4: the shuffled epochs' boundaries fall inside batches.
+        return data.train_dataset(
+            source, 24, 4, seed=3, augment="medium2", cutmix=1.0, start_batch=start
+        )
+
+    full = list(stream(0).take(6))
+    images_spec, labels_spec = stream(0).element_spec
+    assert images_spec.shape.as_list() == [4, 24, 24, 3]
+    assert labels_spec.shape.as_list() == [4, 2]
+    for images, labels in full:
+        images = images.numpy()
+        assert images.min() >= -1.0 and images.max() <= 1.0
+        np.testing.assert_allclose(labels.numpy().sum(axis=1), 1.0, atol=1e-5)
+    assert len({images.numpy().tobytes() for images, _ in full}) == 6  # all differ
+    pixels = np.stack([images for images, _ in full])
+    assert pixels.min() < -0.5 and pixels.max() > 0.5  # the range is used, not squashed
+    # Restarted at batch 3, the stream goes on exactly as the uninterrupted one.
+    for (a, b), (c, d) in zip(full[3:], stream(3).take(3)):
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_array_equal(b, d)
+
+
+def test_inception_crop_windows_follow_the_paper():
+    # Area 5%-100% of the image, aspect ratio 3/4-4/3 (up to pixel rounding).
+    shape = tf.constant([300, 400, 3])
+    areas, aspects = [], []
+    for seed in range(200):
+        _, size = data.inception_crop_window(tf.constant([seed, 7]))(shape)
+        height, width = int(size[0]), int(size[1])
+        areas.append(height * width / (300 * 400))
+        aspects.append(width / height)
+    assert 0.05 - 0.01 <= min(areas) and max(areas) <= 1.0
+    assert 3 / 4 - 0.02 <= min(aspects) and max(aspects) <= 4 / 3 + 0.02
+    assert max(areas) - min(areas) > 0.5  # windows vary over the range
+
+
+def test_central_crop_cuts_the_centre():
+    image = tf.random.uniform((40, 50, 3))
+    # Short side 40 = 32 / 0.8: no resampling, just the central 32x32 window.
+    np.testing.assert_allclose(
+        data.central_crop(image, 32, 0.8).numpy(), image.numpy()[4:36, 9:41], atol=1e-6
+    )
+
+
+def test_digits_splits_partition_the_digits():
+    from sklearn.datasets import load_digits
+
+    train, test = data.load_source("digits"), data.load_source("digits", "test")
+    assert (train.size, test.size, train.num_classes) == (1437, 360, 10)
+    rows = [
+        np.concatenate([image.reshape(-1), [label]])
+        for source in (train, test)
+        for image, label in source.records.as_numpy_iterator()
+    ]
+    digits = load_digits()
+    expected = np.concatenate(
+        [np.round(digits.images.reshape(-1, 64) * 255 / 16), digits.target[:, None]], axis=1
+    )
+    ours = np.array(rows, dtype=float)
+    np.testing.assert_array_equal(ours[np.lexsort(ours.T)], expected[np.lexsort(expected.T)])
+
+
+def test_input_pipelines_share_the_global_batch():
+    source = data.load_source("digits")
+    single = next(iter(data.train_dataset(source, 8, 16, channels=1, seed=2)))
+    parts = []
+    for pipeline in range(2):
+        context = tf.distribute.InputContext(
+            num_input_pipelines=2, input_pipeline_id=pipeline, num_replicas_in_sync=2
+        )
+        stream = data.train_dataset(source, 8, 16, channels=1, seed=2, input_context=context)
+        parts.append(next(iter(stream)))
+    assert parts[0][0].shape == (8, 8, 8, 1)
+    together = np.concatenate([p[0].numpy().reshape(8, -1) for p in parts])
+    expected = single[0].numpy().reshape(16, -1)
+    # Same examples, same augmentation, split between the pipelines.
+    np.testing.assert_array_equal(together[np.lexsort(together.T)], expected[np.lexsort(expected.T)])
+
+
+def test_bad_sources_and_levels_are_named(tmp_path):
+    with pytest.raises(ValueError, match="'nowhere/'"):
+        data.load_source("nowhere/")
+    with pytest.raises(data.NoSplitError, match="no 'test' split"):
+        data.load_source(str(_write_images(tmp_path, {"a": [(8, 8)], "b": [(8, 8)]})), "test")
+    with pytest.raises(ValueError, match="'strong3'"):
+        data.augmentation_layers("strong3")

@@ -1,0 +1,252 @@
+"""Few-shot linear evaluation: the closed-form solver against numpy and scikit-learn,
+per-class sampling, the shots x seeds driver, feature extraction, table and plot, and
+the pretrained-versus-random comparison on digits."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from sklearn.datasets import load_digits
+from sklearn.linear_model import Ridge
+from sklearn.model_selection import train_test_split
+
+import keras_vit
+from keras_vit import fewshot
+from conftest import tiny_vit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _blobs(num_classes, per_class, dim, seed=0, spread=2.0):
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.arange(num_classes), per_class)
+    centres = rng.normal(size=(num_classes, dim)) * spread
+    features = centres[labels] + rng.normal(size=(len(labels), dim)) * rng.uniform(0.5, 3, dim)
+    return features, labels
+
+
+def _whitened_with_bias(train, test):
+    """big_vision's preprocessing, written out independently of keras_vit."""
+    mean, std = train.mean(0), train.std(0) + 1e-5
+    add_bias = lambda x: np.hstack([(x - mean) / std, np.full((len(x), 1), 100.0)])
+    return add_bias(train), add_bias(test)
+
+
+@pytest.mark.parametrize("n, d", [(60, 10), (12, 40)], ids=["N>D", "D>N"])
+@pytest.mark.parametrize("l2", [1.0, 2.0**10])
+def test_solver_equals_numpy_solve_and_sklearn_ridge(n, d, l2):
+    features, labels = _blobs(4, n // 4, d)
+    test_features, test_labels = _blobs(4, 10, d, seed=1)
+    x, x_test = _whitened_with_bias(features, test_features)
+    targets = 2.0 * np.eye(4)[labels] - 1.0
+    primal = np.linalg.solve(x.T @ x + l2 * np.eye(d + 1), x.T @ targets)
+    dual = x.T @ np.linalg.solve(x @ x.T + l2 * np.eye(n), targets)
+    sklearn = Ridge(alpha=l2, fit_intercept=False, solver="svd").fit(x, targets).coef_.T
+
+    probe = fewshot.RidgeProbe(features, labels)
+    weights = probe.weights(l2)
+    scale = np.abs(primal).max()
+    for reference in (primal, dual, sklearn):
+        np.testing.assert_allclose(weights, reference, rtol=1e-6, atol=1e-9 * scale)
+    np.testing.assert_allclose(
+        probe.decision_function(test_features, l2), x_test @ primal, rtol=1e-6, atol=1e-9 * scale
+    )
+    expected_accuracy = np.mean((x_test @ sklearn).argmax(1) == test_labels)
+    accuracy = fewshot.linear_fewshot_accuracy(features, labels, test_features, test_labels, l2=l2)
+    assert accuracy == expected_accuracy
+
+
+def test_labels_need_not_be_contiguous():
+    features, labels = _blobs(3, 8, 5)
+    shifted = fewshot.RidgeProbe(features, labels + 5)
+    plain = fewshot.RidgeProbe(features, labels)
+    np.testing.assert_array_equal(shifted.predict(features), plain.predict(features) + 5)
+
+
+def test_solver_rejects_bad_input():
+    features, labels = _blobs(3, 4, 5)
+    with pytest.raises(ValueError, match=r"l2 must be a positive number, got 0"):
+        fewshot.linear_fewshot_accuracy(features, labels, features, labels, l2=0)
+    with pytest.raises(ValueError, match=r"Got 12 train features but 11 labels"):
+        fewshot.RidgeProbe(features, labels[:-1])
+    with pytest.raises(ValueError, match=r"hold 1 class\(es\) \(\[2\]\): expected at least 2"):
+        fewshot.RidgeProbe(features, np.full(12, 2))
+    with pytest.raises(ValueError, match=r"features have 4 dimensions, the probe was fit on 5"):
+        fewshot.RidgeProbe(features, labels).predict(features[:, :4])
+    with pytest.raises(ValueError, match=r"train features contain NaN"):
+        fewshot.RidgeProbe(np.where(features > 1, np.nan, features), labels)
+
+
+def test_sampling_takes_exactly_shots_per_class_reproducibly():
+    labels = np.repeat([3, 5, 8], [10, 25, 40])
+    for shots in (1, 5, 10):
+        indices = fewshot.sample_shots(labels, shots, seed=0)
+        assert len(set(indices.tolist())) == len(indices)
+        assert {c: int(np.sum(labels[indices] == c)) for c in (3, 5, 8)} == {3: shots, 5: shots, 8: shots}
+        np.testing.assert_array_equal(indices, fewshot.sample_shots(labels, shots, seed=0))
+        assert not np.array_equal(indices, fewshot.sample_shots(labels, shots, seed=1))
+    # For one seed, a smaller sample is part of a larger one (as big_vision draws them).
+    assert set(fewshot.sample_shots(labels, 5, seed=2)) <= set(fewshot.sample_shots(labels, 10, seed=2))
+
+
+def test_too_few_examples_names_the_class():
+    labels = np.repeat([0, 1, 7], [30, 30, 4])
+    with pytest.raises(ValueError, match=r"Class 7 has 4 training example\(s\), fewer than the 5 shots"):
+        fewshot.sample_shots(labels, 5)
+    features = np.random.default_rng(0).normal(size=(64, 3))
+    with pytest.raises(ValueError, match=r"Class 7 has 3 training example\(s\) outside the 1 held out"):
+        fewshot.fewshot_evaluate(features, labels, features, labels, shots=(4,), l2="sweep")
+    with pytest.raises(ValueError, match=r"shots must be positive integers, got \[0\]"):
+        fewshot.fewshot_evaluate(features, labels, features, labels, shots=(0,))
+
+
+def test_driver_scores_each_seed_on_its_sample():
+    train, train_labels = _blobs(5, 40, 12)
+    test, test_labels = _blobs(5, 20, 12, seed=3)
+    result = fewshot.fewshot_evaluate(train, train_labels, test, test_labels, shots=(1, 5), seeds=3, l2=8.0)
+    assert json.loads(json.dumps(result)) == result
+    for i, shots in enumerate((1, 5)):
+        expected = [
+            fewshot.linear_fewshot_accuracy(
+                train[idx], train_labels[idx], test, test_labels, l2=8.0
+            )
+            for idx in (fewshot.sample_shots(train_labels, shots, seed=s) for s in range(3))
+        ]
+        assert result["accuracy"][i] == expected
+        assert result["mean"][i] == pytest.approx(np.mean(expected))
+        assert result["std"][i] == pytest.approx(np.std(expected))
+    assert result["l2"] == [8.0, 8.0]
+
+
+def test_sweep_chooses_l2_on_held_out_train_examples_only():
+    train, train_labels = _blobs(4, 40, 30, spread=0.7)
+    test, test_labels = _blobs(4, 30, 30, seed=5, spread=0.7)
+    kwargs = dict(shots=(2, 10), l2="sweep")
+    result = fewshot.fewshot_evaluate(train, train_labels, test, test_labels, **kwargs)
+    # The test split never influences the choice: a shuffled test set chooses the same l2.
+    flipped = fewshot.fewshot_evaluate(train, train_labels, test, test_labels[::-1], **kwargs)
+    assert result["l2"] == flipped["l2"]
+    assert result["l2_candidates"] == [2.0**i for i in range(-10, 20)]
+    for i, chosen in enumerate(result["l2"]):
+        holdout = result["holdout_accuracy"][i]
+        assert chosen == result["l2_candidates"][int(np.argmax(holdout))]
+    print("\nchosen l2:", result["l2"])
+
+
+def test_features_are_the_pre_logits_output():
+    model = tiny_vit(representation_size=24)
+    rng = np.random.default_rng(0)
+    for weight in model.weights:
+        weight.assign(rng.normal(scale=0.2, size=weight.shape).astype("float32"))
+    headless = tiny_vit(representation_size=24, include_top=False)
+    headless.set_weights(model.get_weights()[:-2])  # all but the head's kernel and bias
+    images = rng.uniform(-1, 1, (7, 32, 32, 3)).astype("float32")
+    labels = np.arange(7) % 3
+    expected = keras.ops.convert_to_numpy(headless(images))
+
+    features, out_labels = fewshot.extract_features(model, images, labels, batch_size=3)
+    np.testing.assert_allclose(features, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(out_labels, labels)
+    batched = tf.data.Dataset.from_tensor_slices((images, np.eye(3)[labels])).batch(4)
+    features, out_labels = fewshot.extract_features(model, batched)
+    np.testing.assert_allclose(features, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(out_labels, labels)
+    unbatched = tf.data.Dataset.from_tensor_slices(images)
+    features, out_labels = fewshot.extract_features(model, unbatched, batch_size=5)
+    np.testing.assert_allclose(features, expected, rtol=1e-5, atol=1e-6)
+    assert out_labels is None
+    assert fewshot.feature_model(tiny_vit()).output.shape == (None, 32)
+
+
+def test_feature_extraction_errors_name_the_problem():
+    tokens = tiny_vit(include_top=False, pooling=False)
+    with pytest.raises(ValueError, match=r"has no 'pre_logits' or 'pool' layer"):
+        fewshot.feature_model(tokens)
+    with pytest.raises(ValueError, match=r"Layer 'encoder_norm' outputs shape \(None, 17, 32\)"):
+        fewshot.feature_model(tiny_vit(), layer="encoder_norm")
+    with pytest.raises(ValueError, match=r"has no layer 'logits'"):
+        fewshot.feature_model(tiny_vit(), layer="logits")
+    with pytest.raises(ValueError, match=r"Got 2 images but 3 labels"):
+        fewshot.extract_features(tiny_vit(), np.zeros((2, 32, 32, 3)), [0, 1, 2])
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_feature_extraction_from_tf_data_on(backend):
+    script = (
+        "import numpy as np, tensorflow as tf, keras, keras_vit\n"
+        "from keras_vit import fewshot\n"
+        "kw = dict(image_size=16, patch_size=8, hidden_dim=16, num_layers=1, num_heads=2,"
+        " mlp_dim=32)\n"
+        "m = keras_vit.ViT(num_classes=3, **kw)\n"
+        "headless = keras_vit.ViT(include_top=False, **kw)\n"
+        "headless.set_weights(m.get_weights()[:-2])\n"
+        "x = np.random.default_rng(0).uniform(-1, 1, (5, 16, 16, 3)).astype('float32')\n"
+        "data = tf.data.Dataset.from_tensor_slices((x, np.arange(5))).batch(2)\n"
+        "f, y = fewshot.extract_features(m, data)\n"
+        "want = keras.ops.convert_to_numpy(headless(x))\n"
+        "np.testing.assert_allclose(f, want, rtol=1e-5, atol=1e-6)\n"
+        "assert y.tolist() == [0, 1, 2, 3, 4]\n"
+        "print(keras.backend.backend(), 'ok')\n"
+    )
+    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert f"{backend} ok" in result.stdout
+
+
+def test_table_json_and_plot(tmp_path):
+    train, train_labels = _blobs(3, 30, 6)
+    result = fewshot.fewshot_evaluate(train, train_labels, train, train_labels, shots=(1, 5), seeds=2)
+    table = fewshot.format_table({"blobs": result, "again": result}, references={"fine-tuned": {"blobs": 0.9}})
+    rows = [[cell.strip() for cell in line.split("|")] for line in table.splitlines()]
+    assert rows[0] == ["shots", "blobs", "again"]
+    cell = f"{100 * result['mean'][0]:.1f} ± {100 * result['std'][0]:.1f}%"
+    assert rows[2] == ["1", cell, cell]
+    assert rows[3][0] == "5"
+    assert rows[4] == ["fine-tuned", "90.0%", "-"]
+    single = [[c.strip() for c in line.split("|")] for line in fewshot.format_table(result).splitlines()]
+    assert single[0] == ["shots", "accuracy", "l2"] and single[2][2] == "2^10"
+    path = tmp_path / "fewshot.png"
+    fewshot.plot_fewshot({"blobs": result}, path, references={"fine-tuned": 0.9})
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_pretrained_encoder_beats_random_weights_on_unseen_digits():
+    digits = load_digits()
+    images = digits.images[..., None].astype("float32") / 8.0 - 1.0  # [0, 16] -> [-1, 1]
+    labels = digits.target
+    seen = labels < 5
+    x_train, x_test, y_train, y_test = train_test_split(
+        images[~seen], labels[~seen], test_size=0.5, random_state=0, stratify=labels[~seen]
+    )
+    encoder = keras_vit.ViT(
+        image_size=8, patch_size=2, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64,
+        num_classes=5, channels=1,
+    )
+
+    def ten_shot_accuracy():
+        result = fewshot.evaluate_model(
+            encoder, (x_train, y_train), (x_test, y_test), shots=(10,), seeds=3, l2="sweep"
+        )
+        return result["mean"][0]
+
+    random_accuracy = ten_shot_accuracy()
+    inputs = keras.Input((8, 8, 1))
+    shifted = keras.layers.RandomTranslation(0.15, 0.15, fill_mode="constant", fill_value=-1.0)(inputs)
+    trainer = keras.Model(inputs, encoder(shifted))
+    trainer.compile(
+        keras.optimizers.Adam(2e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    trainer.fit(images[seen], labels[seen], batch_size=64, epochs=10, verbose=0)
+    pretrained_accuracy = ten_shot_accuracy()
+    print(f"\n10-shot accuracy on digits 5-9: random weights {random_accuracy:.3f}, "
+          f"pretrained on 0-4 {pretrained_accuracy:.3f}")
+    assert pretrained_accuracy >= random_accuracy + 0.08
