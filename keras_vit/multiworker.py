@@ -1,12 +1,14 @@
 """Keras 3 `model.fit` under `tf.distribute.MultiWorkerMirroredStrategy` (TensorFlow-only).
 
 Stock Keras 3 `fit` fails with several workers (keras-team/keras#20585) at two points,
-which `MultiWorkerModel` overrides; `BackupAndRestore` lets only the chief write the
-shared backup, as TensorFlow's multi-worker guide asks.
+which `MultiWorkerModel` overrides (the engine's `keras_vit.training.TrainingModel` is
+one); it also makes gradient clipping act on the gradient summed over all replicas. Every worker runs the same program, and only the chief may write shared files:
+`write_path` and `chief_writes` say where each worker writes, as TensorFlow's
+multi-worker guide prescribes.
 """
 
+import contextlib
 import os
-import shutil
 
 import keras
 import tensorflow as tf
@@ -25,33 +27,59 @@ def in_multi_worker_mode(strategy):
     ) and strategy.extended._in_multi_worker_mode()
 
 
-def is_chief(strategy):
-    """Whether this worker writes checkpoints: the chief, or worker 0 without a chief.
+def is_chief(strategy=None):
+    """Whether this worker writes the run's files: the chief, or worker 0 without one.
+
+    True for every single-worker strategy (default: the current one).
 
     Example:
 
     >>> is_chief(tf.distribute.get_strategy())
     True
     """
+    strategy = strategy or tf.distribute.get_strategy()
     return strategy.extended.should_checkpoint
 
 
-def write_directory(directory, strategy):
-    """Where this worker writes what belongs in `directory`.
+def write_path(path, strategy=None):
+    """Where this worker writes the file or folder `path`.
 
-    The chief writes to `directory`; every other worker to its own `workertemp_{id}`
-    folder beside it, to delete after writing. All workers must run a save, since
-    reading distributed variables (e.g. metrics) takes part in collective ops.
+    The chief writes `path` itself; any other worker writes the same name inside a
+    `workertemp_{task_id}` folder beside it, which it deletes when done (see
+    `chief_writes`). Every worker must take part in a save: reading distributed state
+    (such as metrics) runs collective ops across the workers.
 
     Example:
 
-    >>> write_directory("/tmp/run/backup", tf.distribute.get_strategy())
-    '/tmp/run/backup'
+    >>> write_path("/tmp/run/model.keras", tf.distribute.get_strategy())
+    '/tmp/run/model.keras'
     """
+    strategy = strategy or tf.distribute.get_strategy()
     if is_chief(strategy):
-        return directory
-    task_id = strategy.cluster_resolver.task_id
-    return os.path.join(os.path.dirname(directory), f"workertemp_{task_id}")
+        return path
+    folder, name = os.path.split(path)
+    temp = os.path.join(folder, f"workertemp_{strategy.cluster_resolver.task_id}")
+    tf.io.gfile.makedirs(temp)
+    return os.path.join(temp, name)
+
+
+@contextlib.contextmanager
+def chief_writes(path, strategy=None):
+    """Yields `write_path(path)`; on workers other than the chief, deletes it afterwards.
+
+    Example:
+
+    >>> import tempfile
+    >>> with chief_writes(os.path.join(tempfile.mkdtemp(), "notes.txt")) as target:
+    ...     with open(target, "w") as f:
+    ...         _ = f.write("written by the chief only")
+    """
+    target = write_path(path, strategy)
+    try:
+        yield target
+    finally:
+        if target != path and tf.io.gfile.exists(os.path.dirname(target)):
+            tf.io.gfile.rmtree(os.path.dirname(target))
 
 
 def _local(value, strategy):
@@ -60,12 +88,44 @@ def _local(value, strategy):
     return value
 
 
+def clip_summed_gradients(optimizer):
+    """Makes `optimizer` clip the gradient summed over replicas, as on one device.
+
+    Under a `tf.distribute` strategy Keras clips each replica's share of the gradient
+    before summing them, so with several replicas a clipped run trains differently
+    from one device on the same global batch. Here the shares are summed first, the
+    sum is clipped, and each replica passes on its `1/replicas` part (the optimizer then
+    sums those parts). Costs one more all-reduce per step, only with clipping on.
+
+    Example:
+
+    >>> optimizer = clip_summed_gradients(keras.optimizers.Adam(global_clipnorm=1.0))
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
+    if not (inner.clipnorm or inner.global_clipnorm or inner.clipvalue):
+        return optimizer
+    clip = inner._clip_gradients
+
+    def clip_sum(grads):
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return clip(grads)
+        summed = iter(context.all_reduce("SUM", [g for g in grads if g is not None]))
+        clipped = clip([None if g is None else next(summed) for g in grads])
+        replicas = context.num_replicas_in_sync
+        return [None if g is None else g / replicas for g in clipped]
+
+    inner._clip_gradients = clip_sum
+    return optimizer
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MultiWorkerModel(keras.Model):
     """A `keras.Model` whose `fit`/`evaluate` work under `MultiWorkerMirroredStrategy`.
 
     Build it from a functional model's graph; it shares that model's layers and weights.
-    On one worker it behaves exactly as `keras.Model`.
+    On one device it behaves exactly as `keras.Model`; on several, its optimizer clips
+    the summed gradient (`clip_summed_gradients`).
 
     Example:
 
@@ -76,6 +136,11 @@ class MultiWorkerModel(keras.Model):
     >>> model.weights[0] is vit.weights[0]
     True
     """
+
+    def compile(self, optimizer="rmsprop", *args, **kwargs):
+        super().compile(optimizer, *args, **kwargs)
+        if self.optimizer is not None:
+            clip_summed_gradients(self.optimizer)
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Stock Keras averages the first distributed batch across workers eagerly (which
@@ -101,30 +166,3 @@ class MultiWorkerModel(keras.Model):
 
     def test_step(self, data):
         return self._replica_logs(super().test_step(data))
-
-
-class BackupAndRestore(keras.callbacks.BackupAndRestore):
-    """`keras.callbacks.BackupAndRestore` for several workers sharing `backup_dir`.
-
-    Every worker restores from `backup_dir`; only the chief writes it, the others write
-    to a temporary folder (see `write_directory`) that is deleted at once.
-
-    Example:
-
-    >>> backup = BackupAndRestore("/tmp/run/backup")
-    """
-
-    def _save_model(self):
-        strategy = self.model.distribute_strategy
-        if is_chief(strategy):
-            return super()._save_model()
-        temp = keras.callbacks.BackupAndRestore(write_directory(self.backup_dir, strategy))
-        temp.set_model(self.model)
-        temp._current_epoch, temp._last_batch_seen = self._current_epoch, self._last_batch_seen
-        temp._save_model()
-        shutil.rmtree(temp.backup_dir, ignore_errors=True)
-
-    def on_train_end(self, logs=None):
-        # Only the chief deletes the shared backup, after every worker is done with it.
-        if is_chief(self.model.distribute_strategy):
-            super().on_train_end(logs)

@@ -1,9 +1,14 @@
-"""One worker of the multi-worker tests: trains a tiny ViT on digits (run as a script).
+"""One worker of the multi-worker tests: the demo recipe through the training engine.
 
-`python tests/multiworker_job.py OUT_DIR [KILL_AT_EPOCH]` with `TF_CONFIG` set trains
-under `MultiWorkerMirroredStrategy`; `train()` without `TF_CONFIG` trains on one device.
+`python tests/multiworker_job.py OUT [KILL_AT]` (with `TF_CONFIG` set by the test) trains
+`recipes/demo.py`, made tiny by `SETTINGS`, with `strategy="multiworker"`; `KILL_AT`
+("epoch,batch") makes this worker SIGKILL itself after that step. `run(out, "cpu")`
+trains the same on one device. Each run writes `OUT/worker_{task}.npz`: its final
+weights, its loss history, the compute dtype, which input pipeline it was (`[id, of]`)
+and the run's batches as its pipeline yields them (read from a second iterator).
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -13,75 +18,77 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
 
-import keras_vit  # noqa: E402
-from keras_vit import multiworker  # noqa: E402
+from keras_vit import cli, training  # noqa: E402
+from keras_vit import data as vit_data  # noqa: E402
 
-EXAMPLES, BATCH, EPOCHS = 128, 32, 3
+SETTINGS = [
+    "model_kwargs.hidden_dim=16", "model_kwargs.num_layers=1", "model_kwargs.num_heads=2",
+    "model_kwargs.mlp_dim=32", "batch_size=32", "epochs=2", "steps_per_epoch=4",
+    "warmup_steps=2", "backup_every=2", "tensorboard=false", "jit_compile=off",
+    "evaluate=false",
+]
+STEPS = 8  # epochs * steps_per_epoch
+
+
+def config(out, strategy):
+    """The demo recipe with `SETTINGS`, as `keras-vit pretrain --recipe demo --set ...`."""
+    recipe = cli.apply_overrides(cli.load_recipe("demo"), SETTINGS)
+    return dataclasses.replace(recipe, out=str(out), strategy=strategy).validate()
 
 
 class _KillAt(keras.callbacks.Callback):
-    """SIGKILLs this process after the second step of epoch `epoch`."""
-
-    def __init__(self, epoch):
+    def __init__(self, epoch, batch):
         super().__init__()
+        self.at = (epoch, batch)
+
+    def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
-        if self._epoch == self.epoch and batch == 1:
+        if (self.epoch, batch) == self.at:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
+
+def _probing(train_dataset, probe):
+    """`train_dataset` that also records its pipeline and its first `STEPS` batches."""
+
+    def make(*args, input_context=None, **kwargs):
+        dataset = train_dataset(*args, input_context=input_context, **kwargs)
+        batches = list(dataset.take(STEPS).as_numpy_iterator())
+        probe.update(
+            images=np.stack([images for images, _ in batches]),
+            labels=np.stack([labels for _, labels in batches]),
+            pipeline=[input_context.input_pipeline_id, input_context.num_input_pipelines]
+            if input_context else [0, 1],
+        )
+        return dataset
+
+    return make
 
 
-def train(out_dir, kill_at_epoch=None):
-    """Trains and writes `weights.npy` and `seen.json` (examples this worker read) to out_dir."""
-    strategy = (
-        tf.distribute.MultiWorkerMirroredStrategy() if "TF_CONFIG" in os.environ
-        else tf.distribute.get_strategy()
+def run(out, strategy, kill_at=None, **changes):
+    """Trains (`changes`: more config fields); returns what it writes to
+    `out/worker_{task}.npz` (see the module doc)."""
+    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
+    probe, train_dataset = {}, vit_data.train_dataset
+    vit_data.train_dataset = _probing(train_dataset, probe)
+    try:
+        callbacks = [_KillAt(*kill_at)] if kill_at else []
+        settings = dataclasses.replace(config(out, strategy), **changes)
+        result = training.train(settings, callbacks=callbacks, verbose=0)
+    finally:
+        vit_data.train_dataset = train_dataset
+    record = dict(
+        probe,
+        weights=np.concatenate([w.ravel() for w in result.model.get_weights()]),
+        loss=np.array(result.history["loss"]),
+        compute_dtype=np.array(result.model.get_layer("encoderblock_0").compute_dtype),
     )
-    keras.utils.set_random_seed(0)
-    digits = load_digits()
-    images = (digits.images[:EXAMPLES, :, :, None] / 8.0 - 1.0).astype("float32")
-    labels = np.eye(10, dtype="float32")[digits.target[:EXAMPLES]]
-    seen = tf.Variable(tf.zeros(EXAMPLES, tf.int64))  # times this process read each example
-
-    def count(index):
-        seen.assign_add(tf.one_hot(index, EXAMPLES, dtype=tf.int64))
-        return tf.gather(images, index), tf.gather(labels, index)
-
-    def dataset(context):
-        indices = tf.data.Dataset.range(EXAMPLES)
-        indices = indices.shard(context.num_input_pipelines, context.input_pipeline_id)
-        batch = context.get_per_replica_batch_size(BATCH)
-        return indices.map(count).batch(batch, drop_remainder=True)
-
-    data = strategy.distribute_datasets_from_function(dataset)
-    with strategy.scope():
-        vit = keras_vit.ViT(
-            image_size=8, patch_size=2, hidden_dim=16, num_layers=1, num_heads=2,
-            mlp_dim=32, num_classes=10, channels=1,
-        )
-        model = multiworker.MultiWorkerModel(vit.inputs, vit.outputs)
-        model.compile(
-            keras.optimizers.SGD(0.1, momentum=0.9),
-            keras.losses.CategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"],
-        )
-    callbacks = [multiworker.BackupAndRestore(os.path.join(out_dir, "backup"))]
-    if kill_at_epoch is not None:
-        callbacks.append(_KillAt(kill_at_epoch))
-    history = model.fit(data, epochs=EPOCHS, callbacks=callbacks, verbose=0)
-    task = strategy.cluster_resolver.task_id if multiworker.in_multi_worker_mode(strategy) else 0
-    weights = np.concatenate([w.ravel() for w in model.get_weights()])
-    np.save(os.path.join(out_dir, f"weights_{task}.npy"), weights)
-    with open(os.path.join(out_dir, f"seen_{task}.json"), "w") as f:
-        json.dump({"seen": seen.numpy().tolist(), "history": history.history}, f)
-    return weights
+    np.savez(os.path.join(out, f"worker_{task}.npz"), **record)
+    return record
 
 
 if __name__ == "__main__":
-    train(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)
+    kill = tuple(int(n) for n in sys.argv[2].split(",")) if len(sys.argv) > 2 else None
+    run(sys.argv[1], "multiworker", kill)
