@@ -42,6 +42,7 @@ _LAZY = {
     "export_saved_model": "keras_vit.export",
     "TrainConfig": "keras_vit.training",
     "TrainingModel": "keras_vit.training",
+    "MultiWorkerModel": "keras_vit.multiworker",
     "train": "keras_vit.training",
 }
 

@@ -3,7 +3,7 @@
 `python tests/multiworker_job.py OUT [KILL_AT]` (with `TF_CONFIG` set by the test) trains
 `recipes/demo.py`, made tiny by `SETTINGS`, with `strategy="multiworker"`; `KILL_AT`
 ("epoch,batch") makes this worker SIGKILL itself after that step. `run(out, "cpu")`
-trains the same on one device. Each run writes `OUT/worker_{task}.npz`: its final
+trains the same on one device; `multiworker_job.py OUT tpu` runs `run_tpu_settings`. Each run writes `OUT/worker_{task}.npz`: its final
 weights, its loss history, the compute dtype, which input pipeline it was (`[id, of]`)
 and the run's batches as its pipeline yields them (read from a second iterator).
 """
@@ -29,6 +29,7 @@ SETTINGS = [
     "evaluate=false",
 ]
 STEPS = 8  # epochs * steps_per_epoch
+TPU_PRECISIONS = ("float32", "mixed_bfloat16")
 
 
 def config(out, strategy):
@@ -89,6 +90,18 @@ def run(out, strategy, kill_at=None, **changes):
     return record
 
 
+def run_tpu_settings(out):
+    """The run on one device with a TPU's settings: XLA, 2 steps per execution, in
+    float32 and in mixed_bfloat16 (to `out/float32`, `out/mixed_bfloat16`)."""
+    for precision in TPU_PRECISIONS:
+        folder = os.path.join(out, precision)
+        os.makedirs(folder, exist_ok=True)
+        run(folder, "cpu", jit_compile="on", steps_per_execution=2, precision=precision)
+
+
 if __name__ == "__main__":
-    kill = tuple(int(n) for n in sys.argv[2].split(",")) if len(sys.argv) > 2 else None
-    run(sys.argv[1], "multiworker", kill)
+    if sys.argv[2:] == ["tpu"]:
+        run_tpu_settings(sys.argv[1])
+    else:
+        kill = tuple(int(n) for n in sys.argv[2].split(",")) if len(sys.argv) > 2 else None
+        run(sys.argv[1], "multiworker", kill)

@@ -114,6 +114,15 @@ def _killed_and_restarted(out):
     assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
 
 
+def _tpu_settings_job(out):
+    job = subprocess.run(
+        [sys.executable, JOB, str(out), "tpu"],
+        env=dict(os.environ, PYTHONPATH=ROOT, KERAS_BACKEND="tensorflow"),
+        capture_output=True, text=True, timeout=600,
+    )
+    assert job.returncode == 0, job.stderr[-3000:]
+
+
 def _jax_job():
     job = subprocess.run(
         [sys.executable, os.path.join(HERE, "jax_distribution_job.py")],
@@ -127,15 +136,17 @@ def _jax_job():
 def background(tmp_path_factory):
     """Starts this module's subprocesses at once (much of their time is imports and
     waiting for each other): the two-worker runs, uninterrupted and killed + restarted,
-    and the JAX job. Their results come as futures."""
+    the run with TPU settings and the JAX job. Their results come as futures."""
     if "TF_CONFIG" in os.environ:
         pytest.skip("TF_CONFIG is set in the test environment")
     uninterrupted = tmp_path_factory.mktemp("multiworker")
     killed = tmp_path_factory.mktemp("killed")
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    tpu = tmp_path_factory.mktemp("tpu_settings")
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
         yield dict(
             uninterrupted=(uninterrupted, pool.submit(_uninterrupted, uninterrupted)),
             killed=(killed, pool.submit(_killed_and_restarted, killed)),
+            tpu=(tpu, pool.submit(_tpu_settings_job, tpu)),
             jax=pool.submit(_jax_job),
         )
 
@@ -156,17 +167,17 @@ def single_run(tensorflow_backend, background, tmp_path_factory):
     return out
 
 
-def test_tpu_train_step_compiles_with_xla_and_bfloat16(single_run, tmp_path):
+def test_tpu_train_step_compiles_with_xla_and_bfloat16(single_run, background):
     """The demo run with the TPU settings (jit_compile on, 2 steps per execution, static
     shapes) trains on CPU as the plain graph did; under mixed_bfloat16 it compiles too
     and trains to nearby losses. (jit_compile=True fails rather than fall back when a
     step cannot be compiled.)"""
+    out, future = background["tpu"]
+    future.result()
     reference = _record(single_run)
-    for precision, atol in (("float32", 1e-5), ("mixed_bfloat16", 0.05)):
-        run = _job().run(
-            str(tmp_path), "cpu", jit_compile="on", steps_per_execution=2, precision=precision
-        )
-        metrics = json.loads((tmp_path / "metrics.json").read_text())
+    for precision, atol in zip(_job().TPU_PRECISIONS, (1e-5, 0.02)):
+        run = _record(out / precision)
+        metrics = json.loads((out / precision / "metrics.json").read_text())
         assert metrics["jit_compile"] is True and metrics["precision"] == precision
         assert str(run["compute_dtype"]) == precision.replace("mixed_b", "b")
         np.testing.assert_array_equal(run["images"], reference["images"])  # the same data
