@@ -15,6 +15,7 @@ from keras_vit.fewshot import (
     fewshot_evaluate,
     linear_fewshot_accuracy,
 )
+from keras_vit.flops import forward_flops
 from keras_vit.layers import (
     ClassToken,
     DropPath,
@@ -23,7 +24,7 @@ from keras_vit.layers import (
     TokenPooling,
     TransformerBlock,
 )
-from keras_vit.model import VARIANTS, ViT, parse_variant, preprocess
+from keras_vit.model import VARIANTS, ViT, VisionTransformer, parse_variant, preprocess
 from keras_vit.mpp import (
     MaskedPatchPrediction,
     corrupt_patch_embeddings,

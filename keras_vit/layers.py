@@ -5,6 +5,7 @@ backends. Weight layouts are chosen so that the official checkpoints map onto
 them by reshapes alone (see `keras_vit.checkpoints`).
 """
 
+import functools
 import math
 
 import keras
@@ -51,6 +52,23 @@ def sincos_2d_table(grid_size, width, temperature=10000.0):
     x = ops.reshape(x, (-1, 1)) * omega[None]
     table = ops.concatenate([ops.sin(x), ops.cos(x), ops.sin(y), ops.cos(y)], axis=1)
     return table[None]
+
+
+@functools.cache
+def _fused_attention_is_faster():
+    """Whether `ops.dot_product_attention` beats explicit products on this machine.
+
+    It runs fused kernels on PyTorch (CPU and GPU) and, on JAX, on GPUs and TPUs
+    (cuDNN or Pallas flash attention); on TensorFlow and on a JAX CPU it is two
+    einsums, slower than the batched matmuls of `TransformerBlock` (measured with
+    bench/models.py).
+    """
+    backend = keras.backend.backend()
+    if backend == "torch":
+        return True
+    if backend == "jax":
+        return not keras.distribution.list_devices()[0].startswith("cpu")
+    return False
 
 
 @_register
@@ -329,9 +347,11 @@ class TransformerBlock(keras.layers.Layer):
 
     The query, key and value projections are one fused Dense of width 3D (q | k | v,
     heads contiguous inside each), which maps exactly onto the official separate
-    `(D, heads, head_dim)` kernels. The normal path uses fused attention
-    (`keras.ops.dot_product_attention`); `call(..., return_attention=True)` returns
-    `(outputs, weights)` with weights of shape `(batch, heads, tokens, tokens)`.
+    `(D, heads, head_dim)` kernels. Attention uses the backend's fused kernel
+    (`keras.ops.dot_product_attention`) where it has one (PyTorch; JAX on GPU and
+    TPU) and batched matmuls under XLA on CPU and on TensorFlow, which are faster
+    there; `call(..., return_attention=True)` returns `(outputs, weights)` with
+    weights of shape `(batch, heads, tokens, tokens)`.
 
     Args:
         num_heads: attention heads; must divide the width.
@@ -400,24 +420,41 @@ class TransformerBlock(keras.layers.Layer):
     def _attend(self, x, training, return_attention):
         length, width = ops.shape(x)[1], x.shape[-1]
         qkv = ops.reshape(self.qkv(x), (-1, length, 3, self.num_heads, self.head_dim))
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        weights = None
-        if return_attention or (training and self.attention_dropout_rate > 0):
-            scale = 1.0 / math.sqrt(self.head_dim)
-            logits = ops.einsum("bqhd,bkhd->bhqk", q * ops.cast(scale, q.dtype), k)
-            weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+        explicit = return_attention or (training and self.attention_dropout_rate > 0)
+        if not explicit and _fused_attention_is_faster():
+            out = ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+            return self.attention_output(ops.reshape(out, (-1, length, width))), None
+        # One transpose of the fused q|k|v, then products batched over (batch, heads).
+        q, k, v = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3, axis=0)
+        q = q * ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
+        logits = ops.cast(ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))), "float32")
+        if explicit:
+            weights = ops.softmax(logits, axis=-1)
             dropped = self.attention_dropout(ops.cast(weights, v.dtype), training=training)
-            out = ops.einsum("bhqk,bkhd->bqhd", dropped, v)
+            out = ops.matmul(dropped, v)
         else:
-            out = ops.dot_product_attention(q, k, v)
+            # Softmax normalised after the product, over (tokens, head_dim) values
+            # rather than (tokens, tokens); the shift cancels, so it needs no gradient.
+            weights = None
+            exp = ops.exp(logits - ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True)))
+            out = ops.cast(ops.matmul(ops.cast(exp, v.dtype), v), "float32")
+            out = ops.cast(out / ops.sum(exp, axis=-1, keepdims=True), v.dtype)
+        out = ops.transpose(out, (0, 2, 1, 3))
         out = self.attention_output(ops.reshape(out, (-1, length, width)))
         return out, weights
+
+    def _gelu(self, y):
+        # PyTorch runs eagerly, where its one-kernel gelu wins; under XLA the erf form
+        # beats the erfc form that tf.nn.gelu and jax.nn.gelu use.
+        if self.gelu_approximate or keras.backend.backend() == "torch":
+            return keras.activations.gelu(y, approximate=self.gelu_approximate)
+        return y * 0.5 * (1.0 + ops.erf(y * ops.cast(1.0 / math.sqrt(2.0), y.dtype)))
 
     def call(self, x, training=False, return_attention=False):
         attended, weights = self._attend(self.norm1(x), training, return_attention)
         x = x + self.drop_path(self.dropout(attended, training=training), training=training)
         y = self.mlp_fc1(self.norm2(x))
-        y = keras.activations.gelu(y, approximate=self.gelu_approximate)
+        y = self._gelu(y)
         y = self.mlp_fc2(self.dropout(y, training=training))
         x = x + self.drop_path(self.dropout(y, training=training), training=training)
         return (x, weights) if return_attention else x

@@ -60,6 +60,29 @@ def parse_variant(variant):
     )
 
 
+@keras.saving.register_keras_serializable(package="keras_vit")
+class VisionTransformer(keras.Model):
+    """The functional `keras.Model` that `ViT` returns; it compiles with XLA by default.
+
+    It differs from a plain functional model only in what `jit_compile="auto"` (the
+    default of `compile`, and what an uncompiled model's `predict` uses) means on
+    the TensorFlow backend: XLA for `fit`, `evaluate` and `predict` also on a
+    machine with only a CPU, where Keras would turn it off, because keras-vit runs
+    faster with it there (see bench/models.py). Under a `tf.distribute` strategy,
+    JAX and PyTorch, "auto" means what Keras decides. `compile(jit_compile=False)`
+    turns XLA off.
+    """
+
+    def _resolve_auto_jit_compile(self):
+        # Keras resolves "auto" in this hook, both in compile() and lazily.
+        if keras.backend.backend() == "tensorflow" and not self._distribute_strategy:
+            import tensorflow as tf
+
+            if not tf.distribute.has_strategy():
+                return True
+        return super()._resolve_auto_jit_compile()
+
+
 def _pair(size, name):
     pair = (size, size) if isinstance(size, int) else tuple(size)
     if len(pair) != 2 or not all(isinstance(s, int) and s > 0 for s in pair):
@@ -92,7 +115,7 @@ def ViT(
     data_format=None,
     name=None,
 ):
-    """Builds a Vision Transformer as a functional `keras.Model`.
+    """Builds a Vision Transformer as a functional `keras.Model` (a `VisionTransformer`).
 
     The model maps NHWC images scaled to [-1, 1] (see `preprocess`) to logits.
 
@@ -202,7 +225,7 @@ def ViT(
         )(x)
     if name is None:
         name = "vit" if variant is None else f"vit-{variant.replace('/', '_')}"
-    return keras.Model(images, x, name=name)
+    return VisionTransformer(images, x, name=name)
 
 
 def preprocess(images):

@@ -1,0 +1,340 @@
+"""Benchmarks keras-vit against HF transformers' ViT on this machine, in one run.
+
+    python bench/models.py            # the full table (about 10-15 minutes on 2 cores)
+    python bench/models.py --quick    # a smoke run: Ti/16 at 224, 2 short rounds
+    python bench/models.py --out bench/results.json --contenders keras-tensorflow,hf-torch
+
+Each contender (see `bench/contenders.py`) runs in its own worker process that stays
+alive; the driver asks the workers for one timed round each in turn, rotating the
+order every round, so that drift on a shared machine hits all of them alike. Figures
+are medians over rounds; ratios are medians of the per-round ratios. Every round also
+times a float32 2048^3 matmul in each worker's framework; the best of those in a round
+is the machine's matmul peak for that round, and a run's "% of peak" is its model
+FLOP rate (`keras_vit.flops.forward_flops`, three times that for a training step)
+over that peak. Peak memory is each worker's RSS high-water mark after the phase,
+imports included; a worker is started per model and resolution, so it covers that
+model alone (inference, then inference plus training).
+"""
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("KERAS_BACKEND", "jax")  # the driver only counts FLOPs
+
+from bench.contenders import CONTENDERS, TORCH_THREADS  # noqa: E402
+
+REFERENCE = "hf-torch"
+BATCH = 32
+# variant: {mode: image sizes}. Ti/16 at 384 measures cost growth with tokens.
+PLANS = {
+    "full": dict(
+        groups={"Ti/16": {"infer": (224, 384), "train": (224,)}, "S/16": {"infer": (224,), "train": (224,)}},
+        rounds=3,
+        steps={"infer": 3, "train": 2},
+        warmup=2,
+    ),
+    "quick": dict(
+        groups={"Ti/16": {"infer": (224,), "train": (224,)}},
+        rounds=2,
+        steps={"infer": 1, "train": 1},
+        warmup=1,
+    ),
+}
+TRAIN_FLOPS_FACTOR = 3  # forward + backward (two products per forward product)
+
+
+class Worker:
+    """A contender's process, spoken to in JSON lines."""
+
+    def __init__(self, contender, log_dir):
+        self.contender = contender
+        self.log_path = Path(log_dir) / f"{contender}-{id(self)}.log"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+        env.pop("KERAS_BACKEND", None)
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "contenders.py"), contender],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=open(self.log_path, "w"),
+            text=True,
+            env=env,
+        )
+
+    def send(self, **request):
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+
+    def receive(self):
+        line = self.process.stdout.readline()
+        if not line:
+            self.process.wait()
+            log = self.log_path.read_text()[-4000:]
+            raise RuntimeError(
+                f"benchmark worker {self.contender} exited with code "
+                f"{self.process.returncode}; end of its log:\n{log}"
+            )
+        return json.loads(line)
+
+    def ask(self, **request):
+        self.send(**request)
+        return self.receive()
+
+    def close(self):
+        if self.process.poll() is None:
+            self.send(op="exit")
+            self.process.wait(timeout=60)
+
+
+def _model_flops(variant, image_size):
+    import keras
+
+    from keras_vit import ViT
+    from keras_vit.flops import forward_flops
+
+    with keras.StatelessScope():
+        return forward_flops(ViT(variant, image_size=image_size, num_classes=1000))
+
+
+def _rotated(items, shift):
+    shift %= len(items)
+    return items[shift:] + items[:shift]
+
+
+def run_group(variant, tasks, contenders, plan, log_dir, echo):
+    """Times every contender on `variant` for each (mode, image size) in `tasks`."""
+    from keras_vit.model import parse_variant
+
+    arch = parse_variant(variant)
+    sizes = sorted({size for mode_sizes in tasks.values() for size in mode_sizes})
+    workers = {(c, size): Worker(c, log_dir) for c in contenders for size in sizes}
+    entries = []
+    try:
+        for (contender, size), worker in workers.items():
+            worker.send(op="setup", variant=variant, arch=arch, image_size=size, batch=BATCH)
+        for worker in workers.values():
+            worker.receive()
+        modes = [mode for mode in ("infer", "train") if tasks.get(mode)]
+        for index, mode in enumerate(modes):
+            keys = [(c, size) for c in contenders for size in tasks[mode]]
+            for key in keys:
+                workers[key].send(op="prepare", mode=mode, warmup=plan["warmup"])
+            prepared = {key: workers[key].receive() for key in keys}
+            echo(f"{variant} {mode}: compiled and warmed up; timing {plan['rounds']} rounds")
+            rounds = {key: [] for key in keys}
+            for r in range(plan["rounds"]):
+                for key in _rotated(keys, r):
+                    reply = workers[key].ask(op="round", steps=plan["steps"][mode])
+                    rounds[key].append(reply)
+                    echo(
+                        f"  round {r + 1} {key[0]:<17} {key[1]}px "
+                        f"{BATCH * len(reply['step_s']) / sum(reply['step_s']):7.2f} img/s"
+                    )
+            for size in tasks[mode]:
+                flops = _model_flops(variant, size)
+                if mode == "train":
+                    flops *= TRAIN_FLOPS_FACTOR
+                peaks = [
+                    max(rounds[(c, size)][r]["matmul_gflops"] for c in contenders)
+                    for r in range(plan["rounds"])
+                ]
+                for c in contenders:
+                    replies = rounds[(c, size)]
+                    entries.append(
+                        dict(
+                            variant=variant,
+                            image_size=size,
+                            mode=mode,
+                            contender=c,
+                            batch=BATCH,
+                            flops_per_image=flops,
+                            images_per_s=[
+                                BATCH * len(x["step_s"]) / sum(x["step_s"]) for x in replies
+                            ],
+                            step_s=[x["step_s"] for x in replies],
+                            cpu_s=[x["cpu_s"] for x in replies],
+                            matmul_gflops=[x["matmul_gflops"] for x in replies],
+                            round_peak_gflops=peaks,
+                            peak_rss_mib=replies[-1]["peak_rss_mib"],
+                            compile_and_warmup_s=prepared[(c, size)]["seconds"],
+                            settings={
+                                k: v for k, v in prepared[(c, size)].items()
+                                if k not in ("seconds", "peak_rss_mib")
+                            },
+                        )
+                    )
+            needed = {size for later in modes[index + 1 :] for size in tasks[later]}
+            for key in [key for key in workers if key[1] not in needed]:
+                workers.pop(key).close()
+    finally:
+        for worker in workers.values():
+            worker.process.kill()
+    return entries
+
+
+def summarise(entries):
+    """Adds medians, ratios to HF, % of matmul peak, and the 224 -> 384 cost growth."""
+    by_key = {(e["variant"], e["image_size"], e["mode"], e["contender"]): e for e in entries}
+    for e in entries:
+        rates = e["images_per_s"]
+        e["median_images_per_s"] = statistics.median(rates)
+        e["median_gflops_per_s"] = e["median_images_per_s"] * e["flops_per_image"] / 1e9
+        # CPU seconds per wall second: how many cores the contender got on a shared machine.
+        e["median_cores_used"] = statistics.median(
+            cpu / sum(steps) for cpu, steps in zip(e["cpu_s"], e["step_s"])
+        )
+        e["median_fraction_of_peak"] = statistics.median(
+            rate * e["flops_per_image"] / 1e9 / peak
+            for rate, peak in zip(rates, e["round_peak_gflops"])
+        )
+        for name, other in (("vs_hf", REFERENCE), ("vs_tensorflow", "keras-tensorflow")):
+            ref = by_key.get((e["variant"], e["image_size"], e["mode"], other))
+            if ref is not None and other != e["contender"]:
+                e[f"ratio_{name}"] = statistics.median(
+                    a / b for a, b in zip(rates, ref["images_per_s"])
+                )
+    growth = []
+    for (variant, size, mode, contender), e in by_key.items():
+        big = by_key.get((variant, 384, mode, contender))
+        if size != 224 or big is None:
+            continue
+        growth.append(
+            dict(
+                variant=variant,
+                mode=mode,
+                contender=contender,
+                tokens=(_tokens(variant, 224), _tokens(variant, 384)),
+                flop_ratio=big["flops_per_image"] / e["flops_per_image"],
+                time_ratio=statistics.median(
+                    a / b for a, b in zip(e["images_per_s"], big["images_per_s"])
+                ),
+            )
+        )
+    return growth
+
+
+def _tokens(variant, image_size):
+    from keras_vit.model import parse_variant
+
+    return (image_size // parse_variant(variant)["patch_size"]) ** 2 + 1
+
+
+def machine():
+    model = "unknown"
+    if Path("/proc/cpuinfo").exists():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    versions = {}
+    for name in ("keras", "tensorflow", "jax", "jaxlib", "torch", "transformers", "numpy"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return dict(
+        cpu=model,
+        cores=os.cpu_count(),
+        platform=platform.platform(),
+        python=platform.python_version(),
+        versions=versions,
+        threads=(
+            f"torch.set_num_threads({TORCH_THREADS}) for hf-torch and keras-torch; "
+            "TensorFlow and JAX (XLA) use their default pools, one thread per core"
+        ),
+    )
+
+
+def format_table(entries, growth, peak):
+    lines = [
+        f"float32, batch {BATCH}; machine matmul peak (median of per-round best) "
+        f"{peak:.0f} GFLOP/s",
+        "",
+        "| model | px | task | contender | img/s | x HF | GFLOP/s | % peak | cores used "
+        "| peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        ratio = e.get("ratio_vs_hf")
+        lines.append(
+            f"| {e['variant']} | {e['image_size']} | {e['mode']} | {e['contender']} "
+            f"| {e['median_images_per_s']:.1f} | {'' if ratio is None else f'{ratio:.2f}'} "
+            f"| {e['median_gflops_per_s']:.0f} | {100 * e['median_fraction_of_peak']:.0f} "
+            f"| {e['median_cores_used']:.2f} | {e['peak_rss_mib']:.0f} |"
+        )
+    jax_vs_tf = [
+        f"{e['variant']} {e['image_size']} {e['mode']}: {e['ratio_vs_tensorflow']:.2f}"
+        for e in entries
+        if e["contender"] == "keras-jax" and "ratio_vs_tensorflow" in e
+    ]
+    if jax_vs_tf:
+        lines += ["", "keras-jax / keras-tensorflow: " + "; ".join(jax_vs_tf)]
+    if growth:
+        lines += [
+            "",
+            "| model | task | contender | tokens | time per image x | FLOPs x |",
+            "|---|---|---|---|---|---|",
+        ]
+        for g in growth:
+            lines.append(
+                f"| {g['variant']} | {g['mode']} | {g['contender']} "
+                f"| {g['tokens'][0]} -> {g['tokens'][1]} | {g['time_ratio']:.2f} "
+                f"| {g['flop_ratio']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--rounds", type=int, help="override the plan's rounds")
+    args = parser.parse_args(argv)
+    contenders = args.contenders.split(",")
+    unknown = [c for c in contenders if c not in CONTENDERS]
+    if unknown:
+        parser.error(f"unknown contenders {unknown}: expected some of {', '.join(CONTENDERS)}")
+    plan = dict(PLANS["quick" if args.quick else "full"])
+    if args.rounds:
+        plan["rounds"] = args.rounds
+    echo = lambda text: print(text, file=sys.stderr, flush=True)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    load_before = os.getloadavg()
+    entries = []
+    with tempfile.TemporaryDirectory() as log_dir:
+        for variant, tasks in plan["groups"].items():
+            entries += run_group(variant, tasks, contenders, plan, log_dir, echo)
+    growth = summarise(entries)
+    peak = statistics.median(p for e in entries for p in e["round_peak_gflops"])
+    table = format_table(entries, growth, peak)
+    print(table)
+    result = dict(
+        command="python bench/models.py" + (" --quick" if args.quick else ""),
+        started=started.isoformat(timespec="seconds"),
+        minutes=(datetime.datetime.now(datetime.timezone.utc) - started).total_seconds() / 60,
+        load_average_before=load_before,
+        load_average_after=os.getloadavg(),
+        machine=machine(),
+        plan={**plan, "contenders": contenders, "batch": BATCH},
+        matmul_peak_gflops=peak,
+        entries=entries,
+        growth=growth,
+        table=table,
+    )
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    echo(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
