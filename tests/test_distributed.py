@@ -98,7 +98,7 @@ def _uninterrupted(out):
 
 def _killed_and_restarted(out):
     """Worker 1 SIGKILLs itself after step 3 of epoch 2 (the chief backs up after step 2);
-    then both are killed and restarted. Returns the backup's position at the kill."""
+    then both are killed and restarted from the chief's backup."""
     from keras_vit.callbacks import TrainingBackup
 
     procs = _start_cluster(out, kill_at="1,2")
