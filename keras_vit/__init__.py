@@ -45,6 +45,7 @@ _LAZY = {
     "export_saved_model": "keras_vit.export",
     "TrainConfig": "keras_vit.training",
     "TrainingModel": "keras_vit.training",
+    "MultiWorkerModel": "keras_vit.multiworker",
     "train": "keras_vit.training",
     "DemoConfig": "keras_vit.demo",
     "run_demo": "keras_vit.demo",

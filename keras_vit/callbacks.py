@@ -9,6 +9,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.multiworker import chief_writes, is_chief
+
 logger = logging.getLogger("keras_vit")
 
 
@@ -42,6 +44,9 @@ class TrainingBackup(keras.callbacks.Callback):
       `saved_position`);
     - a state whose loss is not finite is never backed up, and the backup is kept
       when training stops early, so a NaN leaves the last good state on disk.
+
+    With several workers (`MultiWorkerMirroredStrategy`) every worker restores from
+    `directory`, which only the chief writes (see `keras_vit.multiworker.write_path`).
 
     Args:
         directory: where `state.npz` lives (only this callback may write there).
@@ -91,8 +96,9 @@ class TrainingBackup(keras.callbacks.Callback):
                 arrays[f"{group}/{i}"] = variable.numpy()  # Aggregated over replicas.
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
-        tf.io.gfile.makedirs(self.directory)
-        _write_atomically(self.path, buffer.getvalue())
+        with chief_writes(self.path, self.model.distribute_strategy) as path:
+            tf.io.gfile.makedirs(os.path.dirname(path))
+            _write_atomically(path, buffer.getvalue())
 
     def on_train_begin(self, logs=None):
         if not tf.io.gfile.exists(self.path):
@@ -150,6 +156,8 @@ class TrainingBackup(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         finished = self._epoch + 1 >= self.params.get("epochs", 0) and _finite(logs)
+        if not is_chief(self.model.distribute_strategy):
+            return
         if finished and not self.model.stop_training and tf.io.gfile.exists(self.path):
             tf.io.gfile.remove(self.path)
 
@@ -159,7 +167,7 @@ class EpochCheckpoints(keras.callbacks.Callback):
 
     Keeps the newest `keep` files. The saved model is `model` (the network itself,
     without optimizer state), which may differ from the model being fit (e.g. a
-    `TrainingModel` around it).
+    `TrainingModel` around it). With several workers only the chief keeps the files.
 
     Example:
 
@@ -194,11 +202,16 @@ class EpochCheckpoints(keras.callbacks.Callback):
                 "is %s.", epoch + 1, self.saved[-1] if self.saved else "none",
             )
             return
-        tf.io.gfile.makedirs(self.directory)
         path = os.path.join(self.directory, f"epoch_{epoch + 1:04d}.keras")
-        tmp = os.path.join(self.directory, f"partial_{epoch + 1:04d}.keras")
-        self.network.save(tmp)
-        tf.io.gfile.rename(tmp, path, overwrite=True)
+        strategy = self.model.distribute_strategy
+        with chief_writes(path, strategy) as target:
+            folder = os.path.dirname(target)
+            tf.io.gfile.makedirs(folder)
+            tmp = os.path.join(folder, f"partial_{epoch + 1:04d}.keras")
+            self.network.save(tmp)
+            tf.io.gfile.rename(tmp, target, overwrite=True)
+        if not is_chief(strategy):
+            return
         self.saved.append(path)
         while len(self.saved) > self.keep:
             old = self.saved.pop(0)

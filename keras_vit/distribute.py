@@ -2,6 +2,7 @@
 
 import logging
 import os
+import shutil
 
 import keras
 import tensorflow as tf
@@ -25,7 +26,8 @@ def make_strategy(name="auto"):
     - `"tpu"`: `TPUStrategy` (the TPU named by `$TPU_NAME`, or the local TPU VM).
     - `"mirrored"`: `MirroredStrategy` over all GPUs, or over all logical CPU devices
       when there is no GPU.
-    - `"multiworker"`: `MultiWorkerMirroredStrategy` (cluster from `$TF_CONFIG`).
+    - `"multiworker"`: `MultiWorkerMirroredStrategy` over the cluster `cluster_resolver()`
+      finds (`$TF_CONFIG`, or the Slurm job step the process runs in).
     - `"cpu"`: one CPU device.
 
     Example:
@@ -58,8 +60,35 @@ def make_strategy(name="auto"):
         devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
         return tf.distribute.MirroredStrategy([d.name for d in devices])
     if name == "multiworker":
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver())
     return tf.distribute.OneDeviceStrategy("/cpu:0")
+
+
+def cluster_resolver():
+    """The `tf.distribute` cluster resolver for a multi-worker run in this environment.
+
+    `$TF_CONFIG`, when set, describes the cluster (`TFConfigClusterResolver`). Otherwise,
+    in a Slurm job step (`srun`: `$SLURM_PROCID` and `$SLURM_STEP_NODELIST` set), each
+    task is a worker on its node, at port 8888 and up (`SlurmClusterResolver`); on
+    nodes without NVIDIA GPUs the resolver sets no `CUDA_VISIBLE_DEVICES`. Otherwise this
+    process is the only worker.
+
+    Example:
+
+    >>> type(cluster_resolver()).__name__  # no TF_CONFIG, no Slurm
+    'TFConfigClusterResolver'
+    """
+    resolvers = tf.distribute.cluster_resolver
+    if os.environ.get("TF_CONFIG") or not (
+        os.environ.get("SLURM_PROCID") and os.environ.get("SLURM_STEP_NODELIST")
+    ):
+        return resolvers.TFConfigClusterResolver()
+    if os.environ.get("CUDA_VISIBLE_DEVICES") or shutil.which("nvidia-smi"):
+        return resolvers.SlurmClusterResolver()
+    # TF's resolver hands GPUs out to the tasks of a node (asking nvidia-smi); on CPU
+    # nodes each task gets a nominal slot, which only numbers its port.
+    slots = int(os.environ.get("SLURM_STEP_NUM_TASKS", 1))
+    return resolvers.SlurmClusterResolver(gpus_per_node=slots, gpus_per_task=1, auto_set_gpu=False)
 
 
 def _device_type(strategy):

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit import data as vit_data
-from keras_vit import distribute, runs
+from keras_vit import distribute, multiworker, runs
 from keras_vit import mpp as vit_mpp
 from keras_vit.callbacks import EpochCheckpoints, TrainingBackup
 from keras_vit.losses import SigmoidCrossEntropy
@@ -254,9 +254,10 @@ class ResumableFit:
 
     `pass_steps`: after a restart from a mid-epoch backup, the next `n` steps of `fit`
     are passed over without reading data or changing any state, so the epoch continues
-    where it was. Engine-level fixes to `fit` (e.g. for multi-worker strategies) belong
-    here, so that every objective's model (`TrainingModel`, `MaskedPatchTraining`) gets
-    them.
+    where it was. Engine-level fixes to `fit` belong here, so that every objective's
+    model (`TrainingModel`, `MaskedPatchTraining`) gets them; those that make `fit`
+    work under `MultiWorkerMirroredStrategy` come from
+    `keras_vit.multiworker.MultiWorkerModel`, which both models also derive from.
 
     Example:
 
@@ -290,7 +291,7 @@ class ResumableFit:
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class TrainingModel(ResumableFit, keras.Model):
+class TrainingModel(ResumableFit, multiworker.MultiWorkerModel):
     """The functional model `train` fits: a `keras_vit.ViT`'s graph, plus resume support.
 
     Built from any functional model (`TrainingModel.wrap(vit)`), it shares that model's
@@ -312,7 +313,9 @@ class TrainingModel(ResumableFit, keras.Model):
         return cls(inputs=model.inputs, outputs=model.outputs, name=model.name)
 
 
-class MaskedPatchTraining(ResumableFit, vit_mpp.MaskedPatchPrediction):
+class MaskedPatchTraining(
+    ResumableFit, multiworker.MultiWorkerModel, vit_mpp.MaskedPatchPrediction
+):
     """`keras_vit.MaskedPatchPrediction` as `train` fits it (`objective="mpp"`).
 
     Example:
@@ -458,13 +461,16 @@ def train(config, *, callbacks=(), verbose="auto"):
     resuming = (epoch0, step0) != (0, 0)
     if resuming:
         _check_resumable(config, out)
-    tf.io.gfile.makedirs(out)
-    _write_json(os.path.join(out, runs.CONFIG), config.to_dict())
-
     keras.utils.set_random_seed(config.seed)
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
     strategy = distribute.make_strategy(config.strategy)
+
+    def written(name):  # Only the chief writes the run folder (see keras_vit.multiworker).
+        return multiworker.write_path(os.path.join(out, name), strategy)
+
+    tf.io.gfile.makedirs(out)
+    _write_json(written(runs.CONFIG), config.to_dict())
     policy = distribute.precision_policy(config.precision, strategy)
     jit = {"on": True, "off": False}.get(config.jit_compile, distribute.jit_allowed(strategy))
     logger.info("Strategy %s; precision %s; XLA %s.", distribute.describe(strategy), policy, jit)
@@ -476,7 +482,7 @@ def train(config, *, callbacks=(), verbose="auto"):
         eval_source = eval_source and vit_data.select_classes(eval_source, config.classes)
     skipped = train_source.skipped + (eval_source.skipped if eval_source else [])
     if skipped:
-        with tf.io.gfile.GFile(os.path.join(out, "skipped_files.txt"), "w") as f:
+        with tf.io.gfile.GFile(written("skipped_files.txt"), "w") as f:
             f.write("\n".join(skipped) + "\n")
     micro_batch = config.micro_batch_size
     steps_per_epoch = config.steps_per_epoch or train_source.size // micro_batch
@@ -529,8 +535,8 @@ def train(config, *, callbacks=(), verbose="auto"):
             input_context=input_context,
         )
 
-    multiworker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-    if multiworker:
+    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    if multi_worker:
         train_data = strategy.distribute_datasets_from_function(make_train)
         eval_data = eval_source and strategy.distribute_datasets_from_function(make_eval)
     else:
@@ -576,14 +582,14 @@ def train(config, *, callbacks=(), verbose="auto"):
         TrainingBackup(backup_dir, every=config.backup_every),
         EpochCheckpoints(vit, os.path.join(out, runs.CHECKPOINTS), keep=config.keep_checkpoints),
         keras.callbacks.TerminateOnNaN(),
-        keras.callbacks.CSVLogger(os.path.join(out, runs.METRICS_CSV), append=resuming),
+        keras.callbacks.CSVLogger(written(runs.METRICS_CSV), append=resuming),
     ]
     if config.tensorboard:
         try:
             import tensorboard  # noqa: F401  (tf.summary writes nothing without it)
 
             engine_callbacks.append(
-                keras.callbacks.TensorBoard(os.path.join(out, runs.LOGS), write_graph=False)
+                keras.callbacks.TensorBoard(written(runs.LOGS), write_graph=False)
             )
         except ImportError:
             logger.warning("TensorBoard is not installed (pip install tensorboard): no logs/.")
@@ -608,12 +614,12 @@ def train(config, *, callbacks=(), verbose="auto"):
             f"Last good checkpoint: {last_good or 'none'}; the backup in {backup_dir} holds "
             "the last good training state."
         )
-    vit.save(os.path.join(out, runs.MODEL))
+    vit.save(written(runs.MODEL))
     final = {}
     if eval_data:
         final = model.evaluate(eval_data, verbose=0, return_dict=True)
     _write_json(
-        os.path.join(out, runs.METRICS_JSON),
+        written(runs.METRICS_JSON),
         dict(
             final=final,
             history=history.history,
@@ -629,4 +635,6 @@ def train(config, *, callbacks=(), verbose="auto"):
             jit_compile=jit,
         ),
     )
+    if not multiworker.is_chief(strategy):  # Its copies of the run's files were temporary.
+        tf.io.gfile.rmtree(os.path.dirname(written(runs.MODEL)))
     return TrainResult(model=vit, history=history.history, metrics=final, out=out)

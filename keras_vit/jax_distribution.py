@@ -1,0 +1,70 @@
+"""`keras.distribution` layouts for ViT: data and model parallelism on the JAX backend.
+
+`keras.distribution` is implemented for JAX; importing this module is safe with every
+backend (nothing is placed until a distribution is set).
+"""
+
+import keras
+
+# Megatron-style tensor parallelism: the first Dense of each pair splits its output
+# columns over the model axis, the second its input rows, so each block needs one
+# all-reduce after attention and one after the MLP. Paths are matched with re.search.
+VIT_LAYOUT = {
+    r"encoderblock_\d+/qkv/kernel": (None, "model"),
+    r"encoderblock_\d+/qkv/bias": ("model",),
+    r"encoderblock_\d+/attention_output/kernel": ("model", None),
+    r"encoderblock_\d+/mlp_fc1/kernel": (None, "model"),
+    r"encoderblock_\d+/mlp_fc1/bias": ("model",),
+    r"encoderblock_\d+/mlp_fc2/kernel": ("model", None),
+}
+
+
+def layout_map(device_mesh):
+    """A `keras.distribution.LayoutMap` sharding a ViT's attention and MLP kernels.
+
+    `device_mesh` needs axes named `"batch"` and `"model"`; the `qkv` and `mlp_fc1`
+    kernels (and biases) are split by columns over `"model"`, the `attention_output` and
+    `mlp_fc2` kernels by rows; every other weight is replicated.
+
+    Example:
+
+    >>> mesh = keras.distribution.DeviceMesh((1, 1), ("batch", "model"),
+    ...                                      keras.distribution.list_devices()[:1])
+    >>> layout_map(mesh)[r"encoderblock_\\d+/qkv/kernel"].axes
+    (None, 'model')
+    """
+    if set(device_mesh.axis_names) != {"batch", "model"}:
+        raise ValueError(
+            f"The device mesh's axes must be named 'batch' and 'model', got "
+            f"{tuple(device_mesh.axis_names)!r}."
+        )
+    layouts = keras.distribution.LayoutMap(device_mesh)
+    for path, axes in VIT_LAYOUT.items():
+        layouts[path] = axes
+    return layouts
+
+
+def model_parallel(model_shards, devices=None):
+    """A `keras.distribution.ModelParallel` for ViT: `model_shards` devices per replica.
+
+    The devices (default: all) form a `(len(devices) // model_shards, model_shards)`
+    mesh; batches are split over the first axis, the large kernels over the second (see
+    `layout_map`). The MLP width and `3 * hidden_dim` must divide by `model_shards`.
+    Set it with `keras.distribution.set_distribution(...)` before building the model.
+
+    Example:
+
+    >>> distribution = model_parallel(1, keras.distribution.list_devices()[:1])
+    >>> distribution.device_mesh.shape
+    (1, 1)
+    """
+    devices = devices or keras.distribution.list_devices()
+    if model_shards < 1 or len(devices) % model_shards:
+        raise ValueError(
+            f"model_shards must be a positive divisor of the {len(devices)} devices, "
+            f"got {model_shards!r}."
+        )
+    mesh = keras.distribution.DeviceMesh(
+        (len(devices) // model_shards, model_shards), ("batch", "model"), devices
+    )
+    return keras.distribution.ModelParallel(layout_map=layout_map(mesh), batch_dim_name="batch")

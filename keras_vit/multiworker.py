@@ -1,0 +1,168 @@
+"""Keras 3 `model.fit` under `tf.distribute.MultiWorkerMirroredStrategy` (TensorFlow-only).
+
+Stock Keras 3 `fit` fails with several workers (keras-team/keras#20585) at two points,
+which `MultiWorkerModel` overrides (the engine's `keras_vit.training.TrainingModel` is
+one); it also makes gradient clipping act on the gradient summed over all replicas. Every worker runs the same program, and only the chief may write shared files:
+`write_path` and `chief_writes` say where each worker writes, as TensorFlow's
+multi-worker guide prescribes.
+"""
+
+import contextlib
+import os
+
+import keras
+import tensorflow as tf
+
+
+def in_multi_worker_mode(strategy):
+    """Whether `strategy` is a `MultiWorkerMirroredStrategy` spanning several workers.
+
+    Example:
+
+    >>> in_multi_worker_mode(tf.distribute.get_strategy())
+    False
+    """
+    return isinstance(
+        strategy, tf.distribute.MultiWorkerMirroredStrategy
+    ) and strategy.extended._in_multi_worker_mode()
+
+
+def is_chief(strategy=None):
+    """Whether this worker writes the run's files: the chief, or worker 0 without one.
+
+    True for every single-worker strategy (default: the current one).
+
+    Example:
+
+    >>> is_chief(tf.distribute.get_strategy())
+    True
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    return strategy.extended.should_checkpoint
+
+
+def write_path(path, strategy=None):
+    """Where this worker writes the file or folder `path`.
+
+    The chief writes `path` itself; any other worker writes the same name inside a
+    `workertemp_{task_id}` folder beside it, which it deletes when done (see
+    `chief_writes`). Every worker must take part in a save: reading distributed state
+    (such as metrics) runs collective ops across the workers.
+
+    Example:
+
+    >>> write_path("/tmp/run/model.keras", tf.distribute.get_strategy())
+    '/tmp/run/model.keras'
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    if is_chief(strategy):
+        return path
+    folder, name = os.path.split(path)
+    temp = os.path.join(folder, f"workertemp_{strategy.cluster_resolver.task_id}")
+    tf.io.gfile.makedirs(temp)
+    return os.path.join(temp, name)
+
+
+@contextlib.contextmanager
+def chief_writes(path, strategy=None):
+    """Yields `write_path(path)`; on workers other than the chief, deletes it afterwards.
+
+    Example:
+
+    >>> import tempfile
+    >>> with chief_writes(os.path.join(tempfile.mkdtemp(), "notes.txt")) as target:
+    ...     with open(target, "w") as f:
+    ...         _ = f.write("written by the chief only")
+    """
+    target = write_path(path, strategy)
+    try:
+        yield target
+    finally:
+        if target != path and tf.io.gfile.exists(os.path.dirname(target)):
+            tf.io.gfile.rmtree(os.path.dirname(target))
+
+
+def _local(value, strategy):
+    if isinstance(value, tf.distribute.DistributedValues):
+        return strategy.experimental_local_results(value)[0]
+    return value
+
+
+def clip_summed_gradients(optimizer):
+    """Makes `optimizer` clip the gradient summed over replicas, as on one device.
+
+    Under a `tf.distribute` strategy Keras clips each replica's share of the gradient
+    before summing them, so with several replicas a clipped run trains differently
+    from one device on the same global batch. Here the shares are summed first, the
+    sum is clipped, and each replica passes on its `1/replicas` part (the optimizer then
+    sums those parts). Costs one more all-reduce per step, only with clipping on.
+
+    Example:
+
+    >>> optimizer = clip_summed_gradients(keras.optimizers.Adam(global_clipnorm=1.0))
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
+    if not (inner.clipnorm or inner.global_clipnorm or inner.clipvalue):
+        return optimizer
+    clip = inner._clip_gradients
+
+    def clip_sum(grads):
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return clip(grads)
+        summed = iter(context.all_reduce("SUM", [g for g in grads if g is not None]))
+        clipped = clip([None if g is None else next(summed) for g in grads])
+        replicas = context.num_replicas_in_sync
+        return [None if g is None else g / replicas for g in clipped]
+
+    inner._clip_gradients = clip_sum
+    return optimizer
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class MultiWorkerModel(keras.Model):
+    """A `keras.Model` whose `fit`/`evaluate` work under `MultiWorkerMirroredStrategy`.
+
+    Build it from a functional model's graph; it shares that model's layers and weights.
+    On one device it behaves exactly as `keras.Model`; on several, its optimizer clips
+    the summed gradient (`clip_summed_gradients`).
+
+    Example:
+
+    >>> import keras_vit
+    >>> vit = keras_vit.ViT(image_size=8, patch_size=2, hidden_dim=16, num_layers=1,
+    ...                     num_heads=2, mlp_dim=32, num_classes=10, channels=1)
+    >>> model = MultiWorkerModel(vit.inputs, vit.outputs)
+    >>> model.weights[0] is vit.weights[0]
+    True
+    """
+
+    def compile(self, optimizer="rmsprop", *args, **kwargs):
+        super().compile(optimizer, *args, **kwargs)
+        if self.optimizer is not None:
+            clip_summed_gradients(self.optimizer)
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Stock Keras averages the first distributed batch across workers eagerly (which
+        # fails) only to learn its shapes; this worker's own replica batch has them.
+        if iterator is not None and self._distribute_strategy is not None:
+            for _, _, it in iterator:
+                data_batch = tf.nest.map_structure(
+                    lambda v: _local(v, self.distribute_strategy), next(it)
+                )
+                break
+        super()._maybe_symbolic_build(data_batch=data_batch)
+
+    def _replica_logs(self, logs):
+        # With several workers Keras reduces each replica's step logs (its own on-read
+        # metric values) with `strategy.reduce("MEAN", value, axis=0)`, which fails for
+        # scalars. A leading axis of 1 makes it the mean over replicas, a scalar again.
+        if not in_multi_worker_mode(self.distribute_strategy):
+            return logs
+        return {name: value[None] if len(value.shape) == 0 else value for name, value in logs.items()}
+
+    def train_step(self, data):
+        return self._replica_logs(super().train_step(data))
+
+    def test_step(self, data):
+        return self._replica_logs(super().test_step(data))
