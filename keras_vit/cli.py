@@ -78,9 +78,9 @@ def add_data_argument(parser):
     )
 
 
-def add_out_argument(parser):
+def add_out_argument(parser, required=False):
     """`--out DIR`."""
-    parser.add_argument("--out", metavar="DIR", help="output folder")
+    parser.add_argument("--out", metavar="DIR", required=required, help="output folder")
 
 
 # --- recipes and overrides ---------------------------------------------------------
@@ -357,6 +357,151 @@ def demo(args):
     print(summary["table"])
     print(f"{minutes:.1f} minutes. Tables, plots and runs: {out}/ (table.txt, fewshot.png, "
           "training.png, pretrain/, finetune/)")
+    return 0
+
+
+def _load_run_model(source):
+    """The model `--from` names and the config of the run it came from (or None)."""
+    from keras_vit import runs
+
+    return runs.load_model(source), runs.run_config(source)
+
+
+def _crop_fraction(args, config):
+    # The run's own eval crop, so figures and probes see images as its evaluation did.
+    if args.crop_fraction is not None:
+        return args.crop_fraction
+    return (config or {}).get("eval_crop_fraction", 1.0)
+
+
+def _add_crop_argument(parser):
+    parser.add_argument(
+        "--crop-fraction", type=float, metavar="F",
+        help="central crop of the eval preprocessing (default: the run's, else 1: resize only)",
+    )
+
+
+def _export_arguments(parser):
+    add_from_argument(parser, required=True)
+    add_out_argument(parser, required=True)
+    parser.add_argument(
+        "--labels", metavar="FILE", help="class names, one per line, in class order"
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=5, metavar="K", help="classes returned (default 5)"
+    )
+    parser.add_argument(
+        "--activation", choices=("softmax", "sigmoid"),
+        help="default: sigmoid for a run trained with the sigmoid loss, else softmax",
+    )
+
+
+@command(
+    "export",
+    "export a SavedModel for serving: images in, probabilities and top-k out",
+    _export_arguments,
+)
+def export(args):
+    from keras_vit.export import export_saved_model
+    from keras_vit.runs import resolve_from
+
+    model, config = _load_run_model(args.source)
+    labels = None
+    if args.labels:
+        with open(args.labels, encoding="utf-8") as f:
+            labels = [line.strip() for line in f if line.strip()]
+    trained_sigmoid = config is not None and config.get("loss") == "sigmoid"
+    activation = args.activation or ("sigmoid" if trained_sigmoid else "softmax")
+    metadata = dict(source=args.source, file=resolve_from(args.source), train_config=config)
+    export_saved_model(
+        model, args.out, labels=labels, top_k=args.top_k, activation=activation, metadata=metadata
+    )
+    print(f"SavedModel ({activation}, top {args.top_k}): {args.out}")
+    return 0
+
+
+def _visualize_arguments(parser):
+    add_from_argument(parser, required=True)
+    parser.add_argument("--image", required=True, nargs="+", metavar="IMG", help="image files")
+    add_out_argument(parser, required=True)
+    parser.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean")
+    _add_crop_argument(parser)
+
+
+@command(
+    "visualize",
+    "draw attention maps and rollout, attention distance, position similarity and filters",
+    _visualize_arguments,
+)
+def visualize(args):
+    from keras_vit import data, figures
+
+    model, config = _load_run_model(args.source)
+    _, size, _, channels = model.input_shape
+    images = data.read_images(
+        args.image, size, channels=channels, crop_fraction=_crop_fraction(args, config)
+    )
+    for name, path in sorted(figures.visualize(model, images, args.out, args.head_fusion).items()):
+        print(f"{name}: {path}")
+    return 0
+
+
+def _probe_arguments(parser):
+    add_from_argument(parser, required=True)
+    add_data_argument(parser)
+    add_out_argument(parser, required=True)
+    parser.add_argument("--drop", metavar="F,F,...", default="0,0.1,0.25,0.5,0.75,0.9",
+                        help="fractions of patches occluded")
+    parser.add_argument("--grids", metavar="N,N,...", default="2,4,8",
+                        help="cells per side of the shuffled grids")
+    parser.add_argument("--batch-size", type=int, default=128)
+    _add_crop_argument(parser)
+
+
+def _parse_fractions(flag, text):
+    error = ValueError(f"{flag} expects comma-separated fractions in [0, 1], got {text!r}.")
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise error from None
+    if not all(0 <= v <= 1 for v in values):
+        raise error
+    return values
+
+
+@command(
+    "probe", "robustness curves: accuracy as patches are occluded and shuffled", _probe_arguments
+)
+def probe(args):
+    import json
+
+    from keras_vit import data, figures
+    from keras_vit.probes import robustness_probes
+
+    drop = _parse_fractions("--drop", args.drop)
+    grids = parse_int_list("--grids", args.grids)
+    model, config = _load_run_model(args.source)
+    _, size, _, channels = model.input_shape
+    config = config or {}
+    spec = args.data or config.get("eval_data") or config.get("data") or "digits"
+    source = data.load_source(spec, "test")
+    if not args.data and config.get("classes"):  # the classes (and label ids) it was trained on
+        source = data.select_classes(source, config["classes"])
+    dataset = data.eval_dataset(
+        source, size, args.batch_size, channels=channels,
+        crop_fraction=_crop_fraction(args, config),
+    )
+    results = robustness_probes(model, dataset, drop_fractions=drop, shuffle_grids=grids)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "probes.json"), "w") as f:
+        json.dump(dict(data=spec, **results), f, indent=2)
+    plot = figures.plot_probes(results, os.path.join(args.out, "probes.png"))
+    print(f"{spec}: {results['examples']} images, clean accuracy {results['accuracy']:.4f}")
+    for fraction, accuracy in results["occlusion"].items():
+        print(f"  {fraction:4.0%} of patches dropped: {accuracy:.4f}")
+    for grid, accuracy in results["shuffle"].items():
+        print(f"  shuffled {grid}x{grid}: {accuracy:.4f}")
+    print(f"Figure: {plot}; numbers: {os.path.join(args.out, 'probes.json')}")
     return 0
 
 

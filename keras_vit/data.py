@@ -24,6 +24,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.model import preprocess
+
 logger = logging.getLogger("keras_vit")
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -449,6 +451,32 @@ def central_crop(image, image_size, crop_fraction):
     image = image[top : top + image_size, left : left + image_size]
     image.set_shape([image_size, image_size, image.shape[-1]])
     return image
+
+
+def read_images(paths, image_size, *, channels=3, crop_fraction=1.0):
+    """Image files as one batch of model inputs, `(len(paths), size, size, channels)`.
+
+    Decoded (JPEG, PNG, GIF, BMP) and cropped like `eval_dataset` (`central_crop`),
+    scaled to [-1, 1]. A missing or undecodable file is an error naming it.
+
+    Example:
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "grey.png")
+    >>> tf.io.write_file(path, tf.io.encode_png(tf.fill([20, 30, 3], tf.constant(255, tf.uint8))))
+    >>> read_images([path], 16).shape
+    (1, 16, 16, 3)
+    """
+    images = []
+    for path in paths:
+        if not tf.io.gfile.exists(path):
+            raise FileNotFoundError(f"No such image file: {path!r}.")
+        try:
+            image = _decode_crop(tf.io.read_file(path), True, channels, _full_window)
+        except tf.errors.InvalidArgumentError:
+            raise ValueError(f"{path!r} is not a JPEG, PNG, GIF or BMP image.") from None
+        images.append(central_crop(tf.cast(image, tf.float32), image_size, crop_fraction))
+    return keras.ops.convert_to_numpy(preprocess(tf.stack(images).numpy()))
 
 
 # --- augmentation --------------------------------------------------------------------

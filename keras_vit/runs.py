@@ -10,6 +10,7 @@ OUT/logs/                   TensorBoard
 ```
 """
 
+import json
 import os
 import tempfile
 
@@ -72,6 +73,26 @@ def resolve_from(source):
     if source.endswith(".keras") and not tf.io.gfile.exists(source):
         raise FileNotFoundError(f"No such model file: {source!r}.")
     return source
+
+
+def run_config(source):
+    """The training config (a dict) of the run a `--from` argument belongs to, or None.
+
+    Found beside the resolved file: a run folder's `config.json` serves its
+    `model.keras` and its `checkpoints/`.
+
+    Example:
+
+    >>> run_config("ViT-B_16.npz") is None
+    True
+    """
+    folder = os.path.dirname(os.path.abspath(resolve_from(source)))
+    for candidate in (folder, os.path.dirname(folder)):
+        path = os.path.join(candidate, CONFIG)
+        if tf.io.gfile.exists(path):
+            with tf.io.gfile.GFile(path) as f:
+                return json.load(f)
+    return None
 
 
 def load_model(source):
