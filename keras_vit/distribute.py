@@ -60,7 +60,18 @@ def make_strategy(name="auto"):
         devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
         return tf.distribute.MirroredStrategy([d.name for d in devices])
     if name == "multiworker":
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver())
+        try:
+            return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver())
+        except RuntimeError as error:
+            if "program startup" not in str(error):
+                raise
+            raise RuntimeError(
+                "strategy='multiworker' must be created before TensorFlow runs anything in "
+                "this process, but TensorFlow has already started (a Keras layer or "
+                "variable was made, e.g. by a recipe at import). Give a recipe's "
+                "augmentations in serialized form, dict(class_name=..., config=...), and "
+                "build models after `train` has made the strategy."
+            ) from None
     return tf.distribute.OneDeviceStrategy("/cpu:0")
 
 

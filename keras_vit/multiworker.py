@@ -119,21 +119,19 @@ def clip_summed_gradients(optimizer):
     return optimizer
 
 
-@keras.saving.register_keras_serializable(package="keras_vit")
-class MultiWorkerModel(keras.Model):
-    """A `keras.Model` whose `fit`/`evaluate` work under `MultiWorkerMirroredStrategy`.
+class MultiWorkerFit:
+    """What makes `fit`/`evaluate` work under `MultiWorkerMirroredStrategy` (a
+    `keras.Model` mixin; `MultiWorkerModel` is the ready-made model).
 
-    Build it from a functional model's graph; it shares that model's layers and weights.
-    On one device it behaves exactly as `keras.Model`; on several, its optimizer clips
-    the summed gradient (`clip_summed_gradients`).
+    On one device a model with it behaves exactly as without; on several, its optimizer
+    clips the summed gradient (`clip_summed_gradients`). A mixin rather than a
+    `keras.Model` subclass: a functional subclass (built with inputs and outputs) has
+    Keras rewrite the `keras.Model` in its bases to `Functional`, which must not reach a
+    class that subclassed models share.
 
     Example:
 
-    >>> import keras_vit
-    >>> vit = keras_vit.ViT(image_size=8, patch_size=2, hidden_dim=16, num_layers=1,
-    ...                     num_heads=2, mlp_dim=32, num_classes=10, channels=1)
-    >>> model = MultiWorkerModel(vit.inputs, vit.outputs)
-    >>> model.weights[0] is vit.weights[0]
+    >>> issubclass(MultiWorkerModel, MultiWorkerFit)
     True
     """
 
@@ -166,3 +164,20 @@ class MultiWorkerModel(keras.Model):
 
     def test_step(self, data):
         return self._replica_logs(super().test_step(data))
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class MultiWorkerModel(MultiWorkerFit, keras.Model):
+    """A `keras.Model` whose `fit`/`evaluate` work under `MultiWorkerMirroredStrategy`.
+
+    Build it from a functional model's graph; it shares that model's layers and weights.
+
+    Example:
+
+    >>> import keras_vit
+    >>> vit = keras_vit.ViT(image_size=8, patch_size=2, hidden_dim=16, num_layers=1,
+    ...                     num_heads=2, mlp_dim=32, num_classes=10, channels=1)
+    >>> model = MultiWorkerModel(vit.inputs, vit.outputs)
+    >>> model.weights[0] is vit.weights[0]
+    True
+    """

@@ -256,8 +256,8 @@ class ResumableFit:
     are passed over without reading data or changing any state, so the epoch continues
     where it was. Engine-level fixes to `fit` belong here, so that every objective's
     model (`TrainingModel`, `MaskedPatchTraining`) gets them; those that make `fit`
-    work under `MultiWorkerMirroredStrategy` come from
-    `keras_vit.multiworker.MultiWorkerModel`, which both models also derive from.
+    work under `MultiWorkerMirroredStrategy` come from the
+    `keras_vit.multiworker.MultiWorkerFit` mixin, which both models also derive from.
 
     Example:
 
@@ -291,7 +291,7 @@ class ResumableFit:
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class TrainingModel(ResumableFit, multiworker.MultiWorkerModel):
+class TrainingModel(ResumableFit, multiworker.MultiWorkerFit, keras.Model):
     """The functional model `train` fits: a `keras_vit.ViT`'s graph, plus resume support.
 
     Built from any functional model (`TrainingModel.wrap(vit)`), it shares that model's
@@ -314,7 +314,7 @@ class TrainingModel(ResumableFit, multiworker.MultiWorkerModel):
 
 
 class MaskedPatchTraining(
-    ResumableFit, multiworker.MultiWorkerModel, vit_mpp.MaskedPatchPrediction
+    ResumableFit, multiworker.MultiWorkerFit, vit_mpp.MaskedPatchPrediction
 ):
     """`keras_vit.MaskedPatchPrediction` as `train` fits it (`objective="mpp"`).
 

@@ -24,8 +24,6 @@ zero-initialised head, as the paper fine-tunes.
 import dataclasses
 import sys
 
-import keras
-
 from keras_vit.demo import DemoConfig
 from keras_vit.fewshot import FewshotConfig
 from keras_vit.training import TrainConfig
@@ -53,7 +51,12 @@ CONFIG = TrainConfig(
 
 # Shifts of up to 15% of the side: without them the representation learns where strokes
 # are rather than what they form, and transfers to unseen digits no better than random.
-SHIFT = keras.layers.RandomTranslation(0.15, 0.15, fill_mode="constant", fill_value=0.0)
+# Given in serialized form: making a Keras layer starts TensorFlow, and a multi-worker run
+# (`--strategy multiworker`) must create its strategy first.
+SHIFT = dict(
+    class_name="RandomTranslation",
+    config=dict(height_factor=0.15, width_factor=0.15, fill_mode="constant", fill_value=0.0),
+)
 
 DEMO_MODEL = dict(patch_size=2, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64)
 

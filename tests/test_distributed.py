@@ -214,6 +214,17 @@ def test_multiworker_cluster_from_tf_config_or_slurm(monkeypatch):
     assert (resolver.task_type, resolver.task_id) == ("worker", 1)
 
 
+def test_multiworker_after_tensorflow_started_is_a_clear_error(monkeypatch):
+    """TensorFlow refuses to set up collectives once it runs; the user is told why."""
+    from keras_vit.distribute import make_strategy
+
+    tf.constant(1.0)  # TensorFlow has started in this process
+    tf_config = {"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    with pytest.raises(RuntimeError, match="strategy='multiworker' must be created before"):
+        make_strategy("multiworker")
+
+
 PYTHON_OPS = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
 
 

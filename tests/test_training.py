@@ -268,3 +268,17 @@ def test_nan_loss_stops_and_keeps_the_last_good_state(tmp_path):
     assert not (tmp_path / runs.MODEL).exists()
     # The backup still holds the end of epoch 1, from where a fixed run can resume.
     assert TrainingBackup.saved_position(str(tmp_path / runs.BACKUP)) == (1, 0)
+
+
+def test_functional_engine_model_leaves_the_shared_classes_alone():
+    """Building `TrainingModel` from a graph makes Keras rewrite `keras.Model` in its bases
+    to `Functional`; an MPP model made afterwards in the same process must still build
+    (it failed with "Functional.__init__() missing 'outputs'" when they shared a base)."""
+    from keras_vit.multiworker import MultiWorkerModel
+    from keras_vit.training import MaskedPatchTraining, TrainingModel
+
+    classifier = tiny_vit(num_classes=3)
+    TrainingModel.wrap(classifier)
+    MultiWorkerModel(classifier.inputs, classifier.outputs)
+    encoder = tiny_vit(include_top=False)
+    assert MaskedPatchTraining(encoder, seed=0).encoder is encoder
