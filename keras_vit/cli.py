@@ -368,16 +368,18 @@ def _load_run_model(source):
 
 
 def _crop_fraction(args, config):
-    # The run's own eval crop, so figures and probes see images as its evaluation did.
+    # The run's own eval crop, so served images, figures and probes are seen as its
+    # evaluation saw them; checkpoints without a run were evaluated on whole images.
     if args.crop_fraction is not None:
         return args.crop_fraction
-    return (config or {}).get("eval_crop_fraction", 1.0)
+    return (config or {}).get("eval_crop_fraction")
 
 
 def _add_crop_argument(parser):
     parser.add_argument(
         "--crop-fraction", type=float, metavar="F",
-        help="central crop of the eval preprocessing (default: the run's, else 1: resize only)",
+        help="central crop of the eval preprocessing (default: the run's "
+        "eval_crop_fraction, else none: the whole image is resized)",
     )
 
 
@@ -394,6 +396,7 @@ def _export_arguments(parser):
         "--activation", choices=("softmax", "sigmoid"),
         help="default: sigmoid for a run trained with the sigmoid loss, else softmax",
     )
+    _add_crop_argument(parser)
 
 
 @command(
@@ -413,10 +416,13 @@ def export(args):
     trained_sigmoid = config is not None and config.get("loss") == "sigmoid"
     activation = args.activation or ("sigmoid" if trained_sigmoid else "softmax")
     metadata = dict(source=args.source, file=resolve_from(args.source), train_config=config)
+    crop_fraction = _crop_fraction(args, config)
     export_saved_model(
-        model, args.out, labels=labels, top_k=args.top_k, activation=activation, metadata=metadata
+        model, args.out, labels=labels, top_k=args.top_k, activation=activation,
+        crop_fraction=crop_fraction, metadata=metadata,
     )
-    print(f"SavedModel ({activation}, top {args.top_k}): {args.out}")
+    crop = "whole image" if crop_fraction is None else f"central crop {crop_fraction}"
+    print(f"SavedModel ({activation}, top {args.top_k}, {crop}): {args.out}")
     return 0
 
 

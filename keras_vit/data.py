@@ -436,28 +436,65 @@ def _resize(image, image_size, channels):
 def central_crop(image, image_size, crop_fraction):
     """Resizes the short side to `image_size / crop_fraction`, then cuts the central
     `image_size` square: the eval preprocessing (big_vision's resize_small + central_crop).
+    `image` is one image `(height, width, channels)` or a batch of images of one size.
 
     Example:
 
     >>> tuple(central_crop(tf.zeros((48, 64, 3)), 32, 0.875).shape)
     (32, 32, 3)
     """
-    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    shape = tf.cast(tf.shape(image)[-3:-1], tf.float32)
     scale = (image_size / crop_fraction) / tf.reduce_min(shape)
     resized = tf.maximum(tf.cast(tf.round(shape * scale), tf.int32), image_size)
     image = tf.image.resize(image, resized, method="bilinear")
     top = (resized[0] - image_size) // 2
     left = (resized[1] - image_size) // 2
-    image = image[top : top + image_size, left : left + image_size]
-    image.set_shape([image_size, image_size, image.shape[-1]])
+    image = image[..., top : top + image_size, left : left + image_size, :]
+    image.set_shape(image.shape[:-3].concatenate([image_size, image_size, image.shape[-1]]))
     return image
 
 
-def read_images(paths, image_size, *, channels=3, crop_fraction=1.0):
+def eval_resize(images, size, crop_fraction=None):
+    """Images (one, or a batch of one size) brought to the model's `size`, as float32.
+
+    `crop_fraction=None` resizes the whole image (bilinear), as the official vit_jax
+    evaluation does for its checkpoints; a fraction in (0, 1] takes the `central_crop`
+    of the engine's `eval_dataset` (a run's `eval_crop_fraction`), for square sizes.
+
+    Example:
+
+    >>> tuple(eval_resize(tf.zeros((2, 48, 64, 3)), (32, 32)).shape)
+    (2, 32, 32, 3)
+    """
+    height, width = check_crop_fraction(crop_fraction, size)
+    images = tf.cast(images, tf.float32)
+    if crop_fraction is None:
+        return tf.image.resize(images, (height, width), method="bilinear")
+    return central_crop(images, height, crop_fraction)
+
+
+def check_crop_fraction(crop_fraction, size):
+    """Raises `ValueError` unless `eval_resize` takes `crop_fraction` for `size` (an int
+    or `(height, width)`); returns `(height, width)`."""
+    height, width = (size, size) if isinstance(size, int) else size
+    if crop_fraction is None:
+        return height, width
+    if not 0 < crop_fraction <= 1:
+        raise ValueError(f"crop_fraction must be in (0, 1] or None, got {crop_fraction!r}.")
+    if height != width:
+        raise ValueError(
+            f"A central crop (crop_fraction={crop_fraction}) needs a square model input, "
+            f"got {height}x{width}; use crop_fraction=None to resize whole images."
+        )
+    return height, width
+
+
+def read_images(paths, image_size, *, channels=3, crop_fraction=None):
     """Image files as one batch of model inputs, `(len(paths), size, size, channels)`.
 
-    Decoded (JPEG, PNG, GIF, BMP) and cropped like `eval_dataset` (`central_crop`),
-    scaled to [-1, 1]. A missing or undecodable file is an error naming it.
+    Decoded (JPEG, PNG, GIF, BMP), brought to `image_size` by `eval_resize` (the whole
+    image, or a run's central crop) and scaled to [-1, 1]. A missing or undecodable
+    file is an error naming it.
 
     Example:
 
@@ -475,7 +512,7 @@ def read_images(paths, image_size, *, channels=3, crop_fraction=1.0):
             image = _decode_crop(tf.io.read_file(path), True, channels, _full_window)
         except tf.errors.InvalidArgumentError:
             raise ValueError(f"{path!r} is not a JPEG, PNG, GIF or BMP image.") from None
-        images.append(central_crop(tf.cast(image, tf.float32), image_size, crop_fraction))
+        images.append(eval_resize(image, image_size, crop_fraction))
     return keras.ops.convert_to_numpy(preprocess(tf.stack(images).numpy()))
 
 
@@ -765,7 +802,8 @@ def eval_dataset(
     cache=False,
     input_context=None,
 ):
-    """One pass over `source`: resize + central crop, scaled to [-1, 1], one-hot labels.
+    """One pass over `source`: `eval_resize` (by default a central crop), scaled to
+    [-1, 1], one-hot labels.
 
     The last batch may be smaller, so every example counts once.
 
@@ -775,8 +813,7 @@ def eval_dataset(
     >>> sum(int(images.shape[0]) for images, _ in test)
     360
     """
-    if not 0 < crop_fraction <= 1:
-        raise ValueError(f"crop_fraction must be in (0, 1], got {crop_fraction!r}.")
+    check_crop_fraction(crop_fraction, image_size)
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels!r}.")
     rescale = _rescale()
@@ -788,7 +825,7 @@ def eval_dataset(
 
     def prepare(key, label):
         image = _decode_crop(source.read(key), source.encoded, channels, _full_window)
-        image = central_crop(tf.cast(image, tf.float32), image_size, crop_fraction)
+        image = eval_resize(image, image_size, crop_fraction)
         return image, tf.one_hot(label, num_classes, dtype=tf.float32)
 
     dataset = records.map(prepare, num_parallel_calls=AUTOTUNE)

@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 
 from keras_vit import __version__
+from keras_vit.data import check_crop_fraction, eval_resize
 from keras_vit.layers import _check_choice
 from keras_vit.model import preprocess
 
@@ -18,9 +19,6 @@ ACTIVATIONS = ("softmax", "sigmoid")
 # `assets.extra/` is the SavedModel folder for files that serving systems carry along
 # but never load into the graph (TensorFlow Serving's convention).
 CONFIG_FILE = os.path.join("assets.extra", "keras_vit.json")
-# Eval preprocessing of the official code (vit_jax input_pipeline): a plain bilinear
-# resize of the whole image to the model's size, then (x - 127.5) / 127.5.
-RESIZE_METHOD = "bilinear"
 
 
 def _check_backend():
@@ -72,14 +70,15 @@ def _check_labels(labels, num_classes):
     return labels
 
 
-def _to_model_size(images, height, width):
-    """Float32 pixels in [0, 255] at (height, width); images at that size only cast."""
+def _to_model_size(images, height, width, crop_fraction):
+    """Float32 pixels in [0, 255] at (height, width) (`eval_resize`); images already at
+    that size are only cast."""
     shape = tf.shape(images)
     same_size = tf.logical_and(tf.equal(shape[1], height), tf.equal(shape[2], width))
     return tf.cond(
         same_size,
         lambda: tf.cast(images, tf.float32),
-        lambda: tf.image.resize(images, (height, width), method=RESIZE_METHOD),
+        lambda: eval_resize(images, (height, width), crop_fraction),
     )
 
 
@@ -97,7 +96,7 @@ def _with_channels(images, channels, what):
     return images
 
 
-def _serving_functions(logits, image_size, channels, activation, top_k, labels):
+def _serving_functions(logits, image_size, channels, crop_fraction, activation, top_k, labels):
     """The `serving_default` and `serving_bytes` tf.functions around `logits`."""
     height, width = image_size
 
@@ -121,7 +120,7 @@ def _serving_functions(logits, image_size, channels, activation, top_k, labels):
     )
     def serve_images(images):
         images = _with_channels(images, channels, "images")
-        return predictions(_to_model_size(images, height, width))
+        return predictions(_to_model_size(images, height, width, crop_fraction))
 
     # decode_image converts grey and colour files to 1 or 3 channels; other channel
     # counts must be stored in the file as they are.
@@ -130,7 +129,7 @@ def _serving_functions(logits, image_size, channels, activation, top_k, labels):
     def decode(image_bytes):
         image = tf.io.decode_image(image_bytes, channels=decode_channels, expand_animations=False)
         image = _with_channels(image[None], channels, "decoded images")
-        return _to_model_size(image, height, width)[0]
+        return _to_model_size(image, height, width, crop_fraction)[0]
 
     @tf.function(
         input_signature=[tf.TensorSpec((None,), tf.string, name="image_bytes")],
@@ -151,15 +150,16 @@ def _serving_functions(logits, image_size, channels, activation, top_k, labels):
 
 
 def export_saved_model(
-    model, path, *, labels=None, top_k=5, activation="softmax", metadata=None
+    model, path, *, labels=None, top_k=5, activation="softmax", crop_fraction=None, metadata=None
 ):
     """Exports a classifier as a SavedModel that takes raw images, for serving.
 
     The SavedModel has three signatures:
 
     - `serving_default(images)`: a uint8 batch `(batch, height, width, channels)` of
-      any height and width. Images are resized (bilinear, the eval pipeline's resize)
-      to the model's size unless already at that size, and scaled to [-1, 1].
+      any height and width. Images are brought to the model's size as evaluation does
+      (`keras_vit.data.eval_resize`: the whole image resized, bilinear, or with
+      `crop_fraction` a central crop) unless already at that size, and scaled to [-1, 1].
     - `serving_bytes(image_bytes)`: a batch of encoded JPEG, PNG, GIF or BMP files
       (a string tensor of shape `(batch,)`), decoded and then treated as above.
     - `logits(images)`: float32 pixels in [0, 255] at the model's size to `logits`.
@@ -180,6 +180,8 @@ def export_saved_model(
         top_k: how many of the most probable classes to return.
         activation: `"softmax"`, or `"sigmoid"` for models trained with sigmoid
             cross-entropy (independent per-class probabilities).
+        crop_fraction: `None` resizes whole images (the official checkpoints'
+            evaluation); a fraction in (0, 1] crops as a run's `eval_crop_fraction`.
         metadata: optional JSON-serialisable dict stored in the config file, e.g.
             the checkpoint and training config the model came from.
 
@@ -201,6 +203,7 @@ def export_saved_model(
     num_classes = _num_classes(model)
     labels = _check_labels(labels, num_classes)
     _check_choice("activation", activation, ACTIVATIONS)
+    check_crop_fraction(crop_fraction, (height, width))
     if not isinstance(top_k, int) or not 1 <= top_k <= num_classes:
         raise ValueError(
             f"top_k must be an int between 1 and the number of classes ({num_classes}), "
@@ -218,8 +221,12 @@ def export_saved_model(
         "activation": activation,
         "top_k": top_k,
         "labels": labels,
-        "preprocessing": f"{RESIZE_METHOD} resize to image_size unless already that "
-        "size, then (x - 127.5) / 127.5",
+        "crop_fraction": crop_fraction,
+        "preprocessing": (
+            "bilinear resize of the whole image" if crop_fraction is None
+            else f"bilinear resize of the short side to image_size / {crop_fraction}, "
+            "central image_size crop"
+        ) + " unless already image_size, then (x - 127.5) / 127.5",
         "signatures": ["serving_default", "serving_bytes", "logits"],
         "metadata": metadata,
     }
@@ -252,7 +259,7 @@ def export_saved_model(
         **jax_options,
     )
     serve_images, serve_bytes = _serving_functions(
-        logits, (height, width), channels, activation, top_k, labels
+        logits, (height, width), channels, crop_fraction, activation, top_k, labels
     )
     archive.add_endpoint("serving_default", serve_images)
     archive.add_endpoint("serving_bytes", serve_bytes)

@@ -29,7 +29,7 @@ def hybrid_run(tmp_path_factory):
                           resnet_stages=(1,)),
         image_size=16, channels=3, batch_size=32, epochs=3, steps_per_epoch=6,
         learning_rate=3e-3, loss="sigmoid", inception_crop=False, random_flip=False,
-        eval_crop_fraction=1.0, evaluate=False, tensorboard=False, out=str(out),
+        eval_crop_fraction=0.875, evaluate=False, tensorboard=False, out=str(out),
     )
     result = train(config, verbose=0)
     return out, result
@@ -53,11 +53,15 @@ def test_export_command_serves_the_runs_probabilities(hybrid_run, tmp_path):
     assert code == 0
     record = json.loads((out / "assets.extra" / "keras_vit.json").read_text())
     assert record["activation"] == "sigmoid"  # from the run's loss
+    assert record["crop_fraction"] == 0.875  # from the run's eval_crop_fraction
     assert record["metadata"]["train_config"]["loss"] == "sigmoid"
 
-    images = np.random.default_rng(0).integers(0, 256, (5, 16, 16, 3), dtype="uint8")
+    # 20x24 images as the run's evaluation sees them: the short side to 16 / 0.875 =
+    # 18.3 -> 18 pixels (the long side to 21.9 -> 22), then the central 16x16.
+    images = np.random.default_rng(0).integers(0, 256, (5, 20, 24, 3), dtype="uint8")
+    cropped = tf.image.resize(images, (18, 22), method="bilinear")[:, 1:17, 3:19].numpy()
     served = tf.saved_model.load(str(out)).signatures["serving_default"](images=tf.constant(images))
-    logits = keras.ops.convert_to_numpy(result.model(keras_vit.preprocess(images)))
+    logits = keras.ops.convert_to_numpy(result.model(keras_vit.preprocess(cropped)))
     expected = 1 / (1 + np.exp(-logits.astype("float64")))
     np.testing.assert_allclose(served["probabilities"].numpy(), expected, rtol=0, atol=1e-5)
     top = np.argsort(-expected, axis=1)[:, :3]
@@ -91,8 +95,12 @@ def saved_model(tmp_path_factory):
 def test_read_images_equals_the_eval_preprocessing(tmp_path):
     image = np.random.default_rng(1).integers(0, 256, (24, 20, 1), dtype="uint8")
     path = _png(tmp_path / "digit.png", image)
-    read = data.read_images([path], 16, channels=1)
+    whole = tf.image.resize(tf.cast(image, tf.float32), (16, 16), method="bilinear")
+    np.testing.assert_allclose(
+        data.read_images([path], 16, channels=1)[0], whole.numpy() / 127.5 - 1, atol=1e-5
+    )
     # Short side 20 -> 16 and long side 24 -> 19, then the central 16 rows (crop 1).
+    read = data.read_images([path], 16, channels=1, crop_fraction=1.0)
     resized = tf.image.resize(tf.cast(image, tf.float32), (19, 16), method="bilinear")[1:17]
     np.testing.assert_allclose(read[0], resized.numpy() / 127.5 - 1, atol=1e-5)
 

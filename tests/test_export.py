@@ -287,6 +287,7 @@ def test_export_folder_carries_the_model_config(run):
         ({}, dict(activation="relu"), r"Unknown activation 'relu': expected one of 'softmax', 'sigmoid'"),
         (dict(include_top=False), {}, r"a `head` layer .* output shapes \[\(None, 32\)\] and no head"),
         ({}, dict(metadata={"seed": np.int64(0)}), r"metadata must be JSON-serialisable, got \{'seed'"),
+        ({}, dict(crop_fraction=1.5), r"crop_fraction must be in \(0, 1\] or None, got 1.5"),
     ],
 )
 def test_bad_export_arguments_raise_clear_errors(tmp_path, model_kwargs, kwargs, message):
