@@ -632,13 +632,18 @@ def as_layer(layer):
 
     Example:
 
-    >>> type(as_layer({"class_name": "RandomFlip", "config": {}})).__name__
-    'RandomFlip'
+    >>> type(as_layer({"class_name": "RandomTranslation",
+    ...                 "config": {"height_factor": 0.1, "width_factor": 0.1}})).__name__
+    'RandomTranslation'
     """
     if isinstance(layer, keras.layers.Layer):
         return layer
     if isinstance(layer, dict):
-        return keras.layers.deserialize(layer)
+        # Keras finds its own classes through the module, which hand-written configs omit.
+        try:
+            return keras.layers.deserialize({"module": "keras.layers", **layer})
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"Augmentation {layer!r} is not a Keras layer: {error}") from None
     raise ValueError(
         f"Augmentations must be Keras layers or their serialized dicts, got {layer!r}."
     )

@@ -2,6 +2,7 @@
 
 import logging
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -169,3 +170,22 @@ def test_select_classes_keeps_and_relabels_only_those_classes():
 def test_select_classes_names_a_bad_selection(classes, message):
     with pytest.raises(ValueError, match=message):
         data.select_classes(data.load_source("digits", "test"), classes)
+
+
+def test_augmentation_layers_come_from_layers_or_their_configs():
+    """Recipes give augmentations as configs (making a layer starts TensorFlow); a
+    hand-written config, a serialized layer and a layer all give the same layer."""
+    layer = keras.layers.RandomTranslation(0.15, 0.2, fill_mode="constant")
+    written = dict(
+        class_name="RandomTranslation",
+        config=dict(height_factor=0.15, width_factor=0.2, fill_mode="constant"),
+    )
+    for given in (written, keras.layers.serialize(layer)):
+        built = data.as_layer(given)
+        assert type(built) is keras.layers.RandomTranslation
+        assert {k: v for k, v in built.get_config().items() if k != "name"} == {
+            k: v for k, v in layer.get_config().items() if k != "name"
+        }
+    assert data.as_layer(layer) is layer
+    with pytest.raises(ValueError, match="'RandomShift'.* is not a Keras layer"):
+        data.as_layer(dict(class_name="RandomShift", config={}))
