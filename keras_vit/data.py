@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import logging
 import os
+import random
 from typing import Callable, Optional
 
 import keras
@@ -639,11 +640,17 @@ def as_layer(layer):
     if isinstance(layer, keras.layers.Layer):
         return layer
     if isinstance(layer, dict):
-        # Keras finds its own classes through the module, which hand-written configs omit.
+        # A new layer without a seed draws one from Python's `random`; that draw must not
+        # move the run's seeded stream (the model is initialised after the pipeline is
+        # made), and the layer's seed is unused: `_seed_from_stream` replaces it.
+        state = random.getstate()
         try:
+            # Keras finds its own classes through the module, which hand-written configs omit.
             return keras.layers.deserialize({"module": "keras.layers", **layer})
         except (TypeError, ValueError) as error:
             raise ValueError(f"Augmentation {layer!r} is not a Keras layer: {error}") from None
+        finally:
+            random.setstate(state)
     raise ValueError(
         f"Augmentations must be Keras layers or their serialized dicts, got {layer!r}."
     )

@@ -1,6 +1,7 @@
 """Input pipelines: sources, inception crop, eval crop, resumable and shardable streams."""
 
 import logging
+import random
 
 import keras
 import numpy as np
@@ -187,5 +188,12 @@ def test_augmentation_layers_come_from_layers_or_their_configs():
             k: v for k, v in layer.get_config().items() if k != "name"
         }
     assert data.as_layer(layer) is layer
+    # Building one leaves Python's seeded stream, which the model's initialisation
+    # draws from next, where it was.
+    random.seed(0)
+    expected = random.random()
+    random.seed(0)
+    data.as_layer(written)
+    assert random.random() == expected
     with pytest.raises(ValueError, match="'RandomShift'.* is not a Keras layer"):
         data.as_layer(dict(class_name="RandomShift", config={}))
