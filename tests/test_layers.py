@@ -142,6 +142,18 @@ def test_fused_and_explicit_attention_paths_agree():
     np.testing.assert_allclose(fused, _np(explicit), atol=1e-5)
 
 
+def test_long_sequences_attend_in_exact_query_blocks():
+    # 300 tokens: past the length at which JAX attends in blocks of queries.
+    x = np.random.default_rng(7).normal(size=(1, 300, 16)).astype("float32")
+    block = L.TransformerBlock(num_heads=2, mlp_dim=16)
+    block.build(x.shape)
+    _randomised(block, seed=8)
+    expected, _ = _numpy_block(block, x.astype("float64"), approximate=False)
+    np.testing.assert_allclose(_np(block(x)), expected, atol=1e-4)
+    rows = [row for start, stop in L._query_blocks(300) for row in range(start, stop)]
+    assert rows == list(range(300))
+
+
 LAYERS = {
     "Patches": (lambda: L.Patches(4), (2, 8, 8, 3)),
     "PatchEncoder-learned": (lambda: L.PatchEncoder(16, (2, 2)), (2, 4, 48)),
