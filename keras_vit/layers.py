@@ -79,7 +79,7 @@ def _query_blocks(length):
 
     XLA:CPU under JAX fuses the softmax and both products of a head into one
     YNNPACK kernel, which slows down about threefold once the (queries x keys)
-    tile outgrows the cache: ViT-Ti/16 at 384 px (577 tokens) infers 1.45x faster
+    tile outgrows the cache: ViT-Ti/16 at 384 px (577 tokens) infers 1.5x faster
     with blocks of about `QUERY_BLOCK` queries. 197 tokens (224 px) are faster
     whole, and TensorFlow's XLA, which does not fuse these, gains nothing
     (measured with bench/models.py). Rows are independent, so blocking is exact.
