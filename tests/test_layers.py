@@ -142,6 +142,42 @@ def test_fused_and_explicit_attention_paths_agree():
     np.testing.assert_allclose(fused, _np(explicit), atol=1e-5)
 
 
+def _value_and_gradient(fn, x):
+    """`fn(x)` and the gradient of its sum, by the backend's own autodiff."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return _np(fn(x)), np.asarray(jax.grad(lambda v: fn(v).sum())(x))
+    if backend == "torch":
+        import torch
+
+        v = torch.tensor(x, requires_grad=True)
+        y = fn(v)
+        y.sum().backward()
+        return _np(y), v.grad.numpy()
+    import tensorflow as tf
+
+    v = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(v)
+        y = fn(v)
+    return _np(y), tape.gradient(y, v).numpy()
+
+
+def test_erf_and_its_gradient_match_the_closed_forms():
+    # Past the clip at 3.92 too, where float32 erf is +-1 and its slope ~1e-7.
+    x = np.linspace(-6, 6, 24001).astype("float32")
+    value, gradient = _value_and_gradient(L.erf, x)
+    exact = x.astype("float64")
+    np.testing.assert_allclose(value, erf(exact), rtol=0, atol=5e-7)
+    slope = 2 / np.sqrt(np.pi) * np.exp(-(exact**2))
+    np.testing.assert_allclose(gradient, slope, rtol=0, atol=5e-7)
+    # 16-bit inputs are computed in float32 and rounded once.
+    half = _np(L.erf(keras.ops.convert_to_tensor(x, "bfloat16")))
+    np.testing.assert_allclose(half.astype("float64"), erf(exact), rtol=0, atol=4e-3)
+
+
 def test_long_sequences_attend_in_exact_query_blocks():
     # 300 tokens: past the length at which JAX attends in blocks of queries.
     x = np.random.default_rng(7).normal(size=(1, 300, 16)).astype("float32")
