@@ -1,6 +1,6 @@
 """Benchmarks keras-vit against HF transformers' ViT on this machine, in one run.
 
-    python bench/models.py            # the full table (about 20-25 minutes on 2 cores)
+    python bench/models.py            # the full table (11-25 minutes on 2 cores)
     python bench/models.py --quick    # a smoke run: Ti/16 at 224, 2 short rounds
     python bench/models.py --out bench/results.json --contenders keras-tensorflow,hf-torch
 
