@@ -1,5 +1,8 @@
 """keras-vit: the Vision Transformer for Keras 3 on TensorFlow, JAX and PyTorch."""
 
+import keras
+
+from keras_vit.allocator import configure_for_backend
 from keras_vit.analysis import (
     attention_map,
     attention_model,
@@ -37,6 +40,8 @@ from keras_vit.posembed import resample_position_grid
 from keras_vit.probes import drop_patches, robustness_probes, shuffle_patches
 
 __version__ = "0.1.0"
+
+configure_for_backend(keras.backend.backend())
 
 # TensorFlow-only parts (SavedModel export, the training engine with tf.data and
 # tf.distribute, the demo pipeline) are imported on first use: TensorFlow is slow to

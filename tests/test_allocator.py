@@ -1,0 +1,77 @@
+"""keras_vit.allocator: freed memory is reused without page faults under JAX."""
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK_MIB = 256
+PAGES = BLOCK_MIB * 256  # 4 KiB pages
+
+pytestmark = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+    reason="mallopt is glibc's",
+)
+
+# Mallocs, fills and frees a block twice; prints the page faults of the second time.
+PROBE = f"""
+import ctypes, resource
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+size = {BLOCK_MIB} << 20
+def fill_and_free():
+    block = libc.malloc(size)
+    libc.memset(block, 1, size)
+    libc.free(block)
+fill_and_free()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+fill_and_free()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _second_fill_faults(setup, **env):
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3", **env}
+    for name in [name for name, value in env.items() if value is None]:
+        environ.pop(name)
+    result = subprocess.run(
+        [sys.executable, "-c", setup + "\n" + PROBE],
+        capture_output=True, text=True, env=environ, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return int(result.stdout.split()[-1])
+
+
+def test_glibc_returns_a_freed_large_block_and_faults_it_in_again():
+    # The baseline the allocator module exists for: every page faults again.
+    assert _second_fill_faults("") >= PAGES // 2
+
+
+def test_keep_freed_memory_reuses_the_block_without_faults():
+    setup = "from keras_vit.allocator import keep_freed_memory\nassert keep_freed_memory()"
+    assert _second_fill_faults(setup) < PAGES // 100
+
+
+@pytest.mark.parametrize(
+    "backend, choice, kept",
+    [("jax", None, True), ("jax", "system", False), ("tensorflow", None, False)],
+)
+def test_importing_keras_vit_keeps_freed_memory_under_jax_only(backend, choice, kept):
+    faults = _second_fill_faults(
+        "import keras_vit", KERAS_BACKEND=backend, KERAS_VIT_MALLOC=choice
+    )
+    assert (faults < PAGES // 100) == kept, faults
+
+
+def test_unknown_malloc_choice_is_refused_with_its_value(monkeypatch):
+    from keras_vit.allocator import configure_for_backend
+
+    monkeypatch.setenv("KERAS_VIT_MALLOC", "tcmalloc")
+    with pytest.raises(ValueError, match="KERAS_VIT_MALLOC='tcmalloc'.*'keep', 'system'"):
+        configure_for_backend("jax")
