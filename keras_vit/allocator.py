@@ -3,8 +3,9 @@
 Under JAX, XLA:CPU mallocs a step's temporary buffers on every call and frees them
 at its end. glibc hands blocks that large straight back to the kernel, so the next
 step faults every page in again: a ViT-Ti/16 training step at batch 32 took about
-508,000 page faults and 1 s of system CPU time per 2.4 s step, and 2.1 s with
-freed memory kept (measured with `bench/contenders.py`'s worker and `getrusage`).
+508,000 page faults and 1 s of system CPU time per 2.4 s step, and 2.0 s with
+freed memory kept; ViT-S/16 took 996,000 (4 GiB) per 7.3 s step, and 6.0 s kept
+(measured with `bench/contenders.py`'s worker and `getrusage`).
 TensorFlow's allocator already keeps its memory.
 
 `import keras_vit` under the JAX backend calls `keep_freed_memory()` unless the
@@ -21,7 +22,7 @@ ENV_CHOICES = ("keep", "system")
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
-_INT_MAX = 2**31 - 1
+_NEVER = -1  # mallopt(3): a trim threshold of -1 disables trimming
 
 
 def keep_freed_memory():
@@ -29,7 +30,7 @@ def keep_freed_memory():
 
     One arena for all threads (the buffers that XLA's worker threads free are
     reused by the next step's), no `mmap` for large blocks (they would go back to
-    the kernel on `free`) and no trimming of the heap below 2 GiB of free space.
+    the kernel on `free`) and no trimming of the heap.
     The process's resident memory then stays at its high-water mark, as under
     TensorFlow's allocator. Without glibc (macOS, musl) it does nothing.
 
@@ -41,7 +42,7 @@ def keep_freed_memory():
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL("libc.so.6")
-    settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _INT_MAX))
+    settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER))
     return all(libc.mallopt(param, value) == 1 for param, value in settings)
 
 
