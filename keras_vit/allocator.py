@@ -16,6 +16,8 @@ import ctypes
 import os
 import platform
 
+# '' off glibc (macOS, musl), whose allocators have no mallopt.
+GLIBC = platform.libc_ver()[0] == "glibc"
 ENV_VAR = "KERAS_VIT_MALLOC"
 ENV_CHOICES = ("keep", "system")
 # mallopt(3) parameters from glibc's malloc.h.
@@ -39,7 +41,7 @@ def keep_freed_memory():
     >>> keep_freed_memory()  # on Linux with glibc
     True
     """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not GLIBC:
         return False
     libc = ctypes.CDLL("libc.so.6")
     settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER))

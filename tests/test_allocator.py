@@ -1,12 +1,13 @@
 """keras_vit.allocator: freed memory is reused without page faults under JAX."""
 
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from keras_vit.allocator import GLIBC, configure_for_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK_MIB = 256
@@ -15,10 +16,7 @@ PAGES = BLOCK_MIB * 256  # 4 KiB pages
 # (a ViT-S/16 training step under JAX frees about 4 GiB at once).
 LARGE_BLOCK_MIB = 2304
 
-pytestmark = pytest.mark.skipif(
-    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-    reason="mallopt is glibc's",
-)
+pytestmark = pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
 
 # Mallocs, fills and frees a block twice; prints the page faults of the second time.
 PROBE = """
@@ -74,8 +72,6 @@ def test_importing_keras_vit_keeps_freed_memory_under_jax_only(backend, choice, 
 
 
 def test_unknown_malloc_choice_is_refused_with_its_value(monkeypatch):
-    from keras_vit.allocator import configure_for_backend
-
     monkeypatch.setenv("KERAS_VIT_MALLOC", "tcmalloc")
     with pytest.raises(ValueError, match="KERAS_VIT_MALLOC='tcmalloc'.*'keep', 'system'"):
         configure_for_backend("jax")
