@@ -21,11 +21,11 @@ import argparse
 import collections
 import datetime
 import json
+import math
 import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 os.environ["KERAS_BACKEND"] = "tensorflow"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from bench.contenders import MATMUL_SIZE, _best_gflops  # noqa: E402
+from bench.contenders import _timed, matmul_gflops  # noqa: E402
 from bench.models import BATCH, REFERENCE, Worker, machine  # noqa: E402
 
 CONTENDER = "keras-tensorflow"
@@ -98,14 +98,11 @@ def step_products(arch, image_size, batch, mode, num_classes=1000):
 
 
 def flops(product):
-    count = 2 * product.m * product.k * product.n * product.count
-    for size in product.batch:
-        count *= size
-    return count
+    return 2 * product.m * product.k * product.n * product.count * math.prod(product.batch)
 
 
-def time_products(group, repeats=REPEATS):
-    """Best time of one XLA program (TensorFlow) running the products in `group` once."""
+def product_program(group):
+    """A compiled XLA program (TensorFlow) running the products in `group` once."""
     import numpy as np
     import tensorflow as tf
 
@@ -127,23 +124,9 @@ def time_products(group, repeats=REPEATS):
             total += tf.reduce_sum(y[..., :1, :])
         return total
 
-    run = tf.function(products, jit_compile=True, autograph=False)
-    run().numpy()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run().numpy()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def matmul_peak_gflops():
-    """This machine's float32 matmul rate under XLA on TensorFlow (a 2048^3 product)."""
-    import tensorflow as tf
-
-    square = tf.ones((MATMUL_SIZE, MATMUL_SIZE))
-    run = tf.function(lambda: tf.matmul(square, square), jit_compile=True, autograph=False)
-    return _best_gflops(lambda: run().numpy())
+    compiled = tf.function(products, jit_compile=True, autograph=False)
+    compiled().numpy()
+    return lambda: compiled().numpy()
 
 
 def measure(variant, image_size, mode, rounds, log_dir, echo):
@@ -154,6 +137,7 @@ def measure(variant, image_size, mode, rounds, log_dir, echo):
     groups = step_products(arch, image_size, BATCH, mode)
     workers = {c: Worker(c, log_dir) for c in (CONTENDER, REFERENCE)}
     steps = {c: [] for c in workers}
+    programs = [product_program(group) for group in groups]
     group_s = [[] for _ in groups]
     peaks = []
     try:
@@ -164,9 +148,9 @@ def measure(variant, image_size, mode, rounds, log_dir, echo):
         for r in range(rounds):
             for contender, worker in workers.items():
                 steps[contender] += worker.ask(op="round", steps=2)["step_s"]
-            for group, seconds in zip(groups, group_s):
-                seconds.append(time_products(group))
-            peaks.append(matmul_peak_gflops())
+            for run, seconds in zip(programs, group_s):
+                seconds.append(min(_timed(run) for _ in range(REPEATS)))
+            peaks.append(matmul_gflops("tensorflow"))
             products_ms = 1e3 * sum(g[0].count * s[-1] for g, s in zip(groups, group_s))
             echo(
                 f"{variant} {image_size}px {mode} round {r + 1}: "
