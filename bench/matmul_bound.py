@@ -55,7 +55,7 @@ def step_products(arch, image_size, batch, mode, num_classes=1000):
 
     Example:
 
-    >>> from keras_vit.model import parse_variant
+    >>> from keras_vit.models.vit import parse_variant
     >>> groups = step_products(parse_variant("Ti/16"), 224, 32, "train")
     >>> [(p.name, p.m, p.k, p.n, p.count) for p in groups[1]]
     [('qkv', 6304, 192, 576, 12)]
@@ -131,7 +131,7 @@ def product_program(group):
 
 def measure(variant, image_size, mode, rounds, log_dir, echo):
     """Alternates keras-vit's step, HF's step and the product timings for `rounds` rounds."""
-    from keras_vit.model import parse_variant
+    from keras_vit.models.vit import parse_variant
 
     arch = parse_variant(variant)
     groups = step_products(arch, image_size, BATCH, mode)

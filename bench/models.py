@@ -10,7 +10,7 @@ order every round, so that drift on a shared machine hits all of them alike. Fig
 are medians over rounds; ratios are medians of the per-round ratios. Every round also
 times a float32 2048^3 matmul in each worker's framework; the best of those in a round
 is the machine's matmul peak for that round, and a run's "% of peak" is its model
-FLOP rate (`keras_vit.flops.forward_flops`, three times that for a training step)
+FLOP rate (`keras_vit.models.flops.forward_flops`, three times that for a training step)
 over that peak. Peak memory is each worker's RSS high-water mark after the phase,
 imports included; a worker is started per model and resolution, so it covers that
 model alone (inference, then inference plus training).
@@ -100,7 +100,7 @@ def _model_flops(variant, image_size):
     import keras
 
     from keras_vit import ViT
-    from keras_vit.flops import forward_flops
+    from keras_vit.models.flops import forward_flops
 
     with keras.StatelessScope():
         return forward_flops(ViT(variant, image_size=image_size, num_classes=1000))
@@ -113,7 +113,7 @@ def _rotated(items, shift):
 
 def run_group(variant, tasks, contenders, plan, log_dir, echo):
     """Times every contender on `variant` for each (mode, image size) in `tasks`."""
-    from keras_vit.model import parse_variant
+    from keras_vit.models.vit import parse_variant
 
     arch = parse_variant(variant)
     sizes = sorted({size for mode_sizes in tasks.values() for size in mode_sizes})
@@ -224,7 +224,7 @@ def summarise(entries):
 
 
 def _tokens(variant, image_size):
-    from keras_vit.model import parse_variant
+    from keras_vit.models.vit import parse_variant
 
     return (image_size // parse_variant(variant)["patch_size"]) ** 2 + 1
 

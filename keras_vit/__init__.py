@@ -2,8 +2,9 @@
 
 import keras
 
-from keras_vit.allocator import configure_for_backend
-from keras_vit.analysis import (
+from keras_vit.utils.allocator import configure_for_backend
+from keras_vit.evaluation import analysis, fewshot, probes  # noqa: F401  (keras_vit.fewshot, ...)
+from keras_vit.evaluation.analysis import (
     attention_map,
     attention_model,
     attention_rollout,
@@ -11,8 +12,8 @@ from keras_vit.analysis import (
     patch_embedding_components,
     position_embedding_similarity,
 )
-from keras_vit.checkpoints import LoadReport, load_pretrained, save_npz
-from keras_vit.fewshot import (
+from keras_vit.weights.pretrained import LoadReport, load_pretrained, save_npz
+from keras_vit.evaluation.fewshot import (
     FewshotConfig,
     RidgeProbe,
     evaluate_source,
@@ -20,8 +21,8 @@ from keras_vit.fewshot import (
     fewshot_evaluate,
     linear_fewshot_accuracy,
 )
-from keras_vit.flops import forward_flops
-from keras_vit.layers import (
+from keras_vit.models.flops import forward_flops
+from keras_vit.models.layers import (
     ClassToken,
     DropPath,
     PatchEncoder,
@@ -29,15 +30,15 @@ from keras_vit.layers import (
     TokenPooling,
     TransformerBlock,
 )
-from keras_vit.model import VARIANTS, ViT, VisionTransformer, parse_variant, preprocess
-from keras_vit.mpp import (
+from keras_vit.models.vit import VARIANTS, ViT, VisionTransformer, parse_variant, preprocess
+from keras_vit.models.mpp import (
     MaskedPatchPrediction,
     corrupt_patch_embeddings,
     masked_patch_loss,
     mean_color_targets,
 )
-from keras_vit.posembed import resample_position_grid
-from keras_vit.probes import drop_patches, robustness_probes, shuffle_patches
+from keras_vit.models.posembed import resample_position_grid
+from keras_vit.evaluation.probes import drop_patches, robustness_probes, shuffle_patches
 
 __version__ = "0.1.0"
 
@@ -47,11 +48,11 @@ configure_for_backend(keras.backend.backend())
 # tf.distribute, the demo pipeline) are imported on first use: TensorFlow is slow to
 # import and unused by the JAX and PyTorch backends until then.
 _LAZY = {
-    "export_saved_model": "keras_vit.export",
-    "TrainConfig": "keras_vit.training",
-    "TrainingModel": "keras_vit.training",
-    "MultiWorkerModel": "keras_vit.multiworker",
-    "train": "keras_vit.training",
+    "export_saved_model": "keras_vit.export.saved_model",
+    "TrainConfig": "keras_vit.training.engine",
+    "TrainingModel": "keras_vit.training.engine",
+    "MultiWorkerModel": "keras_vit.training.multiworker",
+    "train": "keras_vit.training.engine",
     "DemoConfig": "keras_vit.demo",
     "run_demo": "keras_vit.demo",
 }

@@ -10,12 +10,12 @@ def _arguments(parser):
 
 @command("fewshot", "few-shot linear evaluation of a model", _arguments)
 def fewshot(args):
-    model = keras_vit.runs.load_model(args.source)
+    model = keras_vit.training.runs.load_model(args.source)
     ...
     return 0
 ```
 
-`add_from_argument` (with `keras_vit.runs.resolve_from` / `load_model` /
+`add_from_argument` (with `keras_vit.training.runs.resolve_from` / `load_model` /
 `load_weights`), `add_data_argument`, `add_out_argument`, `load_recipe` and
 `apply_overrides` are shared by the subcommands.
 """
@@ -58,7 +58,7 @@ def command(name, help, arguments=None):
 
 
 def add_from_argument(parser, required=False):
-    """`--from CKPT` (as `args.source`); resolve it with `keras_vit.runs`."""
+    """`--from CKPT` (as `args.source`); resolve it with `keras_vit.training.runs`."""
     parser.add_argument(
         "--from",
         dest="source",
@@ -70,7 +70,7 @@ def add_from_argument(parser, required=False):
 
 
 def add_data_argument(parser):
-    """`--data SOURCE`, a `keras_vit.data.load_source` specification."""
+    """`--data SOURCE`, a `keras_vit.data.pipelines.load_source` specification."""
     parser.add_argument(
         "--data",
         metavar="SOURCE",
@@ -179,7 +179,7 @@ def apply_overrides(config, assignments):
 
     Example:
 
-    >>> from keras_vit.training import TrainConfig
+    >>> from keras_vit.training.engine import TrainConfig
     >>> config = apply_overrides(TrainConfig(), ["epochs=3", "crop_area=(0.5, 1.0)",
     ...                                          "model_kwargs.dropout_rate=0.1"])
     >>> config.epochs, config.crop_area, config.model_kwargs
@@ -246,7 +246,7 @@ def _configure(args, command_name, default_recipe):
 
 
 def _train(config):
-    from keras_vit.training import train
+    from keras_vit.training.engine import train
 
     result = train(config)
     summary = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items())
@@ -308,8 +308,8 @@ def _fewshot_arguments(parser):
 
 @command("fewshot", "few-shot linear evaluation of a model's representation", _fewshot_arguments)
 def fewshot(args):
-    from keras_vit import fewshot as vit_fewshot
-    from keras_vit.runs import load_model
+    from keras_vit.evaluation import fewshot as vit_fewshot
+    from keras_vit.training.runs import load_model
 
     config = load_recipe(args.recipe or "fewshot", "fewshot")
     flags = dict(data=args.data, out=args.out, classes=args.classes)
@@ -362,7 +362,7 @@ def demo(args):
 
 def _load_run_model(source):
     """The model `--from` names and the config of the run it came from (or None)."""
-    from keras_vit import runs
+    from keras_vit.training import runs
 
     return runs.load_model(source), runs.run_config(source)
 
@@ -405,8 +405,8 @@ def _export_arguments(parser):
     _export_arguments,
 )
 def export(args):
-    from keras_vit.export import export_saved_model
-    from keras_vit.runs import resolve_from
+    from keras_vit.export.saved_model import export_saved_model
+    from keras_vit.training.runs import resolve_from
 
     model, config = _load_run_model(args.source)
     labels = None
@@ -440,7 +440,8 @@ def _visualize_arguments(parser):
     _visualize_arguments,
 )
 def visualize(args):
-    from keras_vit import data, figures
+    from keras_vit import figures
+    from keras_vit.data import pipelines as data
 
     model, config = _load_run_model(args.source)
     _, size, _, channels = model.input_shape
@@ -481,8 +482,9 @@ def _parse_fractions(flag, text):
 def probe(args):
     import json
 
-    from keras_vit import data, figures
-    from keras_vit.probes import robustness_probes
+    from keras_vit import figures
+    from keras_vit.data import pipelines as data
+    from keras_vit.evaluation.probes import robustness_probes
 
     drop = _parse_fractions("--drop", args.drop)
     grids = parse_int_list("--grids", args.grids)

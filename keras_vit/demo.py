@@ -5,7 +5,7 @@ classes (0-4), its frozen representation is scored by few-shot linear evaluation
 other classes (5-9) against the same architecture with random weights, and it is then
 fine-tuned on those classes at a higher resolution (the position embedding resampled,
 the head replaced by a zero-initialised one, as in the paper). `recipes/demo.py` holds
-the hyperparameters; the stages are `keras_vit.train` and `keras_vit.fewshot`. TensorFlow
+the hyperparameters; the stages are `keras_vit.train` and `keras_vit.evaluation.fewshot`. TensorFlow
 backend only (the training engine's tf.data and tf.distribute).
 
 Output folder:
@@ -29,10 +29,10 @@ import time
 import keras
 import numpy as np
 
-from keras_vit import fewshot
-from keras_vit.checkpoints import save_npz
-from keras_vit.fewshot import FewshotConfig
-from keras_vit.training import TrainConfig, train
+from keras_vit.evaluation import fewshot
+from keras_vit.weights.pretrained import save_npz
+from keras_vit.evaluation.fewshot import FewshotConfig
+from keras_vit.training.engine import TrainConfig, train
 
 logger = logging.getLogger("keras_vit")
 

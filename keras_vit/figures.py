@@ -1,4 +1,4 @@
-"""PNG figures of `keras_vit.analysis` and `keras_vit.probes` results (matplotlib).
+"""PNG figures of `keras_vit.evaluation.analysis` and `keras_vit.evaluation.probes` results (matplotlib).
 
 Figures are drawn with matplotlib's object-oriented API on the Agg canvas, so
 importing this module neither needs a display nor changes pyplot's backend.
@@ -12,7 +12,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from keras_vit import analysis
+from keras_vit.evaluation import analysis
 
 
 def _save(fig, path):

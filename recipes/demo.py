@@ -25,8 +25,8 @@ import dataclasses
 import sys
 
 from keras_vit.demo import DemoConfig
-from keras_vit.fewshot import FewshotConfig
-from keras_vit.training import TrainConfig
+from keras_vit.evaluation.fewshot import FewshotConfig
+from keras_vit.training.engine import TrainConfig
 
 CONFIG = TrainConfig(
     model="custom",

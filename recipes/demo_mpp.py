@@ -14,7 +14,7 @@ little. The encoder's features separate the digits better than a random encoder'
 
 import sys
 
-from keras_vit.training import TrainConfig
+from keras_vit.training.engine import TrainConfig
 
 CONFIG = TrainConfig(
     model="custom",

@@ -11,7 +11,7 @@ Images are resized to the model's input size, 256 per forward pass.
 
 import sys
 
-from keras_vit.fewshot import DEFAULT_L2, FewshotConfig
+from keras_vit.evaluation.fewshot import DEFAULT_L2, FewshotConfig
 
 CONFIG = FewshotConfig(
     data="digits",

@@ -12,7 +12,7 @@ ImageNet 20k, Pets/Flowers 500.
 
 import sys
 
-from keras_vit.training import TrainConfig
+from keras_vit.training.engine import TrainConfig
 
 CONFIG = TrainConfig(
     model="B/16",

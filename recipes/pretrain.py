@@ -12,7 +12,7 @@ folder source, `--data /path/to/imagenet21k`), 300 on ImageNet.
 
 import sys
 
-from keras_vit.training import TrainConfig
+from keras_vit.training.engine import TrainConfig
 
 CONFIG = TrainConfig(
     model="B/16",

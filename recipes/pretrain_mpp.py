@@ -22,7 +22,7 @@ with `--from`:
 
 import sys
 
-from keras_vit.training import TrainConfig
+from keras_vit.training.engine import TrainConfig
 
 CONFIG = TrainConfig(
     model="B/16",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from keras_vit.allocator import GLIBC, configure_for_backend
+from keras_vit.utils.allocator import GLIBC, configure_for_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK_MIB = 256
@@ -56,7 +56,7 @@ def test_glibc_returns_a_freed_large_block_and_faults_it_in_again():
 
 
 def test_keep_freed_memory_reuses_even_a_block_past_2_gib_without_faults():
-    setup = "from keras_vit.allocator import keep_freed_memory\nassert keep_freed_memory()"
+    setup = "from keras_vit.utils.allocator import keep_freed_memory\nassert keep_freed_memory()"
     assert _second_fill_faults(setup, mib=LARGE_BLOCK_MIB) < PAGES // 100
 
 

@@ -10,7 +10,8 @@ from sklearn.datasets import load_digits
 from sklearn.decomposition import PCA
 
 from conftest import tiny_vit
-from keras_vit import analysis, probes
+from keras_vit.evaluation import analysis
+from keras_vit.evaluation import probes
 
 
 def _np(x):

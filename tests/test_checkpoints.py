@@ -23,7 +23,7 @@ from transformers import ViTConfig, ViTForImageClassification, ViTModel
 
 import keras_vit
 from conftest import tiny_vit
-from keras_vit.checkpoints import POS_KEY
+from keras_vit.weights.pretrained import POS_KEY
 
 HEADS, LAYERS, WIDTH = 4, 2, 32
 CONFIG = dict(

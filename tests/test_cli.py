@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from conftest import tiny_vit
 
-from keras_vit import cli, runs
-from keras_vit.training import TrainConfig
+from keras_vit import cli
+from keras_vit.training import runs
+from keras_vit.training.engine import TrainConfig
 
 
 def test_set_parses_values_by_field_type():
@@ -117,7 +118,7 @@ def test_demo_recipe_trains_to_95_percent_on_digits(tmp_path, capsys):
     # to 8x8 bilinearly with aligned corners (vit_jax, = scipy's zoom of order 1).
     from scipy.ndimage import zoom
 
-    from keras_vit.training import _build_model
+    from keras_vit.training.engine import _build_model
 
     config = cli.apply_overrides(cli.load_recipe("demo"), ["image_size=32"])
     larger = _build_model(config, num_classes=10)

@@ -9,8 +9,9 @@ import tensorflow as tf
 from conftest import tiny_vit
 
 import keras_vit
-from keras_vit import cli, data
-from keras_vit.training import TrainConfig, train
+from keras_vit import cli
+from keras_vit.data import pipelines as data
+from keras_vit.training.engine import TrainConfig, train
 
 
 def _png(path, image):

@@ -99,7 +99,7 @@ def _uninterrupted(out):
 def _killed_and_restarted(out):
     """Worker 1 SIGKILLs itself after step 3 of epoch 2 (the chief backs up after step 2);
     then both are killed and restarted from the chief's backup."""
-    from keras_vit.callbacks import TrainingBackup
+    from keras_vit.training.callbacks import TrainingBackup
 
     procs = _start_cluster(out, kill_at="1,2")
     try:
@@ -187,7 +187,7 @@ def test_tpu_train_step_compiles_with_xla_and_bfloat16(single_run, background):
 def test_multiworker_cluster_from_tf_config_or_slurm(monkeypatch):
     """TF_CONFIG wins; otherwise an srun job step gives one worker per Slurm task (no
     nvidia-smi here: no GPUs are handed out); otherwise this process is the only worker."""
-    from keras_vit.distribute import cluster_resolver
+    from keras_vit.training.distribute import cluster_resolver
 
     for name in list(os.environ):
         if name.startswith("SLURM_") or name in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES"):
@@ -216,7 +216,7 @@ def test_multiworker_cluster_from_tf_config_or_slurm(monkeypatch):
 
 def test_multiworker_after_tensorflow_started_is_a_clear_error(monkeypatch):
     """TensorFlow refuses to set up collectives once it runs; the user is told why."""
-    from keras_vit.distribute import make_strategy
+    from keras_vit.training.distribute import make_strategy
 
     tf.constant(1.0)  # TensorFlow has started in this process
     tf_config = {"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}
@@ -240,7 +240,7 @@ def test_input_pipeline_is_graph_only_with_static_shapes(tensorflow_backend):
     """The demo recipe's training stream (and one with every augmentation) has static
     shapes and no Python function in its graph, as a TPU needs; a pipeline with
     tf.py_function shows that the inspection finds one."""
-    from keras_vit import data as vit_data
+    from keras_vit.data import pipelines as vit_data
 
     demo = _job().config("unused", "tpu")
     source = vit_data.load_source(demo.data)
@@ -285,7 +285,7 @@ def test_two_workers_match_one_process(cluster_run, single_run):
 def test_killed_worker_resumes_from_backup(cluster_run, background):
     """Worker 1 is SIGKILLed in epoch 2 after the chief's mid-epoch backup; both are
     restarted, resume from that backup and end with the uninterrupted run's weights."""
-    from keras_vit.callbacks import TrainingBackup
+    from keras_vit.training.callbacks import TrainingBackup
 
     out, future = background["killed"]
     future.result()
@@ -316,7 +316,7 @@ def test_jax_model_parallel_places_kernels_as_declared(jax_run):
     declares (its local shard is half the kernel along that axis); the rest is replicated."""
     import re
 
-    from keras_vit.jax_distribution import VIT_LAYOUT
+    from keras_vit.training.jax_distribution import VIT_LAYOUT
 
     sharded = 0
     for path, placed in jax_run["shardings"].items():

@@ -22,7 +22,7 @@ from PIL import Image
 
 import keras_vit
 from conftest import tiny_vit
-from keras_vit.export import CONFIG_FILE, export_saved_model
+from keras_vit.export.saved_model import CONFIG_FILE, export_saved_model
 
 ROOT = Path(__file__).resolve().parents[1]
 LABELS = [f"class_{i}" for i in range(10)]

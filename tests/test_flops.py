@@ -4,7 +4,7 @@ import keras
 import pytest
 
 import keras_vit
-from keras_vit.flops import forward_flops
+from keras_vit.models.flops import forward_flops
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from keras_vit import layers as L
+from keras_vit.models import layers as L
 
 
 def _np(x):

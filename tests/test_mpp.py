@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 from scipy.special import log_softmax
 
-from keras_vit import cli, mpp, runs
-from keras_vit.training import TrainConfig
+from keras_vit import cli
+from keras_vit.models import mpp
+from keras_vit.training import runs
+from keras_vit.training.engine import TrainConfig
 from conftest import tiny_vit
 
 
@@ -180,8 +182,8 @@ def test_loss_and_gradients_come_from_corrupted_positions_only():
 
 def _ten_shot_accuracy(model, config):
     """Mean 10-shot linear accuracy on the digits test split, shots drawn from train."""
-    from keras_vit import data
-    from keras_vit.fewshot import evaluate_model
+    from keras_vit.data import pipelines as data
+    from keras_vit.evaluation.fewshot import evaluate_model
 
     splits = [
         data.eval_dataset(data.load_source("digits", split), config.image_size, 512,
@@ -192,7 +194,7 @@ def _ten_shot_accuracy(model, config):
 
 
 def test_mpp_recipe_pretrains_an_encoder_that_fewshot_and_finetune_take(tmp_path, capsys):
-    from keras_vit.training import _build_model
+    from keras_vit.training.engine import _build_model
 
     out, tuned = tmp_path / "mpp", tmp_path / "tuned"
     assert cli.main(["pretrain", "--recipe", "demo_mpp", "--out", str(out),

@@ -6,7 +6,7 @@ import pytest
 
 import keras_vit
 from conftest import assert_keras_file_round_trip, randomise_weights
-from keras_vit import resnet
+from keras_vit.models import resnet
 
 # vit_jax models_test.py, num_classes=1000 at 224 px.
 OFFICIAL_HYBRID_COUNTS = {

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from conftest import tiny_vit
 
-from keras_vit import runs
-from keras_vit.losses import SigmoidCrossEntropy
-from keras_vit.optimizers import decayed_variables, make_optimizer
-from keras_vit.schedules import WarmupDecay
+from keras_vit.training import runs
+from keras_vit.training.losses import SigmoidCrossEntropy
+from keras_vit.training.optimizers import decayed_variables, make_optimizer
+from keras_vit.training.schedules import WarmupDecay
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -170,7 +170,7 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 import numpy as np
-from keras_vit.training import TrainConfig, train
+from keras_vit.training.engine import TrainConfig, train
 weights = {}
 for strategy in ("cpu", "mirrored"):
     config = TrainConfig(**json.loads(sys.argv[1]), strategy=strategy, out=sys.argv[2] + strategy)
@@ -194,7 +194,7 @@ def test_mirrored_over_two_cpus_matches_one_device(tmp_path):
 RESUMABLE = """
 import json, os, signal, sys
 import keras
-from keras_vit.training import TrainConfig, train
+from keras_vit.training.engine import TrainConfig, train
 
 class KillAt(keras.callbacks.Callback):
     def __init__(self, epoch, step):
@@ -230,7 +230,7 @@ def test_run_killed_mid_epoch_resumes_to_the_same_weights(tmp_path, objective):
     assert code == 0, stderr[-3000:]
     code, _, stderr = _finish(second)
     assert code == -signal.SIGKILL, stderr[-3000:]
-    from keras_vit.callbacks import TrainingBackup
+    from keras_vit.training.callbacks import TrainingBackup
 
     assert TrainingBackup.saved_position(str(killed / runs.BACKUP)) == (1, 4)
     code, _, stderr = _finish(_python(RESUMABLE, config, str(killed)))
@@ -245,8 +245,8 @@ def test_run_killed_mid_epoch_resumes_to_the_same_weights(tmp_path, objective):
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_state(tmp_path):
-    from keras_vit.callbacks import TrainingBackup
-    from keras_vit.training import TrainConfig, train
+    from keras_vit.training.callbacks import TrainingBackup
+    from keras_vit.training.engine import TrainConfig, train
 
     class Poison(keras.callbacks.Callback):
         """Makes the weights NaN after the first step of the second epoch."""
@@ -274,8 +274,8 @@ def test_functional_engine_model_leaves_the_shared_classes_alone():
     """Building `TrainingModel` from a graph makes Keras rewrite `keras.Model` in its bases
     to `Functional`; an MPP model made afterwards in the same process must still build
     (it failed with "Functional.__init__() missing 'outputs'" when they shared a base)."""
-    from keras_vit.multiworker import MultiWorkerModel
-    from keras_vit.training import MaskedPatchTraining, TrainingModel
+    from keras_vit.training.multiworker import MultiWorkerModel
+    from keras_vit.training.engine import MaskedPatchTraining, TrainingModel
 
     classifier = tiny_vit(num_classes=3)
     TrainingModel.wrap(classifier)

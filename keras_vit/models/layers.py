@@ -2,7 +2,7 @@
 
 Every layer uses `keras.ops` only, so it runs on the TensorFlow, JAX and PyTorch
 backends. Weight layouts are chosen so that the official checkpoints map onto
-them by reshapes alone (see `keras_vit.checkpoints`).
+them by reshapes alone (see `keras_vit.weights.pretrained`).
 """
 
 import functools

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.multiworker import chief_writes, is_chief
+from keras_vit.training.multiworker import chief_writes, is_chief
 
 logger = logging.getLogger("keras_vit")
 
@@ -40,13 +40,13 @@ class TrainingBackup(keras.callbacks.Callback):
     - it records the position as `(epoch, step)`; on restore the model passes over the
       `step` batches of the epoch that were already done (`TrainingModel.pass_steps`)
       instead of training on them again; the input pipeline must start at the saved
-      position too (`keras_vit.data.train_dataset(start_batch=...)`, see
+      position too (`keras_vit.data.pipelines.train_dataset(start_batch=...)`, see
       `saved_position`);
     - a state whose loss is not finite is never backed up, and the backup is kept
       when training stops early, so a NaN leaves the last good state on disk.
 
     With several workers (`MultiWorkerMirroredStrategy`) every worker restores from
-    `directory`, which only the chief writes (see `keras_vit.multiworker.write_path`).
+    `directory`, which only the chief writes (see `keras_vit.training.multiworker.write_path`).
 
     Args:
         directory: where `state.npz` lives (only this callback may write there).

@@ -1,7 +1,7 @@
 """Keras 3 `model.fit` under `tf.distribute.MultiWorkerMirroredStrategy` (TensorFlow-only).
 
 Stock Keras 3 `fit` fails with several workers (keras-team/keras#20585) at two points,
-which `MultiWorkerModel` overrides (the engine's `keras_vit.training.TrainingModel` is
+which `MultiWorkerModel` overrides (the engine's `keras_vit.training.engine.TrainingModel` is
 one); it also makes gradient clipping act on the gradient summed over all replicas. Every worker runs the same program, and only the chief may write shared files:
 `write_path` and `chief_writes` say where each worker writes, as TensorFlow's
 multi-worker guide prescribes.

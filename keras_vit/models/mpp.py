@@ -10,7 +10,7 @@ TensorFlow, JAX and PyTorch backends and under `tf.distribute`.
 import keras
 from keras import ops
 
-from keras_vit.layers import Patches, _register
+from keras_vit.models.layers import Patches, _register
 
 # What `corrupt_patch_embeddings` did to each position.
 CLEAN, MASKED, REPLACED, KEPT = 0, 1, 2, 3

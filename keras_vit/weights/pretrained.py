@@ -1,6 +1,6 @@
 """Pretrained weights: `load_pretrained` into a `keras_vit.ViT` model, and `save_npz`.
 
-Every checkpoint is read in the official vit_jax layout (`keras_vit.checkpoint_formats`),
+Every checkpoint is read in the official vit_jax layout (`keras_vit.weights.formats`),
 which is also what `save_npz` writes; this module maps that one layout onto the
 model's weights and adapts the position embedding, the head and `pre_logits`.
 """
@@ -15,8 +15,8 @@ import re
 import keras
 import numpy as np
 
-from keras_vit import posembed
-from keras_vit.checkpoint_formats import (
+from keras_vit.models import posembed
+from keras_vit.weights.formats import (
     ATTENTION_KEY,
     BLOCK_KEY,
     POS_KEY,
@@ -24,7 +24,7 @@ from keras_vit.checkpoint_formats import (
     read_official,
     write_bytes,
 )
-from keras_vit.layers import sincos_2d_table
+from keras_vit.models.layers import sincos_2d_table
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import tempfile
 import keras
 import tensorflow as tf
 
-from keras_vit.checkpoints import load_pretrained, save_npz
+from keras_vit.weights.pretrained import load_pretrained, save_npz
 
 CONFIG = "config.json"
 MODEL = "model.keras"

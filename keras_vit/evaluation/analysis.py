@@ -9,7 +9,7 @@ post-processing of its outputs or of the model's weights.
 import keras
 import numpy as np
 
-from keras_vit.layers import TransformerBlock, _check_choice
+from keras_vit.models.layers import TransformerBlock, _check_choice
 
 HEAD_FUSIONS = ("mean", "max", "min")
 

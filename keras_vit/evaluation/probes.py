@@ -7,8 +7,8 @@ default occlusion value 0 is the mid-grey of that range.
 
 import numpy as np
 
-from keras_vit.analysis import patch_grid
-from keras_vit.fewshot import _batches, _integer_labels
+from keras_vit.evaluation.analysis import patch_grid
+from keras_vit.evaluation.fewshot import _batches, _integer_labels
 
 DROP_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 SHUFFLE_GRIDS = (1, 2, 4, 8)

@@ -2,7 +2,7 @@
 
 `train` builds the strategy, the input pipelines, the model and its optimizer (in the
 strategy's scope), compiles, and calls `fit` with the engine's callbacks; it writes the
-run's output folder (see `keras_vit.runs`). TensorFlow backend only (tf.data and
+run's output folder (see `keras_vit.training.runs`). TensorFlow backend only (tf.data and
 tf.distribute).
 """
 
@@ -18,14 +18,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit import data as vit_data
-from keras_vit import distribute, multiworker, runs
-from keras_vit import mpp as vit_mpp
-from keras_vit.callbacks import EpochCheckpoints, TrainingBackup
-from keras_vit.losses import SigmoidCrossEntropy
-from keras_vit.model import ViT
-from keras_vit.optimizers import OPTIMIZERS, make_optimizer
-from keras_vit.schedules import DECAYS, WarmupDecay
+from keras_vit.data import pipelines as vit_data
+from keras_vit.training import distribute
+from keras_vit.training import multiworker
+from keras_vit.training import runs
+from keras_vit.models import mpp as vit_mpp
+from keras_vit.training.callbacks import EpochCheckpoints, TrainingBackup
+from keras_vit.training.losses import SigmoidCrossEntropy
+from keras_vit.models.vit import ViT
+from keras_vit.training.optimizers import OPTIMIZERS, make_optimizer
+from keras_vit.training.schedules import DECAYS, WarmupDecay
 
 logger = logging.getLogger("keras_vit")
 
@@ -48,7 +50,7 @@ class TrainConfig:
     Data: `data` and `eval_data` (`"digits"`, `"tfds:NAME[:SPLIT]"`, a folder; eval
     defaults to the source's test split; `evaluate=False` skips evaluation); `classes`
     selects some of the source's classes, relabelled in order (e.g. `"0-4"`, see
-    `keras_vit.data.select_classes`); `batch_size` is global, per optimizer update,
+    `keras_vit.data.pipelines.select_classes`); `batch_size` is global, per optimizer update,
     and `accumulation_steps` splits it into that many batches whose gradients are
     averaged; `epochs` passes over the data, or `steps` optimizer updates (rounded up
     to whole epochs); `steps_per_epoch` overrides the epoch length (in batches);
@@ -191,7 +193,7 @@ class TrainConfig:
         if self.classes is not None:
             vit_data.parse_classes(self.classes)
         if self.model != "custom":
-            from keras_vit.model import parse_variant
+            from keras_vit.models.vit import parse_variant
 
             parse_variant(self.model)
         low, high = self.crop_area
@@ -257,7 +259,7 @@ class ResumableFit:
     where it was. Engine-level fixes to `fit` belong here, so that every objective's
     model (`TrainingModel`, `MaskedPatchTraining`) gets them; those that make `fit`
     work under `MultiWorkerMirroredStrategy` come from the
-    `keras_vit.multiworker.MultiWorkerFit` mixin, which both models also derive from.
+    `keras_vit.training.multiworker.MultiWorkerFit` mixin, which both models also derive from.
 
     Example:
 

@@ -25,7 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.model import preprocess
+from keras_vit.models.vit import preprocess
 
 logger = logging.getLogger("keras_vit")
 

@@ -8,7 +8,7 @@ stride-2 convolution followed by a 3x3 stride-2 max-pool.
 import keras
 from keras import ops
 
-from keras_vit.layers import _register
+from keras_vit.models.layers import _register
 
 GROUPS = 32
 GROUP_NORM_EPSILON = 1e-6  # flax.linen.GroupNorm's default

@@ -4,7 +4,7 @@ The official layout is the keys of the released vit_jax `.npz` files (`cls`,
 `embedding/kernel`, `Transformer/posembed_input/pos_embedding`,
 `Transformer/encoderblock_{i}/MultiHeadDotProductAttention_1/query/kernel`, ...).
 big_vision `.npz` files and HF transformers / timm safetensors are converted to it
-by key-renaming tables and reshapes; `keras_vit.checkpoints` maps it onto a model.
+by key-renaming tables and reshapes; `keras_vit.weights.pretrained` maps it onto a model.
 Paths may be local or URLs such as `gs://...` (read through `tf.io.gfile`).
 """
 

@@ -3,8 +3,8 @@
 import keras
 from keras import ops
 
-from keras_vit import layers as vit_layers
-from keras_vit import resnet
+from keras_vit.models import layers as vit_layers
+from keras_vit.models import resnet
 
 # name: (hidden_dim, mlp_dim, num_heads, num_layers), vit_jax configs/models.py.
 SIZES = {

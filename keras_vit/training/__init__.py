@@ -1,0 +1,21 @@
+"""Training: the engine and what it is built from.
+
+Backend-agnostic: `optimizers`, `schedules`, `losses`.
+TensorFlow-only: `engine` (`TrainConfig`, `train`), `runs` (the run folder and finding
+weights again), `callbacks`, `distribute`
+(`tf.distribute` strategies), `multiworker` (Keras 3 `fit` under
+MultiWorkerMirroredStrategy). JAX-only: `jax_distribution` (`keras.distribution` layouts).
+
+`from keras_vit.training import TrainConfig, train` keeps working; the engine (and so
+TensorFlow) is imported on first use.
+"""
+
+_ENGINE = ("TrainConfig", "TrainingModel", "MaskedPatchTraining", "TrainResult", "train")
+
+
+def __getattr__(name):
+    if name in _ENGINE:
+        from keras_vit.training import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'keras_vit.training' has no attribute {name!r}")
