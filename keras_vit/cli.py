@@ -70,7 +70,7 @@ def add_from_argument(parser, required=False):
 
 
 def add_data_argument(parser):
-    """`--data SOURCE`, a `keras_vit.data.pipelines.load_source` specification."""
+    """`--data SOURCE`, a `keras_vit.data.load_source` specification."""
     parser.add_argument(
         "--data",
         metavar="SOURCE",
@@ -441,7 +441,7 @@ def _visualize_arguments(parser):
 )
 def visualize(args):
     from keras_vit import figures
-    from keras_vit.data import pipelines as data
+    from keras_vit import data
 
     model, config = _load_run_model(args.source)
     _, size, _, channels = model.input_shape
@@ -483,7 +483,7 @@ def probe(args):
     import json
 
     from keras_vit import figures
-    from keras_vit.data import pipelines as data
+    from keras_vit import data
     from keras_vit.evaluation.probes import robustness_probes
 
     drop = _parse_fractions("--drop", args.drop)

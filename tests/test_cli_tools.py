@@ -10,7 +10,7 @@ from conftest import tiny_vit
 
 import keras_vit
 from keras_vit import cli
-from keras_vit.data import pipelines as data
+from keras_vit import data
 from keras_vit.training.engine import TrainConfig, train
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_vit.data import pipelines as data
+from keras_vit import data
 
 
 def _write_images(root, sizes_by_class, corrupt=()):

@@ -240,7 +240,7 @@ def test_input_pipeline_is_graph_only_with_static_shapes(tensorflow_backend):
     """The demo recipe's training stream (and one with every augmentation) has static
     shapes and no Python function in its graph, as a TPU needs; a pipeline with
     tf.py_function shows that the inspection finds one."""
-    from keras_vit.data import pipelines as vit_data
+    from keras_vit import data as vit_data
 
     demo = _job().config("unused", "tpu")
     source = vit_data.load_source(demo.data)

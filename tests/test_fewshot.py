@@ -283,7 +283,7 @@ def test_fewshot_command_writes_table_json_and_plot(tmp_path, capsys):
     saved = json.loads((out / "fewshot.json").read_text())["runs"]["tiny.keras"]
     assert saved["shots"] == [1, 3, 10] and saved["seeds"] == [0, 1]
     assert saved["l2"] == [2.0**10] * 3 and saved["class_names"] == ["5", "6", "7", "8", "9"]
-    # The same evaluation on arrays prepared independently of keras_vit.data.pipelines.
+    # The same evaluation on arrays prepared independently of keras_vit.data.
     expected = fewshot.evaluate_model(model, *_digits_arrays([5, 6, 7, 8, 9]), shots=(1, 3, 10), seeds=2)
     assert (saved["num_train"], saved["num_test"]) == (expected["num_train"], expected["num_test"])
     np.testing.assert_allclose(saved["accuracy"], expected["accuracy"])

@@ -182,7 +182,7 @@ def test_loss_and_gradients_come_from_corrupted_positions_only():
 
 def _ten_shot_accuracy(model, config):
     """Mean 10-shot linear accuracy on the digits test split, shots drawn from train."""
-    from keras_vit.data import pipelines as data
+    from keras_vit import data
     from keras_vit.evaluation.fewshot import evaluate_model
 
     splits = [

@@ -1,15 +1,36 @@
-"""Input pipelines: image sources and the paper's preprocessing (`tf.data`, TensorFlow-only).
+"""Input data (`tf.data`, TensorFlow-only): sources, decoding, augmentation, pipelines.
 
-- `pipelines`: sources (digits, TFDS, image folders), decoding, augmentation, and the
-  `train_dataset` / `eval_dataset` streams.
+- `sources`: where labelled images come from (digits, TFDS, image folders) as a `Source`.
+- `decode`: files to pixels, crop windows, the eval resize, `read_images`.
+- `augment`: AugReg levels and Keras preprocessing layers seeded by stream position.
+- `pipelines`: `train_dataset` (endless, seeded, resumable) and `eval_dataset` (one pass).
 
-`from keras_vit.data import load_source, train_dataset` keeps working.
+The names below are the package's API: `from keras_vit.data import load_source, train_dataset`.
 """
 
-from keras_vit.data.pipelines import (  # noqa: F401
-    eval_dataset,
+from keras_vit.data.augment import AUGREG_LEVELS, as_layer, augmentation_layers
+from keras_vit.data.decode import (
+    central_crop,
+    check_crop_fraction,
+    eval_resize,
+    inception_crop_window,
+    read_images,
+)
+from keras_vit.data.pipelines import eval_dataset, train_dataset
+from keras_vit.data.sources import (
+    IMAGE_EXTENSIONS,
+    NoSplitError,
+    Source,
+    find_decodable,
     load_source,
     parse_classes,
     select_classes,
-    train_dataset,
+    spec_split,
 )
+
+__all__ = [
+    "AUGREG_LEVELS", "IMAGE_EXTENSIONS", "NoSplitError", "Source", "as_layer",
+    "augmentation_layers", "central_crop", "check_crop_fraction", "eval_dataset",
+    "eval_resize", "find_decodable", "inception_crop_window", "load_source",
+    "parse_classes", "read_images", "select_classes", "spec_split", "train_dataset",
+]

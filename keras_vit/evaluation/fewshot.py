@@ -465,7 +465,7 @@ def evaluate_model(model, train_data, test_data, *, batch_size=256, layer=None, 
 class FewshotConfig:
     """A few-shot evaluation of a model on an image source; `recipes/fewshot.py` is one.
 
-    `data` is a `keras_vit.data.pipelines.load_source` specification whose train split gives the
+    `data` is a `keras_vit.data.load_source` specification whose train split gives the
     shots and whose test split (or `test_data`) is scored; `classes` selects some of its
     classes (e.g. `"5-9"`). `shots`, `seeds`, `l2` and `holdout_fraction` are those of
     `fewshot_evaluate`; `sweep=True` chooses `l2` per shot count from `L2_GRID`.
@@ -511,7 +511,7 @@ class FewshotConfig:
                 f"holdout_fraction must be in (0, 1) to choose l2, got {self.holdout_fraction!r}."
             )
         if self.classes is not None:
-            from keras_vit.data.pipelines import parse_classes
+            from keras_vit.data import parse_classes
 
             parse_classes(self.classes)
         return self
@@ -535,7 +535,7 @@ def evaluate_source(model, config, *, verbose=0):
     """
     import tensorflow as tf  # tf.data, imported only when used
 
-    from keras_vit.data import pipelines as vit_data
+    from keras_vit import data as vit_data
 
     config.validate()
     if config.test_data is None and vit_data.spec_split(config.data):

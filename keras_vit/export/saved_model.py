@@ -11,7 +11,7 @@ import keras
 import tensorflow as tf
 
 from keras_vit import __version__
-from keras_vit.data.pipelines import check_crop_fraction, eval_resize
+from keras_vit.data import check_crop_fraction, eval_resize
 from keras_vit.models.layers import _check_choice
 from keras_vit.models.vit import preprocess
 
@@ -158,7 +158,7 @@ def export_saved_model(
 
     - `serving_default(images)`: a uint8 batch `(batch, height, width, channels)` of
       any height and width. Images are brought to the model's size as evaluation does
-      (`keras_vit.data.pipelines.eval_resize`: the whole image resized, bilinear, or with
+      (`keras_vit.data.eval_resize`: the whole image resized, bilinear, or with
       `crop_fraction` a central crop) unless already at that size, and scaled to [-1, 1].
     - `serving_bytes(image_bytes)`: a batch of encoded JPEG, PNG, GIF or BMP files
       (a string tensor of shape `(batch,)`), decoded and then treated as above.

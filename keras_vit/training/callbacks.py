@@ -40,7 +40,7 @@ class TrainingBackup(keras.callbacks.Callback):
     - it records the position as `(epoch, step)`; on restore the model passes over the
       `step` batches of the epoch that were already done (`TrainingModel.pass_steps`)
       instead of training on them again; the input pipeline must start at the saved
-      position too (`keras_vit.data.pipelines.train_dataset(start_batch=...)`, see
+      position too (`keras_vit.data.train_dataset(start_batch=...)`, see
       `saved_position`);
     - a state whose loss is not finite is never backed up, and the backup is kept
       when training stops early, so a NaN leaves the last good state on disk.

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.data import pipelines as vit_data
+from keras_vit import data as vit_data
 from keras_vit.training import distribute
 from keras_vit.training import multiworker
 from keras_vit.training import runs
@@ -50,7 +50,7 @@ class TrainConfig:
     Data: `data` and `eval_data` (`"digits"`, `"tfds:NAME[:SPLIT]"`, a folder; eval
     defaults to the source's test split; `evaluate=False` skips evaluation); `classes`
     selects some of the source's classes, relabelled in order (e.g. `"0-4"`, see
-    `keras_vit.data.pipelines.select_classes`); `batch_size` is global, per optimizer update,
+    `keras_vit.data.select_classes`); `batch_size` is global, per optimizer update,
     and `accumulation_steps` splits it into that many batches whose gradients are
     averaged; `epochs` passes over the data, or `steps` optimizer updates (rounded up
     to whole epochs); `steps_per_epoch` overrides the epoch length (in batches);

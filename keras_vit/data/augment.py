@@ -1,0 +1,165 @@
+"""Augmentation: the AugReg levels and Keras preprocessing layers inside `tf.data`.
+
+Keras layers draw their randomness from a `SeedGenerator`; `PositionSeeds` replaces it by
+seeds derived from the position in the stream, so augmentations are a pure function of
+`(seed, position)` and a resumed run sees exactly the batches of an uninterrupted one.
+"""
+
+import contextlib
+import functools
+import random
+
+import keras
+import tensorflow as tf
+
+# AugReg levels (Steiner et al. 2021, big_vision configs/vit_i21k.py):
+# name -> ((RandAugment num_ops, magnitude) or None, MixUp alpha or None).
+AUGREG_LEVELS = {
+    "none": (None, None),
+    "light1": ((2, 0), None),
+    "light2": ((2, 10), 0.2),
+    "medium1": ((2, 15), 0.2),
+    "medium2": ((2, 15), 0.5),
+    "strong1": ((2, 20), 0.5),
+    "strong2": ((2, 20), 0.8),
+}
+# RandAugment magnitudes are on the 0-30 scale of the RandAugment paper; Keras' layer
+# takes a strength in [0, 1].
+RANDAUGMENT_MAX_MAGNITUDE = 30.0
+
+
+class PositionSeeds(keras.random.SeedGenerator):
+    """Seeds for Keras augmentation layers inside `tf.data`, drawn from the stream position.
+
+    A Keras layer's own `SeedGenerator` is a variable that each call advances: in a
+    parallel `map` its draws depend on scheduling, and after a restart they start over.
+    While `at(seed)` is active (during tracing of the map function), each draw is
+    `fold_in(seed, k)` for the k-th draw, with `seed` the element's (or batch's) own
+    stateless seed: augmentations become a pure function of the position in the stream.
+    """
+
+    def __init__(self):  # No state variable: seeds come from the stream.
+        self.name = "position_seeds"
+        self._seed = None
+        self._draws = 0
+
+    @contextlib.contextmanager
+    def at(self, seed):
+        self._seed, self._draws = seed, 0
+        try:
+            yield
+        finally:
+            self._seed = None
+
+    def next(self, ordered=True):
+        if self._seed is None:
+            raise RuntimeError("Augmentation layers drew a seed outside the input pipeline.")
+        self._draws += 1
+        return tf.random.experimental.stateless_fold_in(self._seed, self._draws)
+
+
+def seed_from_stream(layers, seeds):
+    """Makes `layers` (and their sub-layers) draw randomness from `seeds`."""
+    for layer in layers:
+        for sub in layer._flatten_layers(include_self=True):
+            if hasattr(sub, "generator"):
+                # object.__setattr__: keep Keras from tracking a stateless generator.
+                object.__setattr__(sub, "generator", seeds)
+                object.__setattr__(sub, "_backend_generators", {"tensorflow": seeds})
+
+
+def _rand_augment(layer, image, seeds):
+    """Keras' RandAugment on one image, running only the operations it picks.
+
+    `keras.layers.RandAugment` computes every one of its operations and keeps the picked
+    ones with `where`; picking with `switch_case` runs `num_ops` of them, the same
+    operations at the same strength, at a fraction of the cost.
+    """
+    names = layer._AUGMENT_LAYERS
+    for _ in range(layer.num_ops):
+        pick = tf.random.stateless_uniform([], seeds.next(), 0, len(names), dtype=tf.int32)
+        branches = [functools.partial(getattr(layer, name), image) for name in names]
+        image = tf.switch_case(pick, branches)
+    return image
+
+
+def augment_image(layer, image, seeds):
+    """`layer` applied to one image, with `seeds` active (RandAugment: only its picks)."""
+    if isinstance(layer, keras.layers.RandAugment):
+        return _rand_augment(layer, image, seeds)
+    return layer(image)
+
+
+def augmentation_layers(augment="none", randaugment=None, mixup=None, cutmix=None):
+    """Returns `(per_image_layers, per_batch_layers)` of Keras augmentation layers.
+
+    Args:
+        augment: an AugReg level, one of `AUGREG_LEVELS` (`"none"`, `"light1"` ...
+            `"strong2"`); it sets RandAugment and MixUp unless given below.
+        randaugment: `(num_ops, magnitude)`, magnitude on the paper's 0-30 scale.
+        mixup: MixUp's Beta alpha.
+        cutmix: CutMix's Beta alpha (Keras' `factor`).
+
+    Example:
+
+    >>> image_layers, batch_layers = augmentation_layers("light2")
+    >>> [type(layer).__name__ for layer in image_layers + batch_layers]
+    ['RandAugment', 'MixUp']
+    """
+    if augment not in AUGREG_LEVELS:
+        raise ValueError(
+            f"Unknown augmentation level {augment!r}: expected one of "
+            f"{', '.join(map(repr, AUGREG_LEVELS))}."
+        )
+    level_randaugment, level_mixup = AUGREG_LEVELS[augment]
+    randaugment = level_randaugment if randaugment is None else randaugment
+    mixup = level_mixup if mixup is None else mixup
+    per_image, per_batch = [], []
+    if randaugment is not None:
+        if len(randaugment) != 2 or not 0 <= randaugment[1] <= RANDAUGMENT_MAX_MAGNITUDE:
+            raise ValueError(
+                f"randaugment must be (num_ops, magnitude) with magnitude in 0-30, "
+                f"got {randaugment!r}."
+            )
+        num_ops, magnitude = randaugment
+        per_image.append(
+            keras.layers.RandAugment(
+                value_range=(0, 255),
+                num_ops=int(num_ops),
+                factor=magnitude / RANDAUGMENT_MAX_MAGNITUDE,
+                dtype="float32",
+            )
+        )
+    if mixup:
+        per_batch.append(keras.layers.MixUp(alpha=float(mixup), dtype="float32"))
+    if cutmix:
+        per_batch.append(keras.layers.CutMix(factor=float(cutmix), dtype="float32"))
+    return per_image, per_batch
+
+
+def as_layer(layer):
+    """A Keras layer from a layer or its serialized form (`keras.layers.serialize`).
+
+    Example:
+
+    >>> type(as_layer({"class_name": "RandomTranslation",
+    ...                 "config": {"height_factor": 0.1, "width_factor": 0.1}})).__name__
+    'RandomTranslation'
+    """
+    if isinstance(layer, keras.layers.Layer):
+        return layer
+    if isinstance(layer, dict):
+        # A new layer without a seed draws one from Python's `random`; that draw must not
+        # move the run's seeded stream (the model is initialised after the pipeline is
+        # made), and the layer's seed is unused: `seed_from_stream` replaces it.
+        state = random.getstate()
+        try:
+            # Keras finds its own classes through the module, which hand-written configs omit.
+            return keras.layers.deserialize({"module": "keras.layers", **layer})
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"Augmentation {layer!r} is not a Keras layer: {error}") from None
+        finally:
+            random.setstate(state)
+    raise ValueError(
+        f"Augmentations must be Keras layers or their serialized dicts, got {layer!r}."
+    )

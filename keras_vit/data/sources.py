@@ -1,0 +1,327 @@
+"""Image sources: where labelled images come from (TensorFlow-only).
+
+A *source* is scikit-learn's digits (built in, no network), a TensorFlow Datasets name,
+or a folder with one sub-folder per class; `load_source` returns it as a `Source`, a
+cheap-to-shuffle `tf.data.Dataset` of `(key, label)` records plus a `read` function from
+key to payload. `select_classes` keeps some of its classes.
+"""
+
+import dataclasses
+import logging
+import os
+from typing import Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+logger = logging.getLogger("keras_vit")
+
+AUTOTUNE = tf.data.AUTOTUNE
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+# Split folders recognised inside an image folder (train/ plus one of the others).
+EVAL_SPLIT_FOLDERS = ("val", "validation", "test")
+
+
+class NoSplitError(ValueError):
+    """A source has no split of the requested name (e.g. a folder without `test/`)."""
+
+
+@dataclasses.dataclass
+class Source:
+    """Labelled images, before preprocessing.
+
+    Attributes:
+        name: the source specification it was loaded from.
+        records: a `tf.data.Dataset` of `(key, label)`, cheap to shuffle (an index, a
+            file path or an encoded record).
+        read: maps a key to its payload: an encoded JPEG/PNG string when `encoded`,
+            else a uint8 `(height, width, channels)` image.
+        size: number of examples.
+        num_classes: number of classes (labels are `0 .. num_classes - 1`).
+        encoded: whether payloads are encoded files.
+        class_names: names of the classes, when the source has them.
+        skipped: files left out because they could not be decoded.
+    """
+
+    name: str
+    records: tf.data.Dataset
+    size: int
+    num_classes: int
+    encoded: bool
+    read: Callable = tf.identity
+    class_names: Optional[list] = None
+    skipped: list = dataclasses.field(default_factory=list)
+
+
+def load_source(spec, split="train", *, strict=False):
+    """Loads a labelled image source.
+
+    Args:
+        spec: `"digits"` (scikit-learn's 8x8 digits, 1437 train / 360 test images,
+            built in), `"tfds:NAME"` or `"tfds:NAME:SPLIT"` (any TensorFlow Datasets
+            split, slicing included, e.g. `"tfds:imagenet2012:train[:99%]"`), or a
+            folder with one sub-folder of JPEG/PNG files per class (optionally inside
+            `train/` and `val/`, `validation/` or `test/` split folders). A split
+            written in `spec` wins over `split`.
+        split: `"train"` or `"test"` (for TFDS any split name; `"test"` falls back to
+            `"validation"` when a dataset has no test split).
+        strict: raise on files that cannot be decoded instead of skipping them.
+
+    Example:
+
+    >>> source = load_source("digits", "test")
+    >>> source.size, source.num_classes
+    (360, 10)
+    """
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(
+            f"Data source must be 'digits', 'tfds:NAME[:SPLIT]' or a folder path, got {spec!r}."
+        )
+    if spec == "digits" or spec.startswith("digits:"):
+        return _digits(spec_split(spec) or split)
+    if spec.startswith("tfds:"):
+        name = spec[len("tfds:"):].partition(":")[0]
+        return _tfds(name, spec_split(spec) or split)
+    if tf.io.gfile.isdir(spec):
+        return _folder(spec, split, strict=strict)
+    raise ValueError(
+        f"Data source {spec!r} is not 'digits', 'tfds:NAME[:SPLIT]' or an existing folder."
+    )
+
+
+def spec_split(spec):
+    """The split written into a source specification, or None.
+
+    Example:
+
+    >>> spec_split("tfds:imagenet2012:train[:99%]"), spec_split("digits")
+    ('train[:99%]', None)
+    """
+    if spec.startswith("tfds:"):
+        return spec[len("tfds:"):].partition(":")[2] or None
+    if spec.startswith("digits:"):
+        return spec.partition(":")[2]
+    return None
+
+
+def parse_classes(classes):
+    """The class labels a class selection names, sorted: `"0-4"`, `"0,2,5-7"` or integers.
+
+    Example:
+
+    >>> parse_classes("5-9"), parse_classes("0,3-4"), parse_classes([7, 2])
+    ((5, 6, 7, 8, 9), (0, 3, 4), (2, 7))
+    """
+    expected = "class labels like '0-4', '0,2,5-7' or a list of integers"
+    if isinstance(classes, str):
+        labels = set()
+        for part in classes.replace(" ", "").split(","):
+            low, dash, high = part.partition("-")
+            if not (low.isdigit() and (not dash or high.isdigit())) or (dash and int(high) < int(low)):
+                raise ValueError(f"classes must be {expected}, got {classes!r} (bad part {part!r}).")
+            labels.update(range(int(low), int(high if dash else low) + 1))
+    else:
+        try:
+            labels = set(classes)
+        except TypeError:
+            labels = None
+        if labels is None or any(
+            not isinstance(c, (int, np.integer)) or isinstance(c, bool) or c < 0 for c in labels
+        ):
+            raise ValueError(f"classes must be {expected}, got {classes!r}.")
+    if len(labels) < 2:
+        raise ValueError(f"classes={classes!r} selects {len(labels)} class(es): expected at least 2.")
+    return tuple(sorted(int(c) for c in labels))
+
+
+def select_classes(source, classes):
+    """`source` restricted to some of its classes, relabelled `0 .. len(classes) - 1`.
+
+    `classes` is anything `parse_classes` reads; label `classes[i]` becomes `i`, so a
+    model trained on a selection has one output per selected class. Counting the
+    selection reads the source's records once.
+
+    Example:
+
+    >>> upper = select_classes(load_source("digits", "test"), "5-9")
+    >>> upper.size, upper.num_classes, upper.class_names
+    (180, 5, ['5', '6', '7', '8', '9'])
+    """
+    labels = parse_classes(classes)
+    outside = [c for c in labels if c >= source.num_classes]
+    if outside:
+        raise ValueError(
+            f"classes={classes!r} names class(es) {outside} that {source.name} does not have: "
+            f"its labels are 0-{source.num_classes - 1}."
+        )
+    relabel = np.full(source.num_classes, -1, "int32")
+    relabel[list(labels)] = np.arange(len(labels))
+    relabel = tf.constant(relabel)
+    records = source.records.filter(lambda key, label: tf.gather(relabel, label) >= 0).map(
+        lambda key, label: (key, tf.gather(relabel, label))
+    )
+    size = int(records.map(lambda key, label: label).reduce(0, lambda count, _: count + 1))
+    # A known length: Keras then reads an eval pass to its end without a warning.
+    records = records.apply(tf.data.experimental.assert_cardinality(size))
+    names = source.class_names and [source.class_names[c] for c in labels]
+    return dataclasses.replace(
+        source,
+        name=f"{source.name}[classes {','.join(map(str, labels))}]",
+        records=records,
+        size=size,
+        num_classes=len(labels),
+        class_names=names,
+    )
+
+
+def _digits(split):
+    """scikit-learn's digits: 8x8 grey levels 0-16, scaled to uint8 0-255, one channel."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    if split not in ("train", "test"):
+        raise NoSplitError(f"The digits source has splits 'train' and 'test', got {split!r}.")
+    digits = load_digits()
+    images = np.round(digits.images * (255.0 / 16.0)).astype("uint8")[..., None]
+    parts = train_test_split(
+        images, digits.target, test_size=0.2, random_state=0, stratify=digits.target
+    )
+    images, labels = (parts[0], parts[2]) if split == "train" else (parts[1], parts[3])
+    records = tf.data.Dataset.from_tensor_slices((images, labels.astype("int32")))
+    return Source(
+        name=f"digits:{split}",
+        records=records,
+        size=len(labels),
+        num_classes=10,
+        encoded=False,
+        class_names=[str(d) for d in range(10)],
+    )
+
+
+def _tfds(name, split):
+    import tensorflow_datasets as tfds
+
+    builder = tfds.builder(name)
+    builder.download_and_prepare()
+    info = builder.info
+    if split == "test" and "test" not in info.splits:
+        split = "validation"
+    if split.split("[")[0] not in info.splits:
+        raise NoSplitError(
+            f"TFDS dataset {name!r} has no split {split!r}; it has {', '.join(info.splits)}."
+        )
+    image_key, label_key = info.supervised_keys or ("image", "label")
+    if image_key not in info.features or label_key not in info.features:
+        raise ValueError(
+            f"TFDS dataset {name!r} has no ({image_key!r}, {label_key!r}) features: "
+            "keras-vit needs an image classification dataset."
+        )
+    # Images stay encoded: the train pipeline decodes only the crop it needs.
+    dataset = builder.as_dataset(
+        split=split,
+        decoders={image_key: tfds.decode.SkipDecoding()},
+        shuffle_files=False,
+    )
+    records = dataset.map(
+        lambda ex: (ex[image_key], tf.cast(ex[label_key], tf.int32)),
+        num_parallel_calls=AUTOTUNE,
+    )
+    label = info.features[label_key]
+    return Source(
+        name=f"tfds:{name}:{split}",
+        records=records,
+        size=int(info.splits[split].num_examples),
+        num_classes=int(label.num_classes),
+        encoded=True,
+        class_names=list(label.names),
+    )
+
+
+def _list_class_folder(root):
+    classes = sorted(
+        entry.rstrip("/")
+        for entry in tf.io.gfile.listdir(root)
+        if tf.io.gfile.isdir(os.path.join(root, entry))
+    )
+    paths, labels = [], []
+    for label, name in enumerate(classes):
+        folder = os.path.join(root, name)
+        for file in sorted(tf.io.gfile.listdir(folder)):
+            if file.lower().endswith(IMAGE_EXTENSIONS):
+                paths.append(os.path.join(folder, file))
+                labels.append(label)
+    return classes, paths, labels
+
+
+def _folder(root, split, *, strict):
+    entries = {e.rstrip("/") for e in tf.io.gfile.listdir(root)}
+    eval_folders = [name for name in EVAL_SPLIT_FOLDERS if name in entries]
+    if "train" in entries and eval_folders:
+        folder = os.path.join(root, "train" if split == "train" else eval_folders[0])
+    elif split == "train":
+        folder = root
+    else:
+        raise NoSplitError(
+            f"Folder {root!r} has no {split!r} split: it would need train/ beside one of "
+            f"{', '.join(f'{name}/' for name in EVAL_SPLIT_FOLDERS)}."
+        )
+    classes, paths, labels = _list_class_folder(folder)
+    if len(classes) < 2 or not paths:
+        raise ValueError(
+            f"Image folder {folder!r} needs one sub-folder per class (at least 2) holding "
+            f"{'/'.join(IMAGE_EXTENSIONS)} files; found {len(classes)} class folders and "
+            f"{len(paths)} images."
+        )
+    good = find_decodable(paths)
+    skipped = [path for i, path in enumerate(paths) if i not in good]
+    if skipped:
+        listing = "\n  ".join(skipped)
+        message = (
+            f"{len(skipped)} of {len(paths)} files in {folder!r} could not be decoded:\n  "
+            f"{listing}"
+        )
+        if strict:
+            raise ValueError(message + "\n(strict data mode; fix or remove these files)")
+        logger.warning("Skipping %s", message)
+        keep = sorted(good)
+        paths = [paths[i] for i in keep]
+        labels = [labels[i] for i in keep]
+    records = tf.data.Dataset.from_tensor_slices(
+        (tf.constant(paths), tf.constant(labels, tf.int32))
+    )
+    return Source(
+        name=folder,
+        records=records,
+        size=len(paths),
+        num_classes=len(classes),
+        encoded=True,
+        read=tf.io.read_file,
+        class_names=classes,
+        skipped=skipped,
+    )
+
+
+def find_decodable(paths):
+    """Returns the set of indices of `paths` that hold a decodable JPEG or PNG.
+
+    Decodes every file once, in parallel; files that fail are what a training run
+    would otherwise crash on in the middle of an epoch.
+
+    Example:
+
+    >>> find_decodable([])
+    set()
+    """
+    if not paths:
+        return set()
+
+    def check(index, path):
+        image = tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
+        return index, tf.shape(image)  # The shape keeps the decode from being pruned.
+
+    indices = (
+        tf.data.Dataset.from_tensor_slices((tf.range(len(paths)), tf.constant(paths)))
+        .map(check, num_parallel_calls=AUTOTUNE)
+        .ignore_errors()
+    )
+    return {int(i) for i, _ in indices.as_numpy_iterator()}
