@@ -53,7 +53,7 @@ class Source:
     skipped: list = dataclasses.field(default_factory=list)
 
 
-def load_source(spec, split="train", *, strict=False):
+def load_source(spec, split="train", *, strict=False, data_dir=None):
     """Loads a labelled image source.
 
     Args:
@@ -66,6 +66,8 @@ def load_source(spec, split="train", *, strict=False):
         split: `"train"` or `"test"` (for TFDS any split name; `"test"` falls back to
             `"validation"` when a dataset has no test split).
         strict: raise on files that cannot be decoded instead of skipping them.
+        data_dir: where TFDS datasets are prepared (default: `TFDS_DATA_DIR`, else
+            `~/tensorflow_datasets`); datasets prepared there are found by name alone.
 
     Example:
 
@@ -81,7 +83,7 @@ def load_source(spec, split="train", *, strict=False):
         return _digits(spec_split(spec) or split)
     if spec.startswith("tfds:"):
         name = spec[len("tfds:"):].partition(":")[0]
-        return _tfds(name, spec_split(spec) or split)
+        return _tfds(name, spec_split(spec) or split, data_dir)
     if tf.io.gfile.isdir(spec):
         return _folder(spec, split, strict=strict)
     raise ValueError(
@@ -198,11 +200,25 @@ def _digits(split):
     )
 
 
-def _tfds(name, split):
+def _tfds(name, split, data_dir=None):
+    """A TFDS dataset, prepared as TFRecord or ArrayRecord files, as `(encoded image, label)`."""
     import tensorflow_datasets as tfds
 
-    builder = tfds.builder(name)
-    builder.download_and_prepare()
+    # TFDS reads TFDS_DATA_DIR once, when imported; reading it here honours a later change.
+    data_dir = data_dir or os.environ.get("TFDS_DATA_DIR") or None
+    try:
+        # A name TFDS does not know is still found when it is prepared under data_dir
+        # (TFDS reads its dataset_info.json): datasets built by the user's own builders.
+        builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        raise ValueError(
+            f"TFDS has no dataset {name!r}, and none is prepared under "
+            f"{data_dir or tfds.core.constants.DATA_DIR} (set data_dir or "
+            "TFDS_DATA_DIR to the folder that holds it)."
+        ) from None
+    if not builder.is_prepared():
+        check_manual_download(builder)
+        builder.download_and_prepare()
     info = builder.info
     if split == "test" and "test" not in info.splits:
         split = "validation"
@@ -217,23 +233,75 @@ def _tfds(name, split):
             "keras-vit needs an image classification dataset."
         )
     # Images stay encoded: the train pipeline decodes only the crop it needs.
-    dataset = builder.as_dataset(
-        split=split,
-        decoders={image_key: tfds.decode.SkipDecoding()},
-        shuffle_files=False,
-    )
-    records = dataset.map(
+    decoders = {image_key: tfds.decode.SkipDecoding()}
+    if info.file_format == tfds.core.file_adapters.FileFormat.ARRAY_RECORD:
+        examples = array_record_examples(builder, split, decoders)
+    else:
+        examples = builder.as_dataset(split=split, decoders=decoders, shuffle_files=False)
+    records = examples.map(
         lambda ex: (ex[image_key], tf.cast(ex[label_key], tf.int32)),
         num_parallel_calls=AUTOTUNE,
+        deterministic=True,
     )
+    size = int(info.splits[split].num_examples)
     label = info.features[label_key]
     return Source(
         name=f"tfds:{name}:{split}",
-        records=records,
-        size=int(info.splits[split].num_examples),
+        records=records.apply(tf.data.experimental.assert_cardinality(size)),
+        size=size,
         num_classes=int(label.num_classes),
         encoded=True,
         class_names=list(label.names),
+    )
+
+
+def check_manual_download(builder):
+    """Raises `ValueError` in one line when `builder` needs files the user must download.
+
+    Datasets such as `imagenet2012` cannot be downloaded by TFDS; the line names the
+    folder TFDS reads them from (its `manual_dir`) and what they are.
+    """
+    instructions = builder.MANUAL_DOWNLOAD_INSTRUCTIONS
+    if not instructions:
+        return
+    manual_dir = os.path.join(str(builder.data_dir_root), "downloads", "manual")
+    if tf.io.gfile.isdir(manual_dir) and tf.io.gfile.listdir(manual_dir):
+        return
+    raise ValueError(
+        f"TFDS dataset {builder.name!r} is not prepared and needs a manual download: put its "
+        f"files in {manual_dir} ({' '.join(instructions.split())}), then run again; TFDS "
+        f"prepares it once into {builder.data_dir_root}."
+    )
+
+
+def array_record_examples(builder, split, decoders, chunk=256):
+    """A split prepared as ArrayRecord files, as a `tf.data.Dataset` of examples in order.
+
+    TFDS reads ArrayRecord files only through its random-access data source
+    (`builder.as_data_source`); the records are read by index, `chunk` at a time, and
+    parsed by the dataset's own feature specification, as `as_dataset` parses TFRecords.
+    """
+    reader = builder.as_data_source(split=split).data_source
+    features = builder.info.features
+
+    def read(indices):
+        return tf.constant(reader.__getitems__(indices.numpy().tolist()), tf.string)
+
+    def read_chunk(indices):
+        serialized = tf.py_function(read, [indices], tf.string)
+        serialized.set_shape(indices.shape)
+        return serialized
+
+    return (
+        tf.data.Dataset.range(len(reader))
+        .batch(chunk)
+        .map(read_chunk, num_parallel_calls=AUTOTUNE, deterministic=True)
+        .unbatch()
+        .map(
+            lambda serialized: features.deserialize_example(serialized, decoders=decoders),
+            num_parallel_calls=AUTOTUNE,
+            deterministic=True,
+        )
     )
 
 
