@@ -14,10 +14,11 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.data.folders import IMAGE_EXTENSIONS, load_listing
+
 logger = logging.getLogger("keras_vit")
 
 AUTOTUNE = tf.data.AUTOTUNE
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 # Split folders recognised inside an image folder (train/ plus one of the others).
 EVAL_SPLIT_FOLDERS = ("val", "validation", "test")
 
@@ -40,7 +41,7 @@ class Source:
         num_classes: number of classes (labels are `0 .. num_classes - 1`).
         encoded: whether payloads are encoded files.
         class_names: names of the classes, when the source has them.
-        skipped: files left out because they could not be decoded.
+        skipped: image files left out because they are not readable images.
     """
 
     name: str
@@ -65,7 +66,8 @@ def load_source(spec, split="train", *, strict=False, data_dir=None):
             written in `spec` wins over `split`.
         split: `"train"` or `"test"` (for TFDS any split name; `"test"` falls back to
             `"validation"` when a dataset has no test split).
-        strict: raise on files that cannot be decoded instead of skipping them.
+        strict: raise on image files that are not readable (see
+            `keras_vit.data.folders`) instead of skipping them.
         data_dir: where TFDS datasets are prepared (default: `TFDS_DATA_DIR`, else
             `~/tensorflow_datasets`); datasets prepared there are found by name alone.
 
@@ -305,22 +307,6 @@ def array_record_examples(builder, split, decoders, chunk=256):
     )
 
 
-def _list_class_folder(root):
-    classes = sorted(
-        entry.rstrip("/")
-        for entry in tf.io.gfile.listdir(root)
-        if tf.io.gfile.isdir(os.path.join(root, entry))
-    )
-    paths, labels = [], []
-    for label, name in enumerate(classes):
-        folder = os.path.join(root, name)
-        for file in sorted(tf.io.gfile.listdir(folder)):
-            if file.lower().endswith(IMAGE_EXTENSIONS):
-                paths.append(os.path.join(folder, file))
-                labels.append(label)
-    return classes, paths, labels
-
-
 def _folder(root, split, *, strict):
     entries = {e.rstrip("/") for e in tf.io.gfile.listdir(root)}
     eval_folders = [name for name in EVAL_SPLIT_FOLDERS if name in entries]
@@ -333,27 +319,26 @@ def _folder(root, split, *, strict):
             f"Folder {root!r} has no {split!r} split: it would need train/ beside one of "
             f"{', '.join(f'{name}/' for name in EVAL_SPLIT_FOLDERS)}."
         )
-    classes, paths, labels = _list_class_folder(folder)
+    listing = load_listing(folder)
+    classes, paths, labels = listing.classes, listing.paths, listing.labels
+    if listing.ignored:
+        logger.warning(listing.ignored_line(folder))
     if len(classes) < 2 or not paths:
         raise ValueError(
             f"Image folder {folder!r} needs one sub-folder per class (at least 2) holding "
             f"{'/'.join(IMAGE_EXTENSIONS)} files; found {len(classes)} class folders and "
-            f"{len(paths)} images."
+            f"{len(paths)} readable images."
         )
-    good = find_decodable(paths)
-    skipped = [path for i, path in enumerate(paths) if i not in good]
+    skipped = sorted(listing.damaged)
     if skipped:
-        listing = "\n  ".join(skipped)
+        listing_text = "\n  ".join(f"{path}: {listing.damaged[path]}" for path in skipped)
         message = (
-            f"{len(skipped)} of {len(paths)} files in {folder!r} could not be decoded:\n  "
-            f"{listing}"
+            f"{len(skipped)} of {len(paths) + len(skipped)} files in {folder!r} are not "
+            f"readable images:\n  {listing_text}"
         )
         if strict:
             raise ValueError(message + "\n(strict data mode; fix or remove these files)")
         logger.warning("Skipping %s", message)
-        keep = sorted(good)
-        paths = [paths[i] for i in keep]
-        labels = [labels[i] for i in keep]
     records = tf.data.Dataset.from_tensor_slices(
         (tf.constant(paths), tf.constant(labels, tf.int32))
     )
@@ -367,29 +352,3 @@ def _folder(root, split, *, strict):
         class_names=classes,
         skipped=skipped,
     )
-
-
-def find_decodable(paths):
-    """Returns the set of indices of `paths` that hold a decodable JPEG or PNG.
-
-    Decodes every file once, in parallel; files that fail are what a training run
-    would otherwise crash on in the middle of an epoch.
-
-    Example:
-
-    >>> find_decodable([])
-    set()
-    """
-    if not paths:
-        return set()
-
-    def check(index, path):
-        image = tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
-        return index, tf.shape(image)  # The shape keeps the decode from being pruned.
-
-    indices = (
-        tf.data.Dataset.from_tensor_slices((tf.range(len(paths)), tf.constant(paths)))
-        .map(check, num_parallel_calls=AUTOTUNE)
-        .ignore_errors()
-    )
-    return {int(i) for i, _ in indices.as_numpy_iterator()}
