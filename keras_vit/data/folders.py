@@ -35,6 +35,7 @@ END_MARKERS = {"jpeg": b"\xff\xd9", "png": b"IEND"}
 TAIL = 1024
 # Files checked at once: the check waits on storage, not on the CPU.
 CHECK_THREADS = 32
+CHECK_CHUNK = 64
 CACHE_VERSION = 1
 
 
@@ -100,13 +101,21 @@ def scan(folder):
 
 def damage(path):
     """Why `path` is not a readable image ("empty", "truncated", ...), or None."""
-    opener = tf.io.gfile.GFile if is_remote(path) else open
     try:
-        with opener(path, "rb") as f:
-            head = f.read(16)
-            size = f.seek(0, 2)
-            f.seek(max(size - TAIL, 0))
-            tail = f.read()
+        if is_remote(path):
+            with tf.io.gfile.GFile(path, "rb") as f:
+                head = f.read(16)
+                size = f.seek(0, 2)
+                f.seek(max(size - TAIL, 0))
+                tail = f.read()
+        else:  # Two positioned reads, no buffering: a fraction of the syscalls of open().
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                size = os.fstat(fd).st_size
+                head = os.pread(fd, 16, 0)
+                tail = os.pread(fd, TAIL, max(size - TAIL, 0))
+            finally:
+                os.close(fd)
     except (OSError, tf.errors.OpError) as error:
         return f"unreadable ({error.__class__.__name__})"
     if not head:
@@ -128,9 +137,16 @@ def find_damaged(paths):
     >>> find_damaged([])
     {}
     """
+    # Threads hide storage latency; chunks keep the pool's own cost per file small.
+    chunks = [paths[i:i + CHECK_CHUNK] for i in range(0, len(paths), CHECK_CHUNK)]
     with concurrent.futures.ThreadPoolExecutor(CHECK_THREADS) as pool:
-        reasons = pool.map(damage, paths)
-        return {path: reason for path, reason in zip(paths, reasons) if reason}
+        reasons = pool.map(lambda chunk: [damage(path) for path in chunk], chunks)
+        return {
+            path: reason
+            for chunk, chunk_reasons in zip(chunks, reasons)
+            for path, reason in zip(chunk, chunk_reasons)
+            if reason
+        }
 
 
 def list_folder(folder):
