@@ -129,3 +129,22 @@ def test_an_unwritable_cache_only_costs_the_cache(tree, tmp_path):
     blocker = write(tmp_path / "file", b"")  # a file where the cache folder would be
     listing = folders.load_listing(str(tree), str(blocker))
     assert len(listing.paths) == 6 and not listing.cached
+
+
+def test_an_eval_folder_missing_a_class_keeps_the_train_folders_labels(tmp_path, caplog):
+    root = tmp_path / "split"
+    for name in ("ant", "bee", "cow"):
+        write(root / "train" / name / "0.jpg", jpeg(0))
+    for name in ("ant", "cow"):  # no bee in val/: cow must stay label 2, not become 1
+        write(root / "val" / name / "0.jpg", jpeg(1))
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        test = data.load_source(str(root), "test")
+    assert test.class_names == ["ant", "bee", "cow"] and test.num_classes == 3
+    assert sorted(
+        (os.path.basename(os.path.dirname(path.decode())), int(label))
+        for path, label in test.records.as_numpy_iterator()
+    ) == [("ant", 0), ("cow", 2)]
+    assert "has 2 of the 3 classes" in caplog.text
+    write(root / "val" / "dog" / "0.jpg", jpeg(2))
+    with pytest.raises(ValueError, match="class folders that .*train' lacks: dog"):
+        data.load_source(str(root), "test")

@@ -23,8 +23,9 @@ FORMATS = ("tfrecord", "array_record")
 CLASSES = ["red", "green", "blue"]
 
 
-def shape_examples(count, seed):
-    """`(key, example)` pairs: small images tinted by their class, JPEG and PNG mixed."""
+def shape_examples(count, seed, labelled=True):
+    """`(key, example)` pairs: small images tinted by their class, JPEG and PNG mixed;
+    unlabelled examples have label -1, as TFDS writes imagenet2012's test images."""
     rng = np.random.default_rng(seed)
     for i in range(count):
         label = i % 3
@@ -32,7 +33,7 @@ def shape_examples(count, seed):
         pixels[..., label] += 180
         buffer = io.BytesIO()
         Image.fromarray(pixels).save(buffer, format="PNG" if i % 2 else "JPEG")
-        yield i, {"image": buffer.getvalue(), "label": label}
+        yield i, {"image": buffer.getvalue(), "label": label if labelled else -1}
 
 
 def shape_info(builder):
@@ -47,7 +48,7 @@ def shape_info(builder):
 
 
 class TinyShapes(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """48 train and 12 test images in 3 classes."""
+    """48 train and 12 validation images in 3 classes; 6 unlabelled test images."""
 
     VERSION = tfds.core.Version("1.0.0")
 
@@ -55,7 +56,11 @@ class TinyShapes(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         return shape_info(self)
 
     def _split_generators(self, dl_manager):
-        return {"train": shape_examples(48, 0), "test": shape_examples(12, 1)}
+        return {
+            "train": shape_examples(48, 0),
+            "validation": shape_examples(12, 1),
+            "test": shape_examples(6, 2, labelled=False),
+        }
 
     def _generate_examples(self):  # Unused: the splits above are generators already.
         raise NotImplementedError
@@ -108,9 +113,17 @@ def test_both_file_formats_read_the_same_records_and_slices(data_dirs):
         assert (head.size, tail.size) == (36, 12)
         sliced = [key for source in (head, tail) for key, _ in source.records.as_numpy_iterator()]
         assert sliced == [key for key, _ in train.records.as_numpy_iterator()]
-        assert data.load_source("tfds:tiny_shapes", "test", data_dir=root).size == 12
-    with pytest.raises(data.NoSplitError, match="no split 'validation'.*train, test"):
-        data.load_source("tfds:tiny_shapes:validation", data_dir=data_dirs["tfrecord"])
+    with pytest.raises(data.NoSplitError, match="no split 'val'.*train, validation, test"):
+        data.load_source("tfds:tiny_shapes:val", data_dir=root)
+
+
+def test_an_unlabelled_test_split_gives_way_to_validation_or_is_refused(data_dirs, caplog):
+    root = data_dirs["array_record"]
+    # Evaluation's default split: test, here unlabelled, so validation.
+    assert data.load_source("tfds:tiny_shapes", "test", data_dir=root).size == 12
+    assert "its test split has no labels; evaluating on its validation split" in caplog.text
+    with pytest.raises(ValueError, match="split 'test' has no labels .*train, validation, test"):
+        data.load_source("tfds:tiny_shapes:test", data_dir=root)
 
 
 def test_array_record_stream_equals_tfrecord_stream_and_resumes_exactly(data_dirs):

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.data.folders import IMAGE_EXTENSIONS, load_listing
+from keras_vit.data.folders import IMAGE_EXTENSIONS, load_listing, scan
 
 logger = logging.getLogger("keras_vit")
 
@@ -85,7 +85,7 @@ def load_source(spec, split="train", *, strict=False, data_dir=None):
         return _digits(spec_split(spec) or split)
     if spec.startswith("tfds:"):
         name = spec[len("tfds:"):].partition(":")[0]
-        return _tfds(name, spec_split(spec) or split, data_dir)
+        return _tfds(name, spec_split(spec) or split, data_dir, chosen=spec_split(spec) is None)
     if tf.io.gfile.isdir(spec):
         return _folder(spec, split, strict=strict)
     raise ValueError(
@@ -202,8 +202,12 @@ def _digits(split):
     )
 
 
-def _tfds(name, split, data_dir=None):
-    """A TFDS dataset, prepared as TFRecord or ArrayRecord files, as `(encoded image, label)`."""
+def _tfds(name, split, data_dir=None, chosen=True):
+    """A TFDS dataset, prepared as TFRecord or ArrayRecord files, as `(encoded image, label)`.
+
+    `chosen`: the split is the caller's default, not the user's (then an unlabelled test
+    split, such as imagenet2012's, gives way to the validation split).
+    """
     import tensorflow_datasets as tfds
 
     # TFDS reads TFDS_DATA_DIR once, when imported; reading it here honours a later change.
@@ -246,6 +250,16 @@ def _tfds(name, split, data_dir=None):
         deterministic=True,
     )
     size = int(info.splits[split].num_examples)
+    # TFDS labels the examples of unlabelled splits -1 (imagenet2012's test images).
+    if size and int(next(iter(records.take(1)))[1]) < 0:
+        if chosen and split == "test" and "validation" in info.splits:
+            logger.warning("TFDS dataset %r: its test split has no labels; evaluating on "
+                           "its validation split.", name)
+            return _tfds(name, "validation", data_dir)
+        raise ValueError(
+            f"TFDS dataset {name!r}: split {split!r} has no labels (TFDS marks them -1); "
+            f"use one of its labelled splits ({', '.join(info.splits)})."
+        )
     label = info.features[label_key]
     return Source(
         name=f"tfds:{name}:{split}",
@@ -307,6 +321,31 @@ def array_record_examples(builder, split, decoders, chunk=256):
     )
 
 
+def _train_labels(train, folder, classes, labels):
+    """`(classes, labels)` of an evaluation folder numbered as the train folder's classes.
+
+    Each split numbers its own class folders; a class missing from the evaluation folder
+    would shift the labels of every class after it.
+    """
+    train_classes = sorted(
+        name for name in scan(train)[0] if not name.startswith(".")
+    )
+    if classes == train_classes:
+        return classes, labels
+    unknown = sorted(set(classes) - set(train_classes))
+    if unknown:
+        raise ValueError(
+            f"{folder!r} has class folders that {train!r} lacks: {', '.join(unknown[:5])}"
+            f"{' ...' if len(unknown) > 5 else ''}; both splits need the same classes."
+        )
+    logger.warning(
+        "%s has %d of the %d classes of %s; its labels follow %s.",
+        folder, len(classes), len(train_classes), train, train,
+    )
+    index = {name: i for i, name in enumerate(train_classes)}
+    return train_classes, [index[classes[label]] for label in labels]
+
+
 def _folder(root, split, *, strict):
     entries = {e.rstrip("/") for e in tf.io.gfile.listdir(root)}
     eval_folders = [name for name in EVAL_SPLIT_FOLDERS if name in entries]
@@ -323,6 +362,8 @@ def _folder(root, split, *, strict):
     classes, paths, labels = listing.classes, listing.paths, listing.labels
     if listing.ignored:
         logger.warning(listing.ignored_line(folder))
+    if folder != root and split != "train":
+        classes, labels = _train_labels(os.path.join(root, "train"), folder, classes, labels)
     if len(classes) < 2 or not paths:
         raise ValueError(
             f"Image folder {folder!r} needs one sub-folder per class (at least 2) holding "
