@@ -49,7 +49,7 @@ configure_for_backend(keras.backend.backend())
 # import and unused by the JAX and PyTorch backends until then.
 _LAZY = {
     "export_saved_model": "keras_vit.export.saved_model",
-    "TrainConfig": "keras_vit.training.engine",
+    "TrainConfig": "keras_vit.training.config",
     "TrainingModel": "keras_vit.training.engine",
     "MultiWorkerModel": "keras_vit.training.multiworker",
     "train": "keras_vit.training.engine",

@@ -17,6 +17,7 @@ import tempfile
 import keras
 import tensorflow as tf
 
+from keras_vit.training.config import TrainConfig
 from keras_vit.weights.pretrained import load_pretrained, save_npz
 
 CONFIG = "config.json"
@@ -76,10 +77,11 @@ def resolve_from(source):
 
 
 def run_config(source):
-    """The training config (a dict) of the run a `--from` argument belongs to, or None.
+    """The `TrainConfig` of the run a `--from` argument belongs to, or None.
 
     Found beside the resolved file: a run folder's `config.json` serves its
-    `model.keras` and its `checkpoints/`.
+    `model.keras` and its `checkpoints/`. The flat `config.json` of keras-vit 0.1 runs
+    is read too (`TrainConfig.from_dict`).
 
     Example:
 
@@ -91,7 +93,7 @@ def run_config(source):
         path = os.path.join(candidate, CONFIG)
         if tf.io.gfile.exists(path):
             with tf.io.gfile.GFile(path) as f:
-                return json.load(f)
+                return TrainConfig.from_dict(json.load(f), where=path)
     return None
 
 
