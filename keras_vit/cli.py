@@ -18,6 +18,10 @@ def fewshot(args):
 `add_from_argument` (with `keras_vit.training.runs.resolve_from` / `load_model` /
 `load_weights`), `add_data_argument`, `add_out_argument` and `load_recipe` are shared by
 the subcommands; `--set key=value` is `keras_vit.training.config.apply_overrides`.
+
+Command bodies hold argument handling only; what they run lives in the package. This
+module imports nothing heavy at the top, so `--help` and argument errors are answered
+before Keras and TensorFlow start (`start_backend` starts them, quietly, for a command).
 """
 
 import argparse
@@ -25,7 +29,9 @@ import dataclasses
 import importlib.util
 import logging
 import os
+import re
 import sys
+import tempfile
 from pathlib import Path
 
 COMMANDS = {}
@@ -304,11 +310,9 @@ def _load_run_model(source):
 
 
 def _crop_fraction(args, config):
-    # The run's own eval crop, so served images, figures and probes are seen as its
-    # evaluation saw them; checkpoints without a run were evaluated on whole images.
-    if args.crop_fraction is not None:
-        return args.crop_fraction
-    return config.evaluation.crop_fraction if config else None
+    from keras_vit.training.runs import eval_crop_fraction
+
+    return args.crop_fraction if args.crop_fraction is not None else eval_crop_fraction(config)
 
 
 def _add_crop_argument(parser):
@@ -342,15 +346,14 @@ def _export_arguments(parser):
 )
 def export(args):
     from keras_vit.export.saved_model import export_saved_model
-    from keras_vit.training.runs import resolve_from
+    from keras_vit.training.runs import output_activation, resolve_from
 
     model, config = _load_run_model(args.source)
     labels = None
     if args.labels:
         with open(args.labels, encoding="utf-8") as f:
             labels = [line.strip() for line in f if line.strip()]
-    trained_sigmoid = config is not None and config.optimization.loss == "sigmoid"
-    activation = args.activation or ("sigmoid" if trained_sigmoid else "softmax")
+    activation = args.activation or output_activation(config)
     metadata = dict(
         source=args.source, file=resolve_from(args.source),
         train_config=config and config.to_dict(),
@@ -419,35 +422,27 @@ def _parse_fractions(flag, text):
     "probe", "robustness curves: accuracy as patches are occluded and shuffled", _probe_arguments
 )
 def probe(args):
-    import json
-
-    from keras_vit import figures
     from keras_vit import data
-    from keras_vit.evaluation.probes import robustness_probes
+    from keras_vit.evaluation import probes
+    from keras_vit.training.runs import eval_source
 
     drop = _parse_fractions("--drop", args.drop)
     grids = parse_int_list("--grids", args.grids)
     model, config = _load_run_model(args.source)
     _, size, _, channels = model.input_shape
-    spec = args.data or (config and (config.evaluation.source or config.data.source)) or "digits"
-    source = data.load_source(spec, "test")
-    if not args.data and config and config.data.classes:  # the classes (and label ids) it was trained on
-        source = data.select_classes(source, config.data.classes)
+    spec, source = eval_source(config, args.data)
     dataset = data.eval_dataset(
         source, size, args.batch_size, channels=channels,
         crop_fraction=_crop_fraction(args, config),
     )
-    results = robustness_probes(model, dataset, drop_fractions=drop, shuffle_grids=grids)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "probes.json"), "w") as f:
-        json.dump(dict(data=spec, **results), f, indent=2)
-    plot = figures.plot_probes(results, os.path.join(args.out, "probes.png"))
+    results = probes.robustness_probes(model, dataset, drop_fractions=drop, shuffle_grids=grids)
+    numbers, plot = probes.save_results(results, args.out, data=spec)
     print(f"{spec}: {results['examples']} images, clean accuracy {results['accuracy']:.4f}")
     for fraction, accuracy in results["occlusion"].items():
         print(f"  {fraction:4.0%} of patches dropped: {accuracy:.4f}")
     for grid, accuracy in results["shuffle"].items():
         print(f"  shuffled {grid}x{grid}: {accuracy:.4f}")
-    print(f"Figure: {plot}; numbers: {os.path.join(args.out, 'probes.json')}")
+    print(f"Figure: {plot}; numbers: {numbers}")
     return 0
 
 
@@ -465,6 +460,46 @@ def build_parser():
         if arguments:
             arguments(subparser)
     return parser
+
+
+# What TensorFlow's C++ libraries print while they load: absl/glog lines (severity
+# I, W or E, then the date) and the notes around them. TF_CPP_MIN_LOG_LEVEL no longer
+# holds them back (tensorflow/tensorflow#100442).
+_STARTUP_LINE = re.compile(
+    r"^(?:[IWE]\d{4} |WARNING: All log messages before absl::InitializeLog"
+    r"|To enable the following instructions)"
+)
+
+
+def start_backend():
+    """Imports Keras and its backend, as every command needs them.
+
+    Unless the user set `TF_CPP_MIN_LOG_LEVEL`, it is set to 3 (no C++ log lines; errors
+    reach the user as Python exceptions) and the start-up lines TensorFlow's C++
+    libraries print while they load are dropped; anything else printed meanwhile is
+    passed on, and everything if the import fails.
+    """
+    if "keras" in sys.modules:
+        return
+    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+        import keras  # noqa: F401
+        return
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    sys.stderr.flush()
+    stderr = os.dup(2)
+    failed = True
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            import keras  # noqa: F401
+
+            failed = False
+        finally:
+            os.dup2(stderr, 2)
+            os.close(stderr)
+            held.seek(0)
+            lines = held.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(x for x in lines if failed or not _STARTUP_LINE.match(x)))
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -492,6 +527,7 @@ def main(argv=None):
     if not logger.handlers:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
+    start_backend()
     try:
         return COMMANDS[args.command][2](args)
     except (ValueError, FileNotFoundError) as error:

@@ -3,6 +3,10 @@
 import dataclasses
 import json
 import logging
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import keras
@@ -15,6 +19,54 @@ from keras_vit.training import runs
 from keras_vit.training.config import FLAT_KEYS, TrainConfig, apply_overrides
 
 FIXTURE_RUN = Path(__file__).resolve().parent / "fixtures" / "run_v0_1_0"
+ROOT = Path(__file__).resolve().parents[1]
+
+# `python -m keras_vit ARGS`, then which heavy modules the process imported.
+CLI = """
+import atexit, runpy, sys
+heavy = ("tensorflow", "keras", "jax", "torch")
+atexit.register(lambda: print("imported:", [m for m in heavy if m in sys.modules]))
+runpy.run_module("keras_vit", run_name="__main__")
+"""
+
+
+def _fresh_process(*args, code=CLI):
+    """A fresh Python whose user did not set TF_CPP_MIN_LOG_LEVEL."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.mark.parametrize(
+    "args, code",
+    [(["--help"], 0), (["pretrain", "--help"], 0), (["probe", "--bogus"], 2),
+     (["export", "--from", "run"], 2), ([], 2)],
+)
+def test_help_and_argument_errors_come_before_tensorflow_starts(args, code):
+    process = _fresh_process(*args)
+    assert process.returncode == code, process.stderr
+    assert "usage: keras-vit" in process.stdout + process.stderr
+    assert process.stdout.splitlines()[-1] == "imported: []"
+
+
+# TensorFlow's C++ start-up lines: absl/glog records (severity and date) and their notes.
+CPP_LOG_LINE = re.compile(r"^[IWEF]\d{4} |absl::InitializeLog|oneDNN|cpu_feature_guard")
+
+
+@pytest.mark.slow
+def test_a_command_prints_none_of_tensorflows_start_up_lines(tmp_path):
+    # Started plainly, TensorFlow prints them here even at TF_CPP_MIN_LOG_LEVEL=3 ...
+    plain = _fresh_process(code="import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
+                                "import tensorflow")
+    assert plain.returncode == 0 and any(map(CPP_LOG_LINE.search, plain.stderr.splitlines()))
+    # ... a command of the CLI prints only its own lines.
+    process = _fresh_process("probe", "--from", str(FIXTURE_RUN), "--out", str(tmp_path),
+                             "--drop", "0", "--grids", "2")
+    assert process.returncode == 0, process.stderr
+    assert "'tensorflow'" in process.stdout.splitlines()[-1]  # it did start TensorFlow
+    assert "clean accuracy" in process.stdout
+    assert [line for line in process.stderr.splitlines() if not line.startswith("keras-vit: ")] == []
 
 
 def test_set_parses_values_by_field_type():
