@@ -25,28 +25,21 @@ import sys
 
 from keras_vit.demo import DemoConfig
 from keras_vit.evaluation.fewshot import FewshotConfig
-from keras_vit.training.config import (
-    DataConfig,
-    EvaluationConfig,
-    ModelConfig,
-    OptimizationConfig,
-    ScheduleConfig,
-    TrainConfig,
-)
+from keras_vit.training.config import TrainConfig
 
 CONFIG = TrainConfig(
-    model=ModelConfig(
+    model=dict(
         variant="custom",
         kwargs=dict(patch_size=4, hidden_dim=64, num_layers=2, num_heads=4, mlp_dim=128),
         image_size=16,
         channels=1,
     ),
-    data=DataConfig(source="digits", batch_size=64, inception_crop=False, random_flip=False),
-    optimization=OptimizationConfig(
+    data=dict(source="digits", batch_size=64, inception_crop=False, random_flip=False),
+    optimization=dict(
         optimizer="adam", weight_decay=0.05, clip_norm=1.0, loss="softmax"
     ),
-    schedule=ScheduleConfig(learning_rate=2e-3, decay="cosine", warmup_updates=40, epochs=15),
-    evaluation=EvaluationConfig(crop_fraction=1.0),
+    schedule=dict(learning_rate=2e-3, decay="cosine", warmup_updates=40, epochs=15),
+    evaluation=dict(crop_fraction=1.0),
     out="runs/demo",
 )
 

@@ -14,17 +14,10 @@ little. The encoder's features separate the digits better than a random encoder'
 
 import sys
 
-from keras_vit.training.config import (
-    DataConfig,
-    EvaluationConfig,
-    ModelConfig,
-    OptimizationConfig,
-    ScheduleConfig,
-    TrainConfig,
-)
+from keras_vit.training.config import TrainConfig
 
 CONFIG = TrainConfig(
-    model=ModelConfig(
+    model=dict(
         variant="custom",
         kwargs=dict(
             patch_size=1, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64, classifier="gap"
@@ -32,10 +25,10 @@ CONFIG = TrainConfig(
         image_size=8,
         channels=1,
     ),
-    data=DataConfig(source="digits", batch_size=64, inception_crop=False, random_flip=False),
-    optimization=OptimizationConfig(objective="mpp", optimizer="adam", clip_norm=1.0),
-    schedule=ScheduleConfig(learning_rate=1e-2, decay="cosine", warmup_updates=10, epochs=5),
-    evaluation=EvaluationConfig(crop_fraction=1.0),
+    data=dict(source="digits", batch_size=64, inception_crop=False, random_flip=False),
+    optimization=dict(objective="mpp", optimizer="adam", clip_norm=1.0),
+    schedule=dict(learning_rate=1e-2, decay="cosine", warmup_updates=10, epochs=5),
+    evaluation=dict(crop_fraction=1.0),
     out="runs/demo_mpp",
 )
 

@@ -12,30 +12,22 @@ ImageNet 20k, Pets/Flowers 500.
 
 import sys
 
-from keras_vit.training.config import (
-    CheckpointingConfig,
-    DataConfig,
-    EvaluationConfig,
-    ModelConfig,
-    OptimizationConfig,
-    ScheduleConfig,
-    TrainConfig,
-)
+from keras_vit.training.config import TrainConfig
 
 CONFIG = TrainConfig(
-    model=ModelConfig(variant="B/16", image_size=384),
-    data=DataConfig(
+    model=dict(variant="B/16", image_size=384),
+    data=dict(
         source="tfds:cifar10", batch_size=512, augment="none", inception_crop=True,
         random_flip=True,
     ),
-    optimization=OptimizationConfig(
+    optimization=dict(
         optimizer="sgd", momentum=0.9, weight_decay=0.0, clip_norm=1.0, loss="softmax"
     ),
-    schedule=ScheduleConfig(
+    schedule=dict(
         learning_rate=0.03, decay="cosine", warmup_updates=500, updates=10_000,
     ),
-    checkpointing=CheckpointingConfig(backup_every_micro_batches=500),
-    evaluation=EvaluationConfig(crop_fraction=1.0),
+    checkpointing=dict(backup_every_micro_batches=500),
+    evaluation=dict(crop_fraction=1.0),
     out="runs/finetune",
 )
 

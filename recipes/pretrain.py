@@ -12,33 +12,25 @@ folder source, `--data /path/to/imagenet21k`), 300 on ImageNet.
 
 import sys
 
-from keras_vit.training.config import (
-    CheckpointingConfig,
-    DataConfig,
-    EvaluationConfig,
-    ModelConfig,
-    OptimizationConfig,
-    ScheduleConfig,
-    TrainConfig,
-)
+from keras_vit.training.config import TrainConfig
 
 CONFIG = TrainConfig(
-    model=ModelConfig(
+    model=dict(
         variant="B/16", kwargs=dict(representation_size=768, dropout_rate=0.1), image_size=224
     ),
-    data=DataConfig(
+    data=dict(
         source="tfds:imagenet2012", batch_size=4096, augment="none", inception_crop=True,
         random_flip=True,
     ),
-    optimization=OptimizationConfig(
+    optimization=dict(
         optimizer="adam", weight_decay=0.1, clip_norm=1.0, loss="sigmoid"
     ),
-    schedule=ScheduleConfig(
+    schedule=dict(
         learning_rate=1e-3, decay="linear", warmup_updates=10_000, end_learning_rate=1e-5,
         epochs=300,
     ),
-    checkpointing=CheckpointingConfig(backup_every_micro_batches=1000),
-    evaluation=EvaluationConfig(crop_fraction=0.875),
+    checkpointing=dict(backup_every_micro_batches=1000),
+    evaluation=dict(crop_fraction=0.875),
     out="runs/pretrain",
 )
 

@@ -22,31 +22,23 @@ with `--from`:
 
 import sys
 
-from keras_vit.training.config import (
-    CheckpointingConfig,
-    DataConfig,
-    EvaluationConfig,
-    ModelConfig,
-    OptimizationConfig,
-    ScheduleConfig,
-    TrainConfig,
-)
+from keras_vit.training.config import TrainConfig
 
 CONFIG = TrainConfig(
-    model=ModelConfig(variant="B/16", image_size=224),
-    data=DataConfig(
+    model=dict(variant="B/16", image_size=224),
+    data=dict(
         source="tfds:imagenet2012", batch_size=4096, inception_crop=True, random_flip=True
     ),
-    optimization=OptimizationConfig(
+    optimization=dict(
         objective="mpp", mpp_bits=3, mpp_corrupt_rate=0.5, mpp_mask_rate=0.8,
         mpp_random_rate=0.1, optimizer="adam", weight_decay=0.0, clip_norm=1.0,
     ),
-    schedule=ScheduleConfig(
+    schedule=dict(
         learning_rate=2e-4, decay="cosine", warmup_updates=10_000, updates=1_000_000
     ),
-    checkpointing=CheckpointingConfig(backup_every_micro_batches=1000),
+    checkpointing=dict(backup_every_micro_batches=1000),
     # The encoder is judged by fine-tuning and few-shot evaluation.
-    evaluation=EvaluationConfig(enabled=False),
+    evaluation=dict(enabled=False),
     out="runs/pretrain_mpp",
 )
 

@@ -117,6 +117,16 @@ def test_flat_keys_of_version_0_1_are_moved_to_their_sections(caplog):
     assert dataclasses.replace(TrainConfig(), epochs=4).schedule.epochs == 4
 
 
+def test_a_version_0_1_recipe_gives_the_same_config(caplog):
+    """A recipe written for keras-vit 0.1: flat TrainConfig(...) keywords and
+    dataclasses.replace(config, epochs=...)."""
+    old = str(FIXTURE_RUN.parent / "recipe_v0_1_0_demo.py")
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        assert cli.load_recipe(old) == cli.load_recipe("demo")
+        assert cli.load_recipe(old, attribute="DEMO") == cli.load_recipe("demo", attribute="DEMO")
+    assert "flat config keys of keras-vit 0.1 moved to their sections" in caplog.text
+
+
 def test_every_flat_key_of_a_version_0_1_run_has_a_section():
     saved = json.loads((FIXTURE_RUN / runs.CONFIG).read_text())
     assert sorted(saved) == sorted(FLAT_KEYS)
