@@ -1,66 +1,92 @@
-"""keras-vit: the Vision Transformer for Keras 3 on TensorFlow, JAX and PyTorch."""
+"""keras-vit: the Vision Transformer for Keras 3 on TensorFlow, JAX and PyTorch.
 
-import keras
+`import keras_vit` imports neither Keras nor a backend: the names below are imported on
+first use (`keras_vit.ViT`, `from keras_vit import ViT`), so that the `keras-vit`
+command answers `--help` without starting TensorFlow. The first use of any of them
+imports the backend-agnostic modules (models, weights, evaluation), which registers
+keras-vit's layers with Keras for `keras.saving.load_model`; when Keras is already
+imported, `import keras_vit` does that at once. The TensorFlow-only parts (SavedModel
+export, the training engine with tf.data and tf.distribute, the demo) are imported only
+when their names are used.
+"""
+
+import importlib
+import sys
 
 from keras_vit.utils.allocator import configure_for_backend
-from keras_vit.evaluation import analysis, fewshot, probes  # noqa: F401  (keras_vit.fewshot, ...)
-from keras_vit.evaluation.analysis import (
-    attention_map,
-    attention_model,
-    attention_rollout,
-    mean_attention_distance,
-    patch_embedding_components,
-    position_embedding_similarity,
-)
-from keras_vit.weights.pretrained import LoadReport, load_pretrained, save_npz
-from keras_vit.evaluation.fewshot import (
-    FewshotConfig,
-    RidgeProbe,
-    evaluate_source,
-    extract_features,
-    fewshot_evaluate,
-    linear_fewshot_accuracy,
-)
-from keras_vit.models.flops import forward_flops
-from keras_vit.models.layers import (
-    ClassToken,
-    DropPath,
-    PatchEncoder,
-    Patches,
-    TokenPooling,
-    TransformerBlock,
-)
-from keras_vit.models.vit import VARIANTS, ViT, VisionTransformer, parse_variant, preprocess
-from keras_vit.models.mpp import (
-    MaskedPatchPrediction,
-    corrupt_patch_embeddings,
-    masked_patch_loss,
-    mean_color_targets,
-)
-from keras_vit.models.posembed import resample_position_grid
-from keras_vit.evaluation.probes import drop_patches, robustness_probes, shuffle_patches
 
 __version__ = "0.1.0"
 
-configure_for_backend(keras.backend.backend())
+configure_for_backend()
 
-# TensorFlow-only parts (SavedModel export, the training engine with tf.data and
-# tf.distribute, the demo pipeline) are imported on first use: TensorFlow is slow to
-# import and unused by the JAX and PyTorch backends until then.
+# Public name -> the module defining it. Every module of the first group is imported on
+# the first use of any name (they hold the Keras-registered classes).
+_EXPORTS = {
+    "keras_vit.models.layers": (
+        "ClassToken", "DropPath", "PatchEncoder", "Patches", "TokenPooling", "TransformerBlock",
+    ),
+    "keras_vit.models.vit": ("VARIANTS", "ViT", "VisionTransformer", "parse_variant", "preprocess"),
+    "keras_vit.models.mpp": (
+        "MaskedPatchPrediction", "corrupt_patch_embeddings", "masked_patch_loss",
+        "mean_color_targets",
+    ),
+    "keras_vit.models.posembed": ("resample_position_grid",),
+    "keras_vit.models.flops": ("forward_flops",),
+    "keras_vit.weights.pretrained": ("LoadReport", "load_pretrained", "save_npz"),
+    "keras_vit.evaluation.analysis": (
+        "attention_map", "attention_model", "attention_rollout", "mean_attention_distance",
+        "patch_embedding_components", "position_embedding_similarity",
+    ),
+    "keras_vit.evaluation.fewshot": (
+        "FewshotConfig", "RidgeProbe", "evaluate_source", "extract_features",
+        "fewshot_evaluate", "linear_fewshot_accuracy",
+    ),
+    "keras_vit.evaluation.probes": ("drop_patches", "robustness_probes", "shuffle_patches"),
+}
+_SUBMODULES = {  # keras_vit.fewshot, ... as before the sub-packages
+    "analysis": "keras_vit.evaluation.analysis",
+    "fewshot": "keras_vit.evaluation.fewshot",
+    "probes": "keras_vit.evaluation.probes",
+}
+# TensorFlow-only parts: imported only when used.
 _LAZY = {
     "export_saved_model": "keras_vit.export.saved_model",
-    "TrainConfig": "keras_vit.training.engine",
+    "TrainConfig": "keras_vit.training.config",
     "TrainingModel": "keras_vit.training.engine",
     "MultiWorkerModel": "keras_vit.training.multiworker",
     "train": "keras_vit.training.engine",
     "DemoConfig": "keras_vit.demo",
     "run_demo": "keras_vit.demo",
 }
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted([*_MODULE_OF, *_SUBMODULES, *_LAZY, "configure_for_backend"])
+
+
+def _load():
+    """Imports the backend-agnostic modules once: registers the layers with Keras."""
+    if not _load.done:
+        _load.done = True
+        for module in _EXPORTS:
+            importlib.import_module(module)
+
+
+_load.done = False
 
 
 def __getattr__(name):
+    if name in _MODULE_OF or name in _SUBMODULES:
+        _load()
+        value = importlib.import_module(_SUBMODULES.get(name) or _MODULE_OF[name])
+        return value if name in _SUBMODULES else getattr(value, name)
     if name in _LAZY:
-        import importlib
-
+        _load()
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'keras_vit' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *__all__])
+
+
+if "keras" in sys.modules:
+    _load()

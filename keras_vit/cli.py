@@ -16,18 +16,22 @@ def fewshot(args):
 ```
 
 `add_from_argument` (with `keras_vit.training.runs.resolve_from` / `load_model` /
-`load_weights`), `add_data_argument`, `add_out_argument`, `load_recipe` and
-`apply_overrides` are shared by the subcommands.
+`load_weights`), `add_data_argument`, `add_out_argument` and `load_recipe` are shared by
+the subcommands; `--set key=value` is `keras_vit.training.config.apply_overrides`.
+
+Command bodies hold argument handling only; what they run lives in the package. This
+module imports nothing heavy at the top, so `--help` and argument errors are answered
+before Keras and TensorFlow start (`start_backend` starts them, quietly, for a command).
 """
 
 import argparse
-import ast
 import dataclasses
 import importlib.util
 import logging
 import os
+import re
 import sys
-import typing
+import tempfile
 from pathlib import Path
 
 COMMANDS = {}
@@ -128,7 +132,7 @@ def load_recipe(name, command=None, attribute="CONFIG"):
 
     Example:
 
-    >>> load_recipe("demo").model
+    >>> load_recipe("demo").model.variant
     'custom'
     >>> load_recipe("demo", attribute="DEMO").fewshot.classes
     '5-9'
@@ -140,75 +144,6 @@ def load_recipe(name, command=None, attribute="CONFIG"):
     if not hasattr(module, attribute):
         raise ValueError(f"Recipe {str(path)!r} defines no {attribute}.")
     return getattr(module, attribute)
-
-
-_TRUE = ("true", "1", "yes", "on")
-_FALSE = ("false", "0", "no", "off")
-
-
-def _parse(key, text, kind):
-    """`text` converted to the type `kind` of config field `key`, or ValueError."""
-    args = typing.get_args(kind)
-    if typing.get_origin(kind) is typing.Union and type(None) in args:
-        if text.lower() in ("none", "null"):
-            return None
-        (kind,) = [a for a in args if a is not type(None)]
-    try:
-        if kind is bool:
-            if text.lower() in _TRUE + _FALSE:
-                return text.lower() in _TRUE
-            raise ValueError
-        if kind in (int, float, str):
-            return kind(text)
-        value = ast.literal_eval(text)
-        if not isinstance(value, typing.get_origin(kind) or kind):
-            raise ValueError
-        return value
-    except (ValueError, SyntaxError):
-        expected = {bool: "true or false", int: "an integer", float: "a number"}.get(
-            kind, f"a Python {getattr(kind, '__name__', kind)} literal"
-        )
-        raise ValueError(f"--set {key}={text}: {key} expects {expected}, got {text!r}.") from None
-
-
-def apply_overrides(config, assignments):
-    """Returns `config` (a dataclass) with `key=value` assignments applied.
-
-    Values are parsed by the field's type (`none` for optional fields; tuples, lists and
-    dicts as Python literals); `key.sub=value` sets one entry of a dict field.
-
-    Example:
-
-    >>> from keras_vit.training.engine import TrainConfig
-    >>> config = apply_overrides(TrainConfig(), ["epochs=3", "crop_area=(0.5, 1.0)",
-    ...                                          "model_kwargs.dropout_rate=0.1"])
-    >>> config.epochs, config.crop_area, config.model_kwargs
-    (3, (0.5, 1.0), {'dropout_rate': 0.1})
-    """
-    hints = typing.get_type_hints(type(config))
-    changes = {}
-    for assignment in assignments:
-        key, sep, text = assignment.partition("=")
-        key = key.strip()
-        field, _, entry = key.partition(".")
-        if not sep:
-            raise ValueError(f"--set expects key=value, got {assignment!r}.")
-        if field not in hints:
-            raise ValueError(
-                f"Unknown config key {field!r} in --set {assignment}; valid keys: "
-                f"{', '.join(sorted(hints))}."
-            )
-        if entry:
-            if hints[field] is not dict:
-                raise ValueError(f"--set {assignment}: {field} is not a dict field.")
-            try:
-                value = ast.literal_eval(text)
-            except (ValueError, SyntaxError):
-                value = text
-            changes[field] = {**changes.get(field, getattr(config, field)), entry: value}
-        else:
-            changes[field] = _parse(field, text, hints[field])
-    return dataclasses.replace(config, **changes)
 
 
 # --- training subcommands ----------------------------------------------------------
@@ -227,21 +162,25 @@ def _train_arguments(parser):
     )
     parser.add_argument(
         "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
-        help="override a config field (repeatable), e.g. --set epochs=3",
+        help="override a config key (repeatable), e.g. --set schedule.epochs=3",
     )
 
 
 def _configure(args, command_name, default_recipe):
+    from keras_vit.training.config import apply_overrides
+
     recipe = args.recipe or default_recipe
     config = load_recipe(recipe, command_name)
     flags = dict(
-        data=args.data,
-        out=args.out,
-        init_from=args.source,
-        strategy=args.strategy,
-        strict_data=args.strict_data or None,
+        data=dict(source=args.data, strict=args.strict_data or None),
+        model=dict(init_from=args.source),
+        distribution=dict(strategy=args.strategy),
     )
-    config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
+    config = config.replace(
+        **{name: {k: v for k, v in keys.items() if v is not None} for name, keys in flags.items()}
+    )
+    if args.out is not None:
+        config = config.replace(out=args.out)
     return apply_overrides(config, args.assignments).validate()
 
 
@@ -267,8 +206,10 @@ def pretrain(args):
 )
 def finetune(args):
     config = _configure(args, "finetune", "finetune")
-    if not config.init_from:
-        raise ValueError("finetune needs weights: pass --from CKPT (or --set init_from=...).")
+    if not config.model.init_from:
+        raise ValueError(
+            "finetune needs weights: pass --from CKPT (or --set model.init_from=...)."
+        )
     return _train(config)
 
 
@@ -309,6 +250,7 @@ def _fewshot_arguments(parser):
 @command("fewshot", "few-shot linear evaluation of a model's representation", _fewshot_arguments)
 def fewshot(args):
     from keras_vit.evaluation import fewshot as vit_fewshot
+    from keras_vit.training.config import apply_overrides
     from keras_vit.training.runs import load_model
 
     config = load_recipe(args.recipe or "fewshot", "fewshot")
@@ -361,25 +303,23 @@ def demo(args):
 
 
 def _load_run_model(source):
-    """The model `--from` names and the config of the run it came from (or None)."""
+    """The model `--from` names and the `TrainConfig` of the run it came from (or None)."""
     from keras_vit.training import runs
 
     return runs.load_model(source), runs.run_config(source)
 
 
 def _crop_fraction(args, config):
-    # The run's own eval crop, so served images, figures and probes are seen as its
-    # evaluation saw them; checkpoints without a run were evaluated on whole images.
-    if args.crop_fraction is not None:
-        return args.crop_fraction
-    return (config or {}).get("eval_crop_fraction")
+    from keras_vit.training.runs import eval_crop_fraction
+
+    return args.crop_fraction if args.crop_fraction is not None else eval_crop_fraction(config)
 
 
 def _add_crop_argument(parser):
     parser.add_argument(
         "--crop-fraction", type=float, metavar="F",
         help="central crop of the eval preprocessing (default: the run's "
-        "eval_crop_fraction, else none: the whole image is resized)",
+        "evaluation.crop_fraction, else none: the whole image is resized)",
     )
 
 
@@ -406,16 +346,18 @@ def _export_arguments(parser):
 )
 def export(args):
     from keras_vit.export.saved_model import export_saved_model
-    from keras_vit.training.runs import resolve_from
+    from keras_vit.training.runs import output_activation, resolve_from
 
     model, config = _load_run_model(args.source)
     labels = None
     if args.labels:
         with open(args.labels, encoding="utf-8") as f:
             labels = [line.strip() for line in f if line.strip()]
-    trained_sigmoid = config is not None and config.get("loss") == "sigmoid"
-    activation = args.activation or ("sigmoid" if trained_sigmoid else "softmax")
-    metadata = dict(source=args.source, file=resolve_from(args.source), train_config=config)
+    activation = args.activation or output_activation(config)
+    metadata = dict(
+        source=args.source, file=resolve_from(args.source),
+        train_config=config and config.to_dict(),
+    )
     crop_fraction = _crop_fraction(args, config)
     export_saved_model(
         model, args.out, labels=labels, top_k=args.top_k, activation=activation,
@@ -480,36 +422,27 @@ def _parse_fractions(flag, text):
     "probe", "robustness curves: accuracy as patches are occluded and shuffled", _probe_arguments
 )
 def probe(args):
-    import json
-
-    from keras_vit import figures
     from keras_vit import data
-    from keras_vit.evaluation.probes import robustness_probes
+    from keras_vit.evaluation import probes
+    from keras_vit.training.runs import eval_source
 
     drop = _parse_fractions("--drop", args.drop)
     grids = parse_int_list("--grids", args.grids)
     model, config = _load_run_model(args.source)
     _, size, _, channels = model.input_shape
-    config = config or {}
-    spec = args.data or config.get("eval_data") or config.get("data") or "digits"
-    source = data.load_source(spec, "test")
-    if not args.data and config.get("classes"):  # the classes (and label ids) it was trained on
-        source = data.select_classes(source, config["classes"])
+    spec, source = eval_source(config, args.data)
     dataset = data.eval_dataset(
         source, size, args.batch_size, channels=channels,
         crop_fraction=_crop_fraction(args, config),
     )
-    results = robustness_probes(model, dataset, drop_fractions=drop, shuffle_grids=grids)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "probes.json"), "w") as f:
-        json.dump(dict(data=spec, **results), f, indent=2)
-    plot = figures.plot_probes(results, os.path.join(args.out, "probes.png"))
+    results = probes.robustness_probes(model, dataset, drop_fractions=drop, shuffle_grids=grids)
+    numbers, plot = probes.save_results(results, args.out, data=spec)
     print(f"{spec}: {results['examples']} images, clean accuracy {results['accuracy']:.4f}")
     for fraction, accuracy in results["occlusion"].items():
         print(f"  {fraction:4.0%} of patches dropped: {accuracy:.4f}")
     for grid, accuracy in results["shuffle"].items():
         print(f"  shuffled {grid}x{grid}: {accuracy:.4f}")
-    print(f"Figure: {plot}; numbers: {os.path.join(args.out, 'probes.json')}")
+    print(f"Figure: {plot}; numbers: {numbers}")
     return 0
 
 
@@ -527,6 +460,46 @@ def build_parser():
         if arguments:
             arguments(subparser)
     return parser
+
+
+# What TensorFlow's C++ libraries print while they load: absl/glog lines (severity
+# I, W or E, then the date) and the notes around them. TF_CPP_MIN_LOG_LEVEL no longer
+# holds them back (tensorflow/tensorflow#100442).
+_STARTUP_LINE = re.compile(
+    r"^(?:[IWE]\d{4} |WARNING: All log messages before absl::InitializeLog"
+    r"|To enable the following instructions)"
+)
+
+
+def start_backend():
+    """Imports Keras and its backend, as every command needs them.
+
+    Unless the user set `TF_CPP_MIN_LOG_LEVEL`, it is set to 3 (no C++ log lines; errors
+    reach the user as Python exceptions) and the start-up lines TensorFlow's C++
+    libraries print while they load are dropped; anything else printed meanwhile is
+    passed on, and everything if the import fails.
+    """
+    if "keras" in sys.modules:
+        return
+    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+        import keras  # noqa: F401
+        return
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    sys.stderr.flush()
+    stderr = os.dup(2)
+    failed = True
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            import keras  # noqa: F401
+
+            failed = False
+        finally:
+            os.dup2(stderr, 2)
+            os.close(stderr)
+            held.seek(0)
+            lines = held.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(x for x in lines if failed or not _STARTUP_LINE.match(x)))
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -554,6 +527,7 @@ def main(argv=None):
     if not logger.handlers:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
+    start_backend()
     try:
         return COMMANDS[args.command][2](args)
     except (ValueError, FileNotFoundError) as error:

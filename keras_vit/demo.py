@@ -32,7 +32,8 @@ import numpy as np
 from keras_vit.evaluation import fewshot
 from keras_vit.weights.pretrained import save_npz
 from keras_vit.evaluation.fewshot import FewshotConfig
-from keras_vit.training.engine import TrainConfig, train
+from keras_vit.training.config import TrainConfig
+from keras_vit.training.engine import train
 
 logger = logging.getLogger("keras_vit")
 
@@ -43,8 +44,8 @@ ENCODER = "encoder.npz"
 class DemoConfig:
     """The three stages of the demo: each a config of its own engine.
 
-    `pretrain` and `finetune` are `TrainConfig`s (their `classes` select the two halves
-    of the data; `finetune.init_from` is set to the pretrained encoder), `fewshot` a
+    `pretrain` and `finetune` are `TrainConfig`s (their `data.classes` select the two
+    halves of the data; `finetune.model.init_from` is set to the pretrained encoder), `fewshot` a
     `FewshotConfig` evaluated on the pretrained model and on a randomly initialised copy.
     `out` is the output folder; each run goes in a sub-folder.
 
@@ -52,7 +53,7 @@ class DemoConfig:
 
     >>> from keras_vit.cli import load_recipe
     >>> config = load_recipe("demo", attribute="DEMO")
-    >>> config.pretrain.classes, config.fewshot.classes, config.finetune.classes
+    >>> config.pretrain.data.classes, config.fewshot.classes, config.finetune.data.classes
     ('0-4', '5-9', '5-9')
     """
 
@@ -98,7 +99,7 @@ def _accuracy(result):
 
 
 def _stage_name(config):
-    return f"classes {config.classes or 'all'}, {config.image_size} px"
+    return f"classes {config.data.classes or 'all'}, {config.model.image_size} px"
 
 
 def _train_stage(title, config, seconds, verbose):
@@ -106,7 +107,7 @@ def _train_stage(title, config, seconds, verbose):
     stage = os.path.basename(config.out)
     logger.info(
         "%s on %s (%s), %d epochs -> %s",
-        title, config.data, _stage_name(config), config.epochs, config.out,
+        title, config.data.source, _stage_name(config), config.schedule.epochs, config.out,
     )
     start = time.time()
     result = train(config, verbose=verbose)
@@ -174,7 +175,7 @@ def run_demo(config, *, out=None, verbose=1):
     os.makedirs(out, exist_ok=True)
     seconds = {}
 
-    pretrain_config = dataclasses.replace(config.pretrain, out=os.path.join(out, "pretrain"))
+    pretrain_config = config.pretrain.replace(out=os.path.join(out, "pretrain"))
     pretrained = _train_stage("Stage 1/3: pretraining", pretrain_config, seconds, verbose)
 
     start = time.time()
@@ -198,8 +199,8 @@ def run_demo(config, *, out=None, verbose=1):
 
     encoder = os.path.join(pretrain_config.out, ENCODER)
     save_encoder(pretrained.model, encoder)
-    finetune_config = dataclasses.replace(
-        config.finetune, out=os.path.join(out, "finetune"), init_from=encoder
+    finetune_config = config.finetune.replace(
+        out=os.path.join(out, "finetune"), model=dict(init_from=encoder)
     )
     finetuned = _train_stage(
         "Stage 3/3: fine-tuning the pretrained encoder", finetune_config, seconds, verbose

@@ -17,35 +17,29 @@ position embedding resampled) with SGD and momentum, no weight decay, cosine dec
 zero-initialised head, as the paper fine-tunes.
 
     keras-vit pretrain --recipe demo
-    keras-vit finetune --recipe demo --from runs/demo --out runs/demo32 --set image_size=32
+    keras-vit finetune --recipe demo --from runs/demo --out runs/demo32 --set model.image_size=32
     keras-vit demo
 """
 
-import dataclasses
 import sys
 
 from keras_vit.demo import DemoConfig
 from keras_vit.evaluation.fewshot import FewshotConfig
-from keras_vit.training.engine import TrainConfig
+from keras_vit.training.config import TrainConfig
 
 CONFIG = TrainConfig(
-    model="custom",
-    model_kwargs=dict(patch_size=4, hidden_dim=64, num_layers=2, num_heads=4, mlp_dim=128),
-    image_size=16,
-    channels=1,
-    data="digits",
-    batch_size=64,
-    epochs=15,
-    optimizer="adam",
-    learning_rate=2e-3,
-    weight_decay=0.05,
-    schedule="cosine",
-    warmup_steps=40,
-    clip_norm=1.0,
-    loss="softmax",
-    inception_crop=False,
-    random_flip=False,
-    eval_crop_fraction=1.0,
+    model=dict(
+        variant="custom",
+        kwargs=dict(patch_size=4, hidden_dim=64, num_layers=2, num_heads=4, mlp_dim=128),
+        image_size=16,
+        channels=1,
+    ),
+    data=dict(source="digits", batch_size=64, inception_crop=False, random_flip=False),
+    optimization=dict(
+        optimizer="adam", weight_decay=0.05, clip_norm=1.0, loss="softmax"
+    ),
+    schedule=dict(learning_rate=2e-3, decay="cosine", warmup_updates=40, epochs=15),
+    evaluation=dict(crop_fraction=1.0),
     out="runs/demo",
 )
 
@@ -61,24 +55,25 @@ SHIFT = dict(
 DEMO_MODEL = dict(patch_size=2, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64)
 
 # What both training stages of the demo share: the model, the shifts, no weight decay.
-DEMO_BASE = dataclasses.replace(
-    CONFIG, model_kwargs=DEMO_MODEL, augmentations=[SHIFT], weight_decay=0.0, tensorboard=False
+DEMO_BASE = CONFIG.replace(
+    model=dict(kwargs=DEMO_MODEL),
+    data=dict(augmentations=[SHIFT]),
+    optimization=dict(weight_decay=0.0),
+    checkpointing=dict(tensorboard=False),
 )
 
 DEMO = DemoConfig(
-    pretrain=dataclasses.replace(DEMO_BASE, classes="0-4", image_size=8, epochs=40),
+    pretrain=DEMO_BASE.replace(
+        model=dict(image_size=8), data=dict(classes="0-4"), schedule=dict(epochs=40)
+    ),
     fewshot=FewshotConfig(
         data="digits", classes="5-9", shots=(1, 5, 10, 25), seeds=3, sweep=True
     ),
-    finetune=dataclasses.replace(
-        DEMO_BASE,
-        classes="5-9",
-        image_size=16,
-        optimizer="sgd",
-        momentum=0.9,
-        learning_rate=0.03,
-        warmup_steps=10,
-        epochs=40,
+    finetune=DEMO_BASE.replace(
+        model=dict(image_size=16),
+        data=dict(classes="5-9"),
+        optimization=dict(optimizer="sgd", momentum=0.9),
+        schedule=dict(learning_rate=0.03, warmup_updates=10, epochs=40),
     ),
     out="runs/demo",
 )

@@ -9,32 +9,26 @@ little. The encoder's features separate the digits better than a random encoder'
 
     keras-vit pretrain --recipe demo_mpp
     keras-vit finetune --recipe demo_mpp --from runs/demo_mpp --out runs/demo_mpp_tuned \\
-        --set objective=supervised --set learning_rate=2e-3
+        --set optimization.objective=supervised --set schedule.learning_rate=2e-3
 """
 
 import sys
 
-from keras_vit.training.engine import TrainConfig
+from keras_vit.training.config import TrainConfig
 
 CONFIG = TrainConfig(
-    model="custom",
-    model_kwargs=dict(
-        patch_size=1, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64, classifier="gap"
+    model=dict(
+        variant="custom",
+        kwargs=dict(
+            patch_size=1, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64, classifier="gap"
+        ),
+        image_size=8,
+        channels=1,
     ),
-    image_size=8,
-    channels=1,
-    data="digits",
-    objective="mpp",
-    batch_size=64,
-    epochs=5,
-    optimizer="adam",
-    learning_rate=1e-2,
-    schedule="cosine",
-    warmup_steps=10,
-    clip_norm=1.0,
-    inception_crop=False,
-    random_flip=False,
-    eval_crop_fraction=1.0,
+    data=dict(source="digits", batch_size=64, inception_crop=False, random_flip=False),
+    optimization=dict(objective="mpp", optimizer="adam", clip_norm=1.0),
+    schedule=dict(learning_rate=1e-2, decay="cosine", warmup_updates=10, epochs=5),
+    evaluation=dict(crop_fraction=1.0),
     out="runs/demo_mpp",
 )
 

@@ -12,28 +12,22 @@ ImageNet 20k, Pets/Flowers 500.
 
 import sys
 
-from keras_vit.training.engine import TrainConfig
+from keras_vit.training.config import TrainConfig
 
 CONFIG = TrainConfig(
-    model="B/16",
-    image_size=384,
-    data="tfds:cifar10",
-    batch_size=512,
-    epochs=1,  # superseded by steps
-    steps=10_000,
-    optimizer="sgd",
-    momentum=0.9,
-    learning_rate=0.03,
-    weight_decay=0.0,
-    schedule="cosine",
-    warmup_steps=500,
-    clip_norm=1.0,
-    loss="softmax",
-    augment="none",
-    inception_crop=True,
-    random_flip=True,
-    eval_crop_fraction=1.0,
-    backup_every=500,
+    model=dict(variant="B/16", image_size=384),
+    data=dict(
+        source="tfds:cifar10", batch_size=512, augment="none", inception_crop=True,
+        random_flip=True,
+    ),
+    optimization=dict(
+        optimizer="sgd", momentum=0.9, weight_decay=0.0, clip_norm=1.0, loss="softmax"
+    ),
+    schedule=dict(
+        learning_rate=0.03, decay="cosine", warmup_updates=500, updates=10_000,
+    ),
+    checkpointing=dict(backup_every_micro_batches=500),
+    evaluation=dict(crop_fraction=1.0),
     out="runs/finetune",
 )
 

@@ -7,33 +7,30 @@ a representation (pre-logits) layer of width 768, sigmoid cross-entropy with the
 bias at -10, inception crop + flip. The paper trains 90 epochs on ImageNet-21k (a
 folder source, `--data /path/to/imagenet21k`), 300 on ImageNet.
 
-    keras-vit pretrain --data tfds:imagenet2012 --set accumulation_steps=16
+    keras-vit pretrain --data tfds:imagenet2012 --set optimization.micro_batches_per_update=16
 """
 
 import sys
 
-from keras_vit.training.engine import TrainConfig
+from keras_vit.training.config import TrainConfig
 
 CONFIG = TrainConfig(
-    model="B/16",
-    model_kwargs=dict(representation_size=768, dropout_rate=0.1),
-    image_size=224,
-    data="tfds:imagenet2012",
-    batch_size=4096,
-    epochs=300,
-    optimizer="adam",
-    learning_rate=1e-3,
-    weight_decay=0.1,
-    schedule="linear",
-    warmup_steps=10_000,
-    end_learning_rate=1e-5,
-    clip_norm=1.0,
-    loss="sigmoid",
-    augment="none",
-    inception_crop=True,
-    random_flip=True,
-    eval_crop_fraction=0.875,
-    backup_every=1000,
+    model=dict(
+        variant="B/16", kwargs=dict(representation_size=768, dropout_rate=0.1), image_size=224
+    ),
+    data=dict(
+        source="tfds:imagenet2012", batch_size=4096, augment="none", inception_crop=True,
+        random_flip=True,
+    ),
+    optimization=dict(
+        optimizer="adam", weight_decay=0.1, clip_norm=1.0, loss="sigmoid"
+    ),
+    schedule=dict(
+        learning_rate=1e-3, decay="linear", warmup_updates=10_000, end_learning_rate=1e-5,
+        epochs=300,
+    ),
+    checkpointing=dict(backup_every_micro_batches=1000),
+    evaluation=dict(crop_fraction=0.875),
     out="runs/pretrain",
 )
 

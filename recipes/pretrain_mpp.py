@@ -14,7 +14,7 @@ supervised pre-training.
 The run saves the encoder (no head) as `model.keras`; fine-tune or few-shot evaluate it
 with `--from`:
 
-    keras-vit pretrain --recipe mpp --data tfds:imagenet2012 --set accumulation_steps=16
+    keras-vit pretrain --recipe mpp --data tfds:imagenet2012 --set optimization.micro_batches_per_update=16
     keras-vit finetune --from runs/pretrain_mpp --data tfds:cifar10
 
 `recipes/demo_mpp.py` is the same objective at digits size (about a minute on a CPU).
@@ -22,30 +22,23 @@ with `--from`:
 
 import sys
 
-from keras_vit.training.engine import TrainConfig
+from keras_vit.training.config import TrainConfig
 
 CONFIG = TrainConfig(
-    model="B/16",
-    image_size=224,
-    objective="mpp",
-    mpp_bits=3,
-    mpp_corrupt_rate=0.5,
-    mpp_mask_rate=0.8,
-    mpp_random_rate=0.1,
-    data="tfds:imagenet2012",
-    evaluate=False,  # The encoder is judged by fine-tuning and few-shot evaluation.
-    batch_size=4096,
-    epochs=1,  # superseded by steps
-    steps=1_000_000,
-    optimizer="adam",
-    learning_rate=2e-4,
-    weight_decay=0.0,
-    schedule="cosine",
-    warmup_steps=10_000,
-    clip_norm=1.0,
-    inception_crop=True,
-    random_flip=True,
-    backup_every=1000,
+    model=dict(variant="B/16", image_size=224),
+    data=dict(
+        source="tfds:imagenet2012", batch_size=4096, inception_crop=True, random_flip=True
+    ),
+    optimization=dict(
+        objective="mpp", mpp_bits=3, mpp_corrupt_rate=0.5, mpp_mask_rate=0.8,
+        mpp_random_rate=0.1, optimizer="adam", weight_decay=0.0, clip_norm=1.0,
+    ),
+    schedule=dict(
+        learning_rate=2e-4, decay="cosine", warmup_updates=10_000, updates=1_000_000
+    ),
+    checkpointing=dict(backup_every_micro_batches=1000),
+    # The encoder is judged by fine-tuning and few-shot evaluation.
+    evaluation=dict(enabled=False),
     out="runs/pretrain_mpp",
 )
 

@@ -8,7 +8,6 @@ weights, its loss history, the compute dtype, which input pipeline it was (`[id,
 and the run's batches as its pipeline yields them (read from a second iterator).
 """
 
-import dataclasses
 import json
 import os
 import signal
@@ -21,21 +20,23 @@ import numpy as np  # noqa: E402
 
 from keras_vit import cli, training  # noqa: E402
 from keras_vit import data as vit_data  # noqa: E402
+from keras_vit.training.config import apply_overrides  # noqa: E402
 
 SETTINGS = [
-    "model_kwargs.hidden_dim=16", "model_kwargs.num_layers=1", "model_kwargs.num_heads=2",
-    "model_kwargs.mlp_dim=32", "batch_size=32", "epochs=2", "steps_per_epoch=4",
-    "warmup_steps=2", "backup_every=2", "tensorboard=false", "jit_compile=off",
-    "evaluate=false",
+    "model.kwargs.hidden_dim=16", "model.kwargs.num_layers=1", "model.kwargs.num_heads=2",
+    "model.kwargs.mlp_dim=32", "data.batch_size=32", "schedule.epochs=2",
+    "schedule.micro_batches_per_epoch=4", "schedule.warmup_updates=2",
+    "checkpointing.backup_every_micro_batches=2", "checkpointing.tensorboard=false",
+    "distribution.jit_compile=off", "evaluation.enabled=false",
 ]
-STEPS = 8  # epochs * steps_per_epoch
+STEPS = 8  # epochs * micro_batches_per_epoch
 TPU_PRECISIONS = ("float32", "mixed_bfloat16")
 
 
 def config(out, strategy):
     """The demo recipe with `SETTINGS`, as `keras-vit pretrain --recipe demo --set ...`."""
-    recipe = cli.apply_overrides(cli.load_recipe("demo"), SETTINGS)
-    return dataclasses.replace(recipe, out=str(out), strategy=strategy).validate()
+    recipe = apply_overrides(cli.load_recipe("demo"), SETTINGS)
+    return recipe.replace(out=str(out), distribution=dict(strategy=strategy)).validate()
 
 
 class _KillAt(keras.callbacks.Callback):
@@ -69,14 +70,14 @@ def _probing(train_dataset, probe):
 
 
 def run(out, strategy, kill_at=None, **changes):
-    """Trains (`changes`: more config fields); returns what it writes to
+    """Trains (`changes`: more settings, as `TrainConfig.replace` takes them); returns what it writes to
     `out/worker_{task}.npz` (see the module doc)."""
     task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
     probe, train_dataset = {}, vit_data.train_dataset
     vit_data.train_dataset = _probing(train_dataset, probe)
     try:
         callbacks = [_KillAt(*kill_at)] if kill_at else []
-        settings = dataclasses.replace(config(out, strategy), **changes)
+        settings = config(out, strategy).replace(**changes)
         result = training.train(settings, callbacks=callbacks, verbose=0)
     finally:
         vit_data.train_dataset = train_dataset
@@ -96,7 +97,9 @@ def run_tpu_settings(out):
     for precision in TPU_PRECISIONS:
         folder = os.path.join(out, precision)
         os.makedirs(folder, exist_ok=True)
-        run(folder, "cpu", jit_compile="on", steps_per_execution=2, precision=precision)
+        run(folder, "cpu", distribution=dict(
+            jit_compile="on", micro_batches_per_execution=2, precision=precision,
+        ))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,13 @@
 """The `keras-vit` command: recipes, --set parsing, --from resolution, the demo end to end."""
 
+import dataclasses
 import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -9,51 +16,155 @@ from conftest import tiny_vit
 
 from keras_vit import cli
 from keras_vit.training import runs
-from keras_vit.training.engine import TrainConfig
+from keras_vit.training.config import FLAT_KEYS, TrainConfig, apply_overrides
+
+FIXTURE_RUN = Path(__file__).resolve().parent / "fixtures" / "run_v0_1_0"
+ROOT = Path(__file__).resolve().parents[1]
+
+# `python -m keras_vit ARGS`, then which heavy modules the process imported.
+CLI = """
+import atexit, runpy, sys
+heavy = ("tensorflow", "keras", "jax", "torch")
+atexit.register(lambda: print("imported:", [m for m in heavy if m in sys.modules]))
+runpy.run_module("keras_vit", run_name="__main__")
+"""
+
+
+def _fresh_process(*args, code=CLI):
+    """A fresh Python whose user did not set TF_CPP_MIN_LOG_LEVEL."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.mark.parametrize(
+    "args, code",
+    [(["--help"], 0), (["pretrain", "--help"], 0), (["probe", "--bogus"], 2),
+     (["export", "--from", "run"], 2), ([], 2)],
+)
+def test_help_and_argument_errors_come_before_tensorflow_starts(args, code):
+    process = _fresh_process(*args)
+    assert process.returncode == code, process.stderr
+    assert "usage: keras-vit" in process.stdout + process.stderr
+    assert process.stdout.splitlines()[-1] == "imported: []"
+
+
+# TensorFlow's C++ start-up lines: absl/glog records (severity and date) and their notes.
+CPP_LOG_LINE = re.compile(r"^[IWEF]\d{4} |absl::InitializeLog|oneDNN|cpu_feature_guard")
+
+
+@pytest.mark.slow
+def test_a_command_prints_none_of_tensorflows_start_up_lines(tmp_path):
+    # Started plainly, TensorFlow prints them here even at TF_CPP_MIN_LOG_LEVEL=3 ...
+    plain = _fresh_process(code="import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
+                                "import tensorflow")
+    assert plain.returncode == 0 and any(map(CPP_LOG_LINE.search, plain.stderr.splitlines()))
+    # ... a command of the CLI prints only its own lines.
+    process = _fresh_process("probe", "--from", str(FIXTURE_RUN), "--out", str(tmp_path),
+                             "--drop", "0", "--grids", "2")
+    assert process.returncode == 0, process.stderr
+    assert "'tensorflow'" in process.stdout.splitlines()[-1]  # it did start TensorFlow
+    assert "clean accuracy" in process.stdout
+    assert [line for line in process.stderr.splitlines() if not line.startswith("keras-vit: ")] == []
 
 
 def test_set_parses_values_by_field_type():
-    config = cli.apply_overrides(
-        TrainConfig(),
+    recipe = TrainConfig()
+    config = apply_overrides(
+        recipe,
         [
-            "epochs=7", "learning_rate=3e-4", "cache=true", "random_flip=off",
-            "crop_area=(0.5, 1.0)", "randaugment=(2, 15)", "clip_norm=none", "mixup=0.2",
-            "model=S/16", "model_kwargs.dropout_rate=0.1", "model_kwargs.classifier=gap",
+            "schedule.epochs=7", "schedule.learning_rate=3e-4", "data.cache=true",
+            "data.random_flip=off", "data.crop_area=(0.5, 1.0)", "data.randaugment=(2, 15)",
+            "optimization.clip_norm=none", "data.mixup=0.2", "model.variant=S/16",
+            "model.kwargs.dropout_rate=0.1", "model.kwargs.classifier=gap", "seed=3",
         ],
     )
-    assert (config.epochs, config.learning_rate, config.cache, config.random_flip) == (
-        7, 3e-4, True, False,
-    )
-    assert config.crop_area == (0.5, 1.0) and config.randaugment == (2, 15)
-    assert config.clip_norm is None and config.mixup == 0.2 and config.model == "S/16"
-    assert config.model_kwargs == {"dropout_rate": 0.1, "classifier": "gap"}
+    assert (config.schedule.epochs, config.schedule.learning_rate) == (7, 3e-4)
+    assert (config.data.cache, config.data.random_flip) == (True, False)
+    assert config.data.crop_area == (0.5, 1.0) and config.data.randaugment == (2, 15)
+    assert config.optimization.clip_norm is None and config.data.mixup == 0.2
+    assert config.model.variant == "S/16" and config.seed == 3
+    assert config.model.kwargs == {"dropout_rate": 0.1, "classifier": "gap"}
     # The recipe's object is left as it was.
-    assert TrainConfig().epochs == 1
+    assert recipe == TrainConfig() and recipe.model.kwargs == {}
+
+
+def test_flat_keys_of_version_0_1_are_moved_to_their_sections(caplog):
+    flat = [
+        "epochs=7", "learning_rate=3e-4", "model=S/16", "model_kwargs.num_layers=3",
+        "data=tfds:cifar10", "schedule=cosine", "steps=100", "warmup_steps=10",
+        "steps_per_epoch=20", "backup_every=4", "steps_per_execution=2",
+        "accumulation_steps=2", "eval_crop_fraction=1.0", "strict_data=true",
+    ]
+    sectioned = [
+        "schedule.epochs=7", "schedule.learning_rate=3e-4", "model.variant=S/16",
+        "model.kwargs.num_layers=3", "data.source=tfds:cifar10", "schedule.decay=cosine",
+        "schedule.updates=100", "schedule.warmup_updates=10",
+        "schedule.micro_batches_per_epoch=20", "checkpointing.backup_every_micro_batches=4",
+        "distribution.micro_batches_per_execution=2", "optimization.micro_batches_per_update=2",
+        "evaluation.crop_fraction=1.0", "data.strict=true",
+    ]
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        old = apply_overrides(TrainConfig(), flat)
+    assert old == apply_overrides(TrainConfig(), sectioned)
+    notes = [r.getMessage() for r in caplog.records]
+    assert len(notes) == len(flat)
+    assert "--set learning_rate=3e-4: flat key 'learning_rate' is deprecated, use " \
+        "'schedule.learning_rate'." in notes
+    # The Python API maps them too: 0.1's keyword arguments and dataclasses.replace.
+    assert TrainConfig(learning_rate=3e-4, model="S/16").schedule.learning_rate == 3e-4
+    assert dataclasses.replace(TrainConfig(), epochs=4).schedule.epochs == 4
+
+
+def test_a_version_0_1_recipe_gives_the_same_config(caplog):
+    """A recipe written for keras-vit 0.1: flat TrainConfig(...) keywords and
+    dataclasses.replace(config, epochs=...)."""
+    old = str(FIXTURE_RUN.parent / "recipe_v0_1_0_demo.py")
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        assert cli.load_recipe(old) == cli.load_recipe("demo")
+        assert cli.load_recipe(old, attribute="DEMO") == cli.load_recipe("demo", attribute="DEMO")
+    assert "flat config keys of keras-vit 0.1 moved to their sections" in caplog.text
+
+
+def test_every_flat_key_of_a_version_0_1_run_has_a_section():
+    saved = json.loads((FIXTURE_RUN / runs.CONFIG).read_text())
+    assert sorted(saved) == sorted(FLAT_KEYS)
+    config = TrainConfig.from_dict(saved)
+    for old, new in FLAT_KEYS.items():
+        value = dict(config.flat_items())[new]
+        assert value == (tuple(saved[old]) if isinstance(value, tuple) else saved[old]), old
+    # ... and the sectioned form is an exact round trip through JSON.
+    assert TrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
 
 
 @pytest.mark.parametrize(
     "assignment, message",
     [
-        ("epochz=3", "Unknown config key 'epochz'.*valid keys: .*epochs"),
-        ("epochs=three", "epochs expects an integer, got 'three'"),
-        ("epochs=2.5", "epochs expects an integer, got '2.5'"),
-        ("cache=maybe", "cache expects true or false, got 'maybe'"),
-        ("crop_area=[0.5", "crop_area expects a Python tuple literal"),
+        ("epochz=3", "Unknown config key 'epochz'.*valid keys: .*schedule"),
+        ("schedule.epochz=3", "Unknown config key 'schedule.epochz'.*valid keys: .*schedule.epochs"),
+        ("schedule.epochs=three", "schedule.epochs expects an integer, got 'three'"),
+        ("epochs=2.5", "schedule.epochs expects an integer, got '2.5'"),
+        ("data.cache=maybe", "data.cache expects true or false, got 'maybe'"),
+        ("data.crop_area=[0.5", "data.crop_area expects a Python tuple literal"),
         ("learning_rate", "expects key=value, got 'learning_rate'"),
-        ("epochs.x=1", "epochs is not a dict field"),
+        ("schedule.epochs.x=1", "schedule.epochs is not a dict field"),
+        ("optimization=sgd", "optimization is a section; set one of its keys"),
     ],
 )
 def test_set_errors_name_the_bad_assignment(assignment, message):
     with pytest.raises(ValueError, match=message):
-        cli.apply_overrides(TrainConfig(), [assignment])
+        apply_overrides(TrainConfig(), [assignment])
 
 
 def test_command_reports_errors_without_a_traceback(capsys):
     assert cli.main(["pretrain", "--recipe", "demo", "--set", "epochz=3"]) == 2
     error = capsys.readouterr().err
     assert "Unknown config key 'epochz'" in error and "Traceback" not in error
-    assert cli.main(["pretrain", "--recipe", "demo", "--set", "optimizer=lamb"]) == 2
-    assert "optimizer='lamb' is not one of 'adam', 'adamw', 'sgd'" in capsys.readouterr().err
+    assert cli.main(["pretrain", "--recipe", "demo", "--set", "optimization.optimizer=lamb"]) == 2
+    assert "optimization.optimizer='lamb' is not one of 'adam', 'adamw', 'sgd'" in (
+        capsys.readouterr().err
+    )
     assert cli.main(["finetune", "--recipe", "demo"]) == 2
     assert "finetune needs weights: pass --from" in capsys.readouterr().err
     assert cli.main(["pretrain", "--recipe", "nonesuch"]) == 2
@@ -66,8 +177,18 @@ def test_recipes_are_valid_configs(name):
     config = cli.load_recipe(name)
     assert isinstance(config, TrainConfig)
     config.validate()
-    for field in ("model", "image_size", "batch_size", "epochs", "learning_rate"):
-        assert getattr(config, field)
+    for key in ("model.variant", "model.image_size", "data.batch_size", "schedule.epochs",
+                "schedule.learning_rate"):
+        assert dict(config.flat_items())[key]
+
+
+def test_fewshot_command_reads_a_version_0_1_run(tmp_path, capsys):
+    out = tmp_path / "fewshot"
+    assert cli.main(["fewshot", "--from", str(FIXTURE_RUN), "--data", "digits", "--classes", "5-9",
+                     "--shots", "1,5", "--seeds", "2", "--out", str(out)]) == 0
+    result = json.loads((out / "fewshot.json").read_text())["runs"]["run_v0_1_0"]
+    assert result["shots"] == [1, 5] and result["class_names"] == ["5", "6", "7", "8", "9"]
+    assert "run_v0_1_0" in capsys.readouterr().out
 
 
 def test_from_resolves_runs_and_files(tmp_path):
@@ -106,7 +227,9 @@ def test_demo_recipe_trains_to_95_percent_on_digits(tmp_path, capsys):
         print(f"\ndemo recipe: digits test accuracy {accuracy:.4f} "
               f"({metrics['eval_examples']} images, {metrics['seconds']:.0f} s of training)")
     assert accuracy >= 0.95
-    assert json.loads((out / runs.CONFIG).read_text())["model"] == "custom"
+    assert TrainConfig.from_dict(json.loads((out / runs.CONFIG).read_text())) == (
+        cli.load_recipe("demo").replace(out=str(out))
+    )
     rows = (out / runs.METRICS_CSV).read_text().splitlines()
     assert len(rows) == 1 + metrics["epochs"] and "val_top1" in rows[0]
     assert runs.latest_checkpoint(str(out)) is not None
@@ -120,7 +243,7 @@ def test_demo_recipe_trains_to_95_percent_on_digits(tmp_path, capsys):
 
     from keras_vit.training.engine import _build_model
 
-    config = cli.apply_overrides(cli.load_recipe("demo"), ["image_size=32"])
+    config = apply_overrides(cli.load_recipe("demo"), ["model.image_size=32"])
     larger = _build_model(config, num_classes=10)
     assert "resampled from a 4x4 to a 8x8" in runs.load_weights(larger, str(out))
     table = trained.get_layer("patch_encoder").position.numpy().reshape(4, 4, -1)
@@ -140,11 +263,12 @@ def test_demo_command_runs_all_stages_and_reports_them(tmp_path, capsys, caplog)
         "import dataclasses\n"
         "from keras_vit.cli import load_recipe\n"
         "demo = load_recipe('demo', attribute='DEMO')\n"
-        "tiny = dict(epochs=1, steps_per_epoch=2, warmup_steps=0, jit_compile='off')\n"
+        "tiny = dict(schedule=dict(epochs=1, micro_batches_per_epoch=2, warmup_updates=0),\n"
+        "            distribution=dict(jit_compile='off'))\n"
         "DEMO = dataclasses.replace(\n"
-        "    demo, pretrain=dataclasses.replace(demo.pretrain, **tiny),\n"
+        "    demo, pretrain=demo.pretrain.replace(**tiny),\n"
         "    fewshot=dataclasses.replace(demo.fewshot, shots=(1, 5), seeds=2),\n"
-        "    finetune=dataclasses.replace(demo.finetune, **tiny))\n"
+        "    finetune=demo.finetune.replace(**tiny))\n"
     )
     out = tmp_path / "demo"
     with caplog.at_level("INFO", logger="keras_vit"):
@@ -172,9 +296,9 @@ def test_demo_command_runs_all_stages_and_reports_them(tmp_path, capsys, caplog)
         for name in ("pretrained", "random init")
     ]
     assert results["pretrained"]["class_names"] == ["5", "6", "7", "8", "9"]
-    assert rows[3] == [f"pretrain (classes 0-4, {demo.pretrain.image_size} px)",
+    assert rows[3] == [f"pretrain (classes 0-4, {demo.pretrain.model.image_size} px)",
                        f"{100 * final['pretrain']:.1f}%", "-"]
-    assert rows[4] == [f"fine-tune (classes 5-9, {demo.finetune.image_size} px)",
+    assert rows[4] == [f"fine-tune (classes 5-9, {demo.finetune.model.image_size} px)",
                        f"{100 * final['finetune']:.1f}%", "-"]
     assert (out / "table.txt").read_text() == summary["table"] + "\n"
     assert summary["table"] in printed
@@ -182,10 +306,10 @@ def test_demo_command_runs_all_stages_and_reports_them(tmp_path, capsys, caplog)
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # Fine-tuning started from the pretrained encoder: a new resolution, a zero head.
-    assert json.loads((out / "finetune" / runs.CONFIG).read_text())["init_from"].endswith(
+    assert json.loads((out / "finetune" / runs.CONFIG).read_text())["model"]["init_from"].endswith(
         "pretrain/encoder.npz"
     )
     assert not [k for k in np.load(out / "pretrain" / "encoder.npz") if k.startswith("head")]
     pretrained, finetuned = (runs.load_model(str(out / stage)) for stage in ("pretrain", "finetune"))
-    assert finetuned.input_shape[1] == demo.finetune.image_size != pretrained.input_shape[1]
+    assert finetuned.input_shape[1] == demo.finetune.model.image_size != pretrained.input_shape[1]
     assert finetuned.output_shape == pretrained.output_shape == (None, 5)

@@ -1,6 +1,7 @@
 """`keras-vit export`, `visualize` and `probe` on trained runs and saved models."""
 
 import json
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -11,7 +12,11 @@ from conftest import tiny_vit
 import keras_vit
 from keras_vit import cli
 from keras_vit import data
-from keras_vit.training.engine import TrainConfig, train
+from keras_vit.training.config import TrainConfig
+from keras_vit.training.engine import train
+
+
+FIXTURE_RUN = Path(__file__).resolve().parent / "fixtures" / "run_v0_1_0"  # keras-vit 0.1
 
 
 def _png(path, image):
@@ -25,12 +30,17 @@ def hybrid_run(tmp_path_factory):
     paper's sigmoid loss: hybrids go through the same training and export paths."""
     out = tmp_path_factory.mktemp("hybrid") / "run"
     config = TrainConfig(
-        model="custom",
-        model_kwargs=dict(patch_size=1, hidden_dim=16, num_layers=1, num_heads=2, mlp_dim=32,
-                          resnet_stages=(1,)),
-        image_size=16, channels=3, batch_size=32, epochs=3, steps_per_epoch=6,
-        learning_rate=3e-3, loss="sigmoid", inception_crop=False, random_flip=False,
-        eval_crop_fraction=0.875, evaluate=False, tensorboard=False, out=str(out),
+        model=dict(
+            variant="custom", image_size=16, channels=3,
+            kwargs=dict(patch_size=1, hidden_dim=16, num_layers=1, num_heads=2, mlp_dim=32,
+                        resnet_stages=(1,)),
+        ),
+        data=dict(batch_size=32, inception_crop=False, random_flip=False),
+        optimization=dict(loss="sigmoid"),
+        schedule=dict(epochs=3, micro_batches_per_epoch=6, learning_rate=3e-3),
+        evaluation=dict(enabled=False, crop_fraction=0.875),
+        checkpointing=dict(tensorboard=False),
+        out=str(out),
     )
     result = train(config, verbose=0)
     return out, result
@@ -54,8 +64,8 @@ def test_export_command_serves_the_runs_probabilities(hybrid_run, tmp_path):
     assert code == 0
     record = json.loads((out / "assets.extra" / "keras_vit.json").read_text())
     assert record["activation"] == "sigmoid"  # from the run's loss
-    assert record["crop_fraction"] == 0.875  # from the run's eval_crop_fraction
-    assert record["metadata"]["train_config"]["loss"] == "sigmoid"
+    assert record["crop_fraction"] == 0.875  # from the run's evaluation.crop_fraction
+    assert record["metadata"]["train_config"]["optimization"]["loss"] == "sigmoid"
 
     # 20x24 images as the run's evaluation sees them: the short side to 16 / 0.875 =
     # 18.3 -> 18 pixels (the long side to 21.9 -> 22), then the central 16x16.
@@ -148,3 +158,20 @@ def test_probe_command_names_bad_lists(saved_model, tmp_path, capsys, flag, valu
     assert cli.main(["probe", "--from", path, "--out", str(tmp_path), flag, value]) != 0
     error = capsys.readouterr().err
     assert flag in error and value in error
+
+
+def test_a_version_0_1_run_exports_and_probes_as_it_was_trained(tmp_path):
+    """A run folder written by keras-vit 0.1 (flat config.json): export and probe read
+    its loss, eval crop and classes, and see the test accuracy its run reported."""
+    out = tmp_path / "served"
+    assert cli.main(["export", "--from", str(FIXTURE_RUN), "--out", str(out)]) == 0
+    record = json.loads((out / "assets.extra" / "keras_vit.json").read_text())
+    assert record["activation"] == "sigmoid" and record["crop_fraction"] == 1.0
+    assert record["metadata"]["train_config"]["data"]["classes"] == "0-4"
+    probes = tmp_path / "probes"
+    assert cli.main(["probe", "--from", str(FIXTURE_RUN), "--out", str(probes),
+                     "--drop", "0", "--grids", "2"]) == 0
+    results = json.loads((probes / "probes.json").read_text())
+    reported = json.loads((FIXTURE_RUN / "metrics.json").read_text())
+    assert results["examples"] == reported["eval_examples"] == 180  # digits 0-4 only
+    assert results["accuracy"] == pytest.approx(reported["final"]["top1"], abs=1e-6)

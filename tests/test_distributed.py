@@ -243,11 +243,11 @@ def test_input_pipeline_is_graph_only_with_static_shapes(tensorflow_backend):
     from keras_vit import data as vit_data
 
     demo = _job().config("unused", "tpu")
-    source = vit_data.load_source(demo.data)
+    source = vit_data.load_source(demo.data.source)
     streams = [
         vit_data.train_dataset(
-            source, demo.image_size, demo.batch_size, channels=demo.channels,
-            inception_crop=demo.inception_crop, random_flip=demo.random_flip,
+            source, demo.model.image_size, demo.data.batch_size, channels=demo.model.channels,
+            inception_crop=demo.data.inception_crop, random_flip=demo.data.random_flip,
         ),
         vit_data.train_dataset(source, 16, 8, channels=1, augment="medium2", cutmix=1.0),
     ]

@@ -52,17 +52,17 @@ def test_keras_cv_layers_draw_per_image_from_the_stream_position(source):
 def test_keras_cv_layers_round_trip_through_the_run_config(source):
     """A run's config.json holds them serialized; a resumed run rebuilds the same stream."""
     given = layers()
-    config = TrainConfig(augmentations=given)
+    config = TrainConfig(data=dict(augmentations=given))
     saved = json.loads(json.dumps(config.to_dict()))
-    assert [a["registered_name"] for a in saved["augmentations"]] == [
+    assert [a["registered_name"] for a in saved["data"]["augmentations"]] == [
         "keras_cv>RandomCropAndResize", "keras_cv>GridMask",
     ]
     restored = TrainConfig.from_dict(saved)
     np.testing.assert_array_equal(
-        stream(source, restored.augmentations), stream(source, config.augmentations)
+        stream(source, restored.data.augmentations), stream(source, config.data.augmentations)
     )
     # The caller's layers are left as they were (the stream rewires copies).
-    assert keras.layers.serialize(given[1]) == saved["augmentations"][1]
+    assert keras.layers.serialize(given[1]) == saved["data"]["augmentations"][1]
     # A hand-written config names keras-cv's module.
     written = dict(module="keras_cv.layers", class_name="GridMask", config=dict(ratio_factor=(0.3, 0.6)))
     assert type(data.as_layer(written)) is keras_cv.layers.GridMask

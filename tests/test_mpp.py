@@ -10,7 +10,7 @@ from scipy.special import log_softmax
 from keras_vit import cli
 from keras_vit.models import mpp
 from keras_vit.training import runs
-from keras_vit.training.engine import TrainConfig
+from keras_vit.training.config import TrainConfig
 from conftest import tiny_vit
 
 
@@ -186,8 +186,8 @@ def _ten_shot_accuracy(model, config):
     from keras_vit.evaluation.fewshot import evaluate_model
 
     splits = [
-        data.eval_dataset(data.load_source("digits", split), config.image_size, 512,
-                          channels=config.channels, crop_fraction=1.0)
+        data.eval_dataset(data.load_source("digits", split), config.model.image_size, 512,
+                          channels=config.model.channels, crop_fraction=1.0)
         for split in ("train", "test")
     ]
     return evaluate_model(model, *splits, shots=(10,), seeds=5)["mean"][0]
@@ -198,7 +198,7 @@ def test_mpp_recipe_pretrains_an_encoder_that_fewshot_and_finetune_take(tmp_path
 
     out, tuned = tmp_path / "mpp", tmp_path / "tuned"
     assert cli.main(["pretrain", "--recipe", "demo_mpp", "--out", str(out),
-                     "--set", "tensorboard=false"]) == 0
+                     "--set", "checkpointing.tensorboard=false"]) == 0
     config = cli.load_recipe("demo_mpp")
     metrics = json.loads((out / runs.METRICS_JSON).read_text())
     assert sorted(metrics["final"]) == ["accuracy", "loss"]  # on the corrupted test pixels
@@ -219,10 +219,12 @@ def test_mpp_recipe_pretrains_an_encoder_that_fewshot_and_finetune_take(tmp_path
     # a weight by a few 1e-3 at most (|Adam step| <= lr (1 - beta_1) / sqrt(1 - beta_2)).
     capsys.readouterr()
     assert cli.main(["finetune", "--recipe", "demo_mpp", "--from", str(out), "--out", str(tuned),
-                     "--set", "objective=supervised", "--set", "steps_per_epoch=2",
-                     "--set", "learning_rate=1e-3", "--set", "warmup_steps=1",
-                     "--set", "epochs=1", "--set", "evaluate=false", "--set", "jit_compile=off",
-                     "--set", "tensorboard=false"]) == 0
+                     "--set", "optimization.objective=supervised",
+                     "--set", "schedule.micro_batches_per_epoch=2",
+                     "--set", "schedule.learning_rate=1e-3", "--set", "schedule.warmup_updates=1",
+                     "--set", "schedule.epochs=1", "--set", "evaluation.enabled=false",
+                     "--set", "distribution.jit_compile=off",
+                     "--set", "checkpointing.tensorboard=false"]) == 0
     assert f"loaded {out}: the checkpoint has no head: the head is reset to zeros." in (
         capsys.readouterr().err
     )
@@ -242,25 +244,32 @@ def test_mpp_recipe_holds_the_papers_settings():
     assert path.name == "pretrain_mpp.py"
     config = cli.load_recipe("mpp", "pretrain").validate()
     # Paper appendix B.1.2: ViT-B/16, batch 4096, Adam at 2e-4, 10k warmup, cosine, 1M steps.
-    assert (config.objective, config.model, config.batch_size) == ("mpp", "B/16", 4096)
-    assert (config.optimizer, config.learning_rate, config.schedule) == ("adam", 2e-4, "cosine")
-    assert (config.warmup_steps, config.steps) == (10_000, 1_000_000)
-    assert (config.mpp_bits, config.mpp_corrupt_rate, config.mpp_mask_rate,
-            config.mpp_random_rate) == (3, 0.5, 0.8, 0.1)
+    optimization, schedule = config.optimization, config.schedule
+    assert (optimization.objective, config.model.variant, config.data.batch_size) == (
+        "mpp", "B/16", 4096,
+    )
+    assert (optimization.optimizer, schedule.learning_rate, schedule.decay) == (
+        "adam", 2e-4, "cosine",
+    )
+    assert (schedule.warmup_updates, schedule.updates) == (10_000, 1_000_000)
+    assert (optimization.mpp_bits, optimization.mpp_corrupt_rate, optimization.mpp_mask_rate,
+            optimization.mpp_random_rate) == (3, 0.5, 0.8, 0.1)
 
 
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(objective="mim"), "objective='mim' is not one of 'supervised', 'mpp'"),
-        (dict(mpp_corrupt_rate=1.5), r"mpp_corrupt_rate must be in \[0, 1\], got 1.5"),
-        (dict(mpp_random_rate=0.3), r"mpp_mask_rate \+ mpp_random_rate must be at most 1"),
-        (dict(mpp_bits=0), "mpp_bits must be a positive integer, got 0"),
-        (dict(loss="sigmoid"), "loss='sigmoid' does not apply to objective='mpp'"),
-        (dict(label_smoothing=0.1), "label_smoothing=0.1 does not apply to objective='mpp'"),
+        (dict(objective="mim"), "optimization.objective='mim' is not one of 'supervised', 'mpp'"),
+        (dict(mpp_corrupt_rate=1.5), r"optimization.mpp_corrupt_rate must be in \[0, 1\], got 1.5"),
+        (dict(mpp_random_rate=0.3),
+         r"optimization.mpp_mask_rate \+ optimization.mpp_random_rate must be at most 1"),
+        (dict(mpp_bits=0), "optimization.mpp_bits must be a positive integer, got 0"),
+        (dict(loss="sigmoid"), "optimization.loss='sigmoid' does not apply to objective='mpp'"),
+        (dict(label_smoothing=0.1),
+         "optimization.label_smoothing=0.1 does not apply to objective='mpp'"),
     ],
 )
 def test_mpp_settings_are_validated(overrides, message):
-    config = TrainConfig(**{"objective": "mpp", **overrides})
+    config = TrainConfig(optimization={"objective": "mpp", **overrides})
     with pytest.raises(ValueError, match=message):
         config.validate()

@@ -163,16 +163,17 @@ def test_manual_download_names_the_folder_and_the_files(tmp_path):
 
 
 PRETRAIN = [
-    "pretrain", "--recipe", "demo", "--data", "tfds:tiny_shapes", "--set", "image_size=16",
-    "--set", "channels=3", "--set", "batch_size=16", "--set", "epochs=2",
-    "--set", "warmup_steps=1", "--set", "tensorboard=false", "--set", "jit_compile=off",
+    "pretrain", "--recipe", "demo", "--data", "tfds:tiny_shapes", "--set", "model.image_size=16",
+    "--set", "model.channels=3", "--set", "data.batch_size=16", "--set", "schedule.epochs=2",
+    "--set", "schedule.warmup_updates=1", "--set", "checkpointing.tensorboard=false",
+    "--set", "distribution.jit_compile=off",
 ]
 
 
 @pytest.mark.slow
 def test_pretrain_by_name_with_data_dir_set(data_dirs, tmp_path):
     out = tmp_path / "run"
-    argv = PRETRAIN + ["--set", f"data_dir={data_dirs['tfrecord']}", "--out", str(out)]
+    argv = PRETRAIN + ["--set", f"data.data_dir={data_dirs['tfrecord']}", "--out", str(out)]
     assert cli.main(argv) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert (metrics["train_examples"], metrics["eval_examples"]) == (48, 12)

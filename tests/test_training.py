@@ -20,6 +20,7 @@ from keras_vit.training.optimizers import decayed_variables, make_optimizer
 from keras_vit.training.schedules import WarmupDecay
 
 ROOT = Path(__file__).resolve().parents[1]
+FIXTURE_RUN = ROOT / "tests" / "fixtures" / "run_v0_1_0"  # written by keras-vit 0.1 (25b1e66)
 
 
 def _formula(step, base, total, warmup, decay, end):
@@ -143,12 +144,25 @@ def test_sigmoid_cross_entropy_sums_over_classes():
 # --- whole runs, in fresh processes ---------------------------------------------------
 
 TINY_RUN = dict(
-    model="custom",
-    model_kwargs=dict(patch_size=2, hidden_dim=16, num_layers=1, num_heads=2, mlp_dim=32),
-    image_size=8, channels=1, batch_size=32, learning_rate=3e-3, weight_decay=0.1,
-    warmup_steps=2, inception_crop=False, random_flip=False, evaluate=False,
-    tensorboard=False, jit_compile="off",
+    model=dict(
+        variant="custom", image_size=8, channels=1,
+        kwargs=dict(patch_size=2, hidden_dim=16, num_layers=1, num_heads=2, mlp_dim=32),
+    ),
+    data=dict(batch_size=32, inception_crop=False, random_flip=False),
+    optimization=dict(weight_decay=0.1),
+    schedule=dict(learning_rate=3e-3, warmup_updates=2),
+    checkpointing=dict(tensorboard=False),
+    distribution=dict(jit_compile="off"),
+    evaluation=dict(enabled=False),
 )
+
+
+def tiny_run(**sections):
+    """`TINY_RUN` with keys of its sections changed (`schedule=dict(epochs=3)`)."""
+    return {
+        name: {**TINY_RUN.get(name, {}), **keys} if isinstance(keys, dict) else keys
+        for name, keys in {**TINY_RUN, **sections}.items()
+    }
 
 
 def _python(script, *args, env_extra=None):
@@ -173,7 +187,8 @@ import numpy as np
 from keras_vit.training.engine import TrainConfig, train
 weights = {}
 for strategy in ("cpu", "mirrored"):
-    config = TrainConfig(**json.loads(sys.argv[1]), strategy=strategy, out=sys.argv[2] + strategy)
+    config = TrainConfig.from_dict(json.loads(sys.argv[1])).replace(
+        distribution=dict(strategy=strategy), out=sys.argv[2] + strategy)
     weights[strategy] = train(config, verbose=0).model.get_weights()
     print(strategy, json.load(open(sys.argv[2] + strategy + "/metrics.json"))["strategy"])
 difference = max(float(np.abs(a - b).max()) for a, b in zip(*weights.values()))
@@ -182,7 +197,7 @@ print("max difference", difference)
 
 
 def test_mirrored_over_two_cpus_matches_one_device(tmp_path):
-    config = dict(TINY_RUN, epochs=1, steps_per_epoch=4)
+    config = tiny_run(schedule=dict(epochs=1, micro_batches_per_epoch=4))
     code, stdout, stderr = _finish(_python(MIRRORED, json.dumps(config), str(tmp_path / "run_")))
     assert code == 0, stderr[-3000:]
     print(stdout)
@@ -206,7 +221,7 @@ class KillAt(keras.callbacks.Callback):
         if (self.epoch, batch + 1) == self.at:
             os.kill(os.getpid(), signal.SIGKILL)
 
-config = TrainConfig(**json.loads(sys.argv[1]), out=sys.argv[2])
+config = TrainConfig.from_dict(json.loads(sys.argv[1])).replace(out=sys.argv[2])
 kill = [KillAt(*map(int, sys.argv[3].split(":")))] if len(sys.argv) > 3 else []
 train(config, callbacks=kill, verbose=0)
 """
@@ -216,10 +231,13 @@ train(config, callbacks=kill, verbose=0)
 def test_run_killed_mid_epoch_resumes_to_the_same_weights(tmp_path, objective):
     # Dropout (seed states), MixUp (stream seeds), accumulation and a schedule make
     # every piece of state matter; masked patch prediction adds its corruption draws.
-    config = dict(
-        TINY_RUN, objective=objective, epochs=3, steps_per_epoch=6, backup_every=2, deterministic=True,
-        accumulation_steps=2, mixup=0.2, schedule="cosine",
-        model_kwargs=dict(TINY_RUN["model_kwargs"], dropout_rate=0.1),
+    config = tiny_run(
+        optimization=dict(objective=objective, micro_batches_per_update=2),
+        schedule=dict(epochs=3, micro_batches_per_epoch=6, decay="cosine"),
+        checkpointing=dict(backup_every_micro_batches=2),
+        distribution=dict(deterministic=True),
+        data=dict(mixup=0.2),
+        model=dict(kwargs=dict(TINY_RUN["model"]["kwargs"], dropout_rate=0.1)),
     )
     config = json.dumps(config)
     straight, killed = tmp_path / "straight", tmp_path / "killed"
@@ -259,7 +277,9 @@ def test_nan_loss_stops_and_keeps_the_last_good_state(tmp_path):
                 head = self.model.get_layer("head").kernel
                 head.assign(np.full(head.shape, np.nan, "float32"))
 
-    config = TrainConfig(**dict(TINY_RUN, epochs=3, steps_per_epoch=3, out=str(tmp_path)))
+    config = TrainConfig(
+        **tiny_run(schedule=dict(epochs=3, micro_batches_per_epoch=3)), out=str(tmp_path)
+    )
     with pytest.raises(FloatingPointError, match="Last good checkpoint: .*epoch_0001.keras"):
         train(config, callbacks=[Poison()], verbose=0)
     assert runs.latest_checkpoint(str(tmp_path)).endswith("epoch_0001.keras")
@@ -268,6 +288,23 @@ def test_nan_loss_stops_and_keeps_the_last_good_state(tmp_path):
     assert not (tmp_path / runs.MODEL).exists()
     # The backup still holds the end of epoch 1, from where a fixed run can resume.
     assert TrainingBackup.saved_position(str(tmp_path / runs.BACKUP)) == (1, 0)
+
+
+def test_a_version_0_1_run_is_resumed_only_by_its_own_settings(caplog):
+    """The flat config.json of a keras-vit 0.1 run folder is what resuming compares with."""
+    from keras_vit.training.config import TrainConfig
+    from keras_vit.training.engine import check_resumable
+
+    saved = json.loads((FIXTURE_RUN / runs.CONFIG).read_text())
+    config = TrainConfig.from_dict(saved)
+    assert runs.run_config(str(FIXTURE_RUN)) == config
+    assert runs.resolve_from(str(FIXTURE_RUN)) == str(FIXTURE_RUN / runs.MODEL)
+    check_resumable(config, str(FIXTURE_RUN))
+    check_resumable(config.replace(out="elsewhere", distribution=dict(strategy="cpu")),
+                    str(FIXTURE_RUN))
+    changed = config.replace(schedule=dict(learning_rate=1e-3), data=dict(classes=None))
+    with pytest.raises(ValueError, match=r"differs in \['data.classes', 'schedule.learning_rate'\]"):
+        check_resumable(changed, str(FIXTURE_RUN))
 
 
 def test_functional_engine_model_leaves_the_shared_classes_alone():

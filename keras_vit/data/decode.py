@@ -118,7 +118,7 @@ def eval_resize(images, size, crop_fraction=None):
 
     `crop_fraction=None` resizes the whole image (bilinear), as the official vit_jax
     evaluation does for its checkpoints; a fraction in (0, 1] takes the `central_crop`
-    of the engine's `eval_dataset` (a run's `eval_crop_fraction`), for square sizes.
+    of the engine's `eval_dataset` (a run's `evaluation.crop_fraction`), for square sizes.
 
     Example:
 

@@ -5,6 +5,9 @@ Images are taken as the model sees them (NHWC, already scaled to [-1, 1]), so th
 default occlusion value 0 is the mid-grey of that range.
 """
 
+import json
+import os
+
 import numpy as np
 
 from keras_vit.evaluation.analysis import patch_grid
@@ -160,3 +163,23 @@ def robustness_probes(
         "shuffle": {g: c / count for g, c in correct["shuffle"].items()},
         "examples": count,
     }
+
+
+def save_results(results, out, **record):
+    """Writes `probes.json` (`record`, e.g. the data's name, then `results`) and the
+    `probes.png` figure under `out` (created); returns both paths.
+
+    Example:
+
+    >>> import tempfile
+    >>> results = dict(examples=2, accuracy=1.0, occlusion={0.5: 0.5}, shuffle={2: 0.5})
+    >>> [os.path.basename(p) for p in save_results(results, tempfile.mkdtemp(), data="x")]
+    ['probes.json', 'probes.png']
+    """
+    from keras_vit import figures  # matplotlib, imported only when used
+
+    os.makedirs(out, exist_ok=True)
+    numbers = os.path.join(out, "probes.json")
+    with open(numbers, "w") as f:
+        json.dump(dict(record, **results), f, indent=2)
+    return numbers, figures.plot_probes(results, os.path.join(out, "probes.png"))

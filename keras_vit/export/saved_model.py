@@ -181,7 +181,7 @@ def export_saved_model(
         activation: `"softmax"`, or `"sigmoid"` for models trained with sigmoid
             cross-entropy (independent per-class probabilities).
         crop_fraction: `None` resizes whole images (the official checkpoints'
-            evaluation); a fraction in (0, 1] crops as a run's `eval_crop_fraction`.
+            evaluation); a fraction in (0, 1] crops as a run's `evaluation.crop_fraction`.
         metadata: optional JSON-serialisable dict stored in the config file, e.g.
             the checkpoint and training config the model came from.
 

@@ -1,19 +1,24 @@
-"""Training: the engine and what it is built from.
+"""Training: the run config, the engine and what it is built from.
 
-Backend-agnostic: `optimizers`, `schedules`, `losses`.
-TensorFlow-only: `engine` (`TrainConfig`, `train`), `runs` (the run folder and finding
-weights again), `callbacks`, `distribute`
-(`tf.distribute` strategies), `multiworker` (Keras 3 `fit` under
-MultiWorkerMirroredStrategy). JAX-only: `jax_distribution` (`keras.distribution` layouts).
+Backend-agnostic: `config` (`TrainConfig` and its sections, the `--set` override
+language; imports neither Keras nor TensorFlow), `optimizers`, `schedules`, `losses`.
+TensorFlow-only: `engine` (`train`), `runs` (the run folder and finding weights again),
+`callbacks`, `distribute` (`tf.distribute` strategies), `multiworker` (Keras 3 `fit`
+under MultiWorkerMirroredStrategy). JAX-only: `jax_distribution` (`keras.distribution`
+layouts).
 
 `from keras_vit.training import TrainConfig, train` keeps working; the engine (and so
 TensorFlow) is imported on first use.
 """
 
-_ENGINE = ("TrainConfig", "TrainingModel", "MaskedPatchTraining", "TrainResult", "train")
+_ENGINE = ("TrainingModel", "MaskedPatchTraining", "TrainResult", "train")
 
 
 def __getattr__(name):
+    if name == "TrainConfig":
+        from keras_vit.training.config import TrainConfig
+
+        return TrainConfig
     if name in _ENGINE:
         from keras_vit.training import engine
 

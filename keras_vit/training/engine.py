@@ -1,256 +1,35 @@
-"""The training engine: one `TrainConfig`, one `train(config)`, a normal `model.fit` inside.
+"""The training engine: `train(config)` runs a `TrainConfig` with a normal `model.fit` inside.
 
-`train` builds the strategy, the input pipelines, the model and its optimizer (in the
-strategy's scope), compiles, and calls `fit` with the engine's callbacks; it writes the
-run's output folder (see `keras_vit.training.runs`). TensorFlow backend only (tf.data and
-tf.distribute).
+`train` is a list of steps, each a function below: check the run and find where a
+backup left it, make the strategy, load the sources, plan the run's length, build the
+input pipelines, build and compile the model (in the strategy's scope), make the
+callbacks, fit, and write the final model and metrics to the run's output folder (see
+`keras_vit.training.runs`). TensorFlow backend only (tf.data and tf.distribute).
 """
 
 import dataclasses
+import functools
 import json
 import logging
 import math
 import os
 import time
-from typing import Optional
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from keras_vit import data as vit_data
-from keras_vit.training import distribute
-from keras_vit.training import multiworker
-from keras_vit.training import runs
 from keras_vit.models import mpp as vit_mpp
-from keras_vit.training.callbacks import EpochCheckpoints, TrainingBackup
-from keras_vit.training.losses import SigmoidCrossEntropy
 from keras_vit.models.vit import ViT
-from keras_vit.training.optimizers import OPTIMIZERS, make_optimizer
-from keras_vit.training.schedules import DECAYS, WarmupDecay
+from keras_vit.training import distribute, multiworker, runs
+from keras_vit.training.callbacks import EpochCheckpoints, TrainingBackup
+from keras_vit.training.config import TrainConfig  # noqa: F401  (keras_vit.training.engine.TrainConfig)
+from keras_vit.training.losses import SigmoidCrossEntropy
+from keras_vit.training.optimizers import make_optimizer
+from keras_vit.training.schedules import WarmupDecay
 
 logger = logging.getLogger("keras_vit")
-
-LOSSES = ("softmax", "sigmoid")
-OBJECTIVES = ("supervised", "mpp")
-
-
-@dataclasses.dataclass
-class TrainConfig:
-    """Everything a training run needs; recipes are instances of it.
-
-    Model: `model` is a paper variant (`"B/16"`) or `"custom"`; `model_kwargs` are more
-    `keras_vit.ViT` arguments (`patch_size`, `hidden_dim`, ..., `representation_size`,
-    `dropout_rate`, `classifier`); `image_size`, `channels` (1 or 3; sources are
-    converted); `head_bias_init` (None: -10 with the sigmoid loss, else 0); `init_from`:
-    weights to start from (a run folder, a `.keras` file or any checkpoint
-    `keras_vit.load_pretrained` reads; resampled to the new resolution, head reset on
-    a class mismatch), `interpolation` for that resampling.
-
-    Data: `data` and `eval_data` (`"digits"`, `"tfds:NAME[:SPLIT]"`, a folder; eval
-    defaults to the source's test split; `evaluate=False` skips evaluation); `data_dir`
-    (where TFDS datasets are prepared; default `TFDS_DATA_DIR`); `classes`
-    selects some of the source's classes, relabelled in order (e.g. `"0-4"`, see
-    `keras_vit.data.select_classes`); `batch_size` is global, per optimizer update,
-    and `accumulation_steps` splits it into that many batches whose gradients are
-    averaged; `epochs` passes over the data, or `steps` optimizer updates (rounded up
-    to whole epochs); `steps_per_epoch` overrides the epoch length (in batches);
-    `inception_crop`, `crop_area`, `random_flip`, `augment` (AugReg level),
-    `randaugment` (num_ops, magnitude), `mixup`, `cutmix`, `augmentations` (more Keras
-    layers), `eval_crop_fraction`, `shuffle_buffer`, `cache`, `strict_data`.
-
-    Optimization: `optimizer` (`adam`, `adamw`, `sgd`), `learning_rate` (peak),
-    `weight_decay` (decoupled, kernels only), `momentum` (SGD momentum / Adam beta_1),
-    `beta_2`, `schedule` (`linear` to `end_learning_rate`, `cosine`, `constant`),
-    `warmup_steps` (optimizer updates), `clip_norm` (global norm), `loss` (`softmax`,
-    `sigmoid`), `label_smoothing`.
-
-    Objective: `objective` is `supervised` (classify the source's labels) or `mpp`:
-    self-supervised masked patch prediction (`keras_vit.MaskedPatchPrediction`; the
-    source's labels are ignored, the model is built without a head, and the encoder is
-    what the run saves), with `mpp_bits` (bits per colour channel of the targets),
-    `mpp_corrupt_rate`, `mpp_mask_rate` and `mpp_random_rate` (the paper's 3, 0.5, 0.8,
-    0.1).
-
-    Engine: `strategy` (`auto`, `tpu`, `mirrored`, `multiworker`, `cpu`), `precision`
-    (`auto`, `float32`, `mixed_float16`, `mixed_bfloat16`), `jit_compile` (`auto`: XLA
-    where the strategy allows it, `on`, `off`), `steps_per_execution`, `seed`,
-    `deterministic` (TensorFlow op determinism), `backup_every` (steps between
-    mid-epoch backups), `keep_checkpoints`, `tensorboard`, `eval_every` (epochs),
-    `out` (the output folder).
-
-    Example:
-
-    >>> config = TrainConfig(model="custom", model_kwargs=dict(patch_size=4,
-    ...     hidden_dim=32, num_layers=1, num_heads=2, mlp_dim=64), image_size=8,
-    ...     channels=1, batch_size=128, epochs=1, learning_rate=1e-3)
-    >>> config.micro_batch_size
-    128
-    """
-
-    model: str = "B/16"
-    image_size: int = 224
-    batch_size: int = 512
-    epochs: int = 1
-    learning_rate: float = 1e-3
-    model_kwargs: dict = dataclasses.field(default_factory=dict)
-    channels: int = 3
-    head_bias_init: Optional[float] = None
-    init_from: Optional[str] = None
-    interpolation: Optional[str] = None
-    data: str = "digits"
-    eval_data: Optional[str] = None
-    data_dir: Optional[str] = None
-    classes: Optional[str] = None
-    evaluate: bool = True
-    accumulation_steps: int = 1
-    steps: Optional[int] = None
-    steps_per_epoch: Optional[int] = None
-    inception_crop: bool = True
-    crop_area: tuple = (0.05, 1.0)
-    random_flip: bool = True
-    augment: str = "none"
-    randaugment: Optional[tuple] = None
-    mixup: Optional[float] = None
-    cutmix: Optional[float] = None
-    augmentations: list = dataclasses.field(default_factory=list)
-    eval_crop_fraction: float = 0.875
-    shuffle_buffer: Optional[int] = None
-    cache: bool = False
-    strict_data: bool = False
-    optimizer: str = "adam"
-    weight_decay: float = 0.0
-    momentum: float = 0.9
-    beta_2: float = 0.999
-    schedule: str = "linear"
-    warmup_steps: int = 0
-    end_learning_rate: float = 1e-5
-    clip_norm: Optional[float] = 1.0
-    loss: str = "softmax"
-    label_smoothing: float = 0.0
-    objective: str = "supervised"
-    mpp_bits: int = 3
-    mpp_corrupt_rate: float = 0.5
-    mpp_mask_rate: float = 0.8
-    mpp_random_rate: float = 0.1
-    strategy: str = "auto"
-    precision: str = "auto"
-    jit_compile: str = "auto"
-    steps_per_execution: int = 1
-    seed: int = 0
-    deterministic: bool = False
-    backup_every: Optional[int] = None
-    keep_checkpoints: int = 3
-    tensorboard: bool = True
-    eval_every: int = 1
-    out: str = "runs/train"
-
-    def __post_init__(self):
-        self.crop_area = tuple(self.crop_area)
-        if self.randaugment is not None:
-            self.randaugment = tuple(self.randaugment)
-        self.augmentations = list(self.augmentations)
-        self.model_kwargs = dict(self.model_kwargs)
-
-    @property
-    def micro_batch_size(self):
-        """The batch of one forward/backward pass: `batch_size / accumulation_steps`."""
-        return self.batch_size // self.accumulation_steps
-
-    def validate(self):
-        """Raises `ValueError` naming the first field with a bad value."""
-        choices = dict(
-            optimizer=OPTIMIZERS,
-            schedule=DECAYS,
-            loss=LOSSES,
-            objective=OBJECTIVES,
-            augment=tuple(vit_data.AUGREG_LEVELS),
-            strategy=distribute.STRATEGIES,
-            precision=distribute.PRECISIONS,
-            jit_compile=("auto", "on", "off"),
-        )
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"{name}={getattr(self, name)!r} is not one of {', '.join(map(repr, allowed))}."
-                )
-        positive = (
-            "image_size", "batch_size", "epochs", "accumulation_steps", "steps_per_execution",
-            "keep_checkpoints", "eval_every",
-        )
-        for name in positive:
-            if int(getattr(self, name)) != getattr(self, name) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}.")
-        for name in ("steps", "steps_per_epoch", "backup_every", "shuffle_buffer"):
-            value = getattr(self, name)
-            if value is not None and (int(value) != value or value < 1):
-                raise ValueError(f"{name} must be None or a positive integer, got {value!r}.")
-        if self.batch_size % self.accumulation_steps:
-            raise ValueError(
-                f"batch_size {self.batch_size} is not divisible by accumulation_steps "
-                f"{self.accumulation_steps}."
-            )
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}.")
-        if self.classes is not None:
-            vit_data.parse_classes(self.classes)
-        if self.model != "custom":
-            from keras_vit.models.vit import parse_variant
-
-            parse_variant(self.model)
-        low, high = self.crop_area
-        if not 0 < low <= high <= 1:
-            raise ValueError(f"crop_area must be (low, high) with 0 < low <= high <= 1, got {self.crop_area!r}.")
-        if self.objective == "mpp":
-            self._validate_mpp()
-        if self.backup_every and self.backup_every % self.steps_per_execution:
-            raise ValueError(
-                f"backup_every {self.backup_every} must be a multiple of steps_per_execution "
-                f"{self.steps_per_execution}."
-            )
-        return self
-
-    def _validate_mpp(self):
-        vit_mpp._check_bits(self.mpp_bits, prefix="mpp_")
-        vit_mpp._check_rates(
-            self.mpp_corrupt_rate, self.mpp_mask_rate, self.mpp_random_rate, prefix="mpp_"
-        )
-        # Settings of the supervised loss mean nothing here: a recipe that sets them
-        # was written for the other objective.
-        supervised = dict(loss="softmax", label_smoothing=0.0)
-        for name, default in supervised.items():
-            if getattr(self, name) != default:
-                raise ValueError(
-                    f"{name}={getattr(self, name)!r} does not apply to objective='mpp' "
-                    f"(its loss is softmax cross-entropy on colour codes, without labels); "
-                    f"set {name}={default!r}."
-                )
-
-    def to_dict(self):
-        """A JSON-ready dict (augmentation layers serialized).
-
-        Example:
-
-        >>> TrainConfig(epochs=3).to_dict()["epochs"]
-        3
-        """
-        config = dataclasses.asdict(self)
-        config["augmentations"] = [
-            keras.layers.serialize(layer) if isinstance(layer, keras.layers.Layer) else layer
-            for layer in self.augmentations
-        ]
-        return config
-
-    @classmethod
-    def from_dict(cls, config):
-        """The inverse of `to_dict`; unknown keys are an error naming them."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(config) - known)
-        if unknown:
-            raise ValueError(
-                f"Unknown config keys {unknown}; valid keys: {', '.join(sorted(known))}."
-            )
-        return cls(**config)
 
 
 class ResumableFit:
@@ -342,75 +121,61 @@ class TrainResult:
     out: str
 
 
-def _eval_source(config):
-    if not config.evaluate:
-        return None
-    if config.eval_data:
-        return vit_data.load_source(
-            config.eval_data, "test", strict=config.strict_data, data_dir=config.data_dir
+@dataclasses.dataclass
+class Sources:
+    """The run's data sources: `train`, `eval` (None without evaluation), `skipped` files."""
+
+    train: object
+    eval: object
+    skipped: list
+
+
+@dataclasses.dataclass
+class Plan:
+    """The run's length: `epochs` of `micro_batches_per_epoch`, `updates` optimizer updates."""
+
+    epochs: int
+    micro_batches_per_epoch: int
+    updates: int
+
+
+def check_run(config):
+    """Validates `config` for a run on this backend; raises `ValueError` naming what is wrong."""
+    config.validate()
+    if keras.backend.backend() != "tensorflow":
+        raise RuntimeError(
+            "keras_vit.train runs on the TensorFlow backend (tf.data, tf.distribute); "
+            f"set KERAS_BACKEND=tensorflow (now {keras.backend.backend()!r})."
         )
-    if vit_data.spec_split(config.data):
-        logger.warning("No evaluation data: data names its split; set eval_data to evaluate.")
-        return None
-    try:
-        return vit_data.load_source(
-            config.data, "test", strict=config.strict_data, data_dir=config.data_dir
-        )
-    except vit_data.NoSplitError as error:
-        logger.warning("No evaluation data: %s Set eval_data to evaluate.", error)
-        return None
+    init_from = config.model.init_from
+    if init_from:
+        weights = os.path.abspath(runs.resolve_from(init_from))
+        if weights.startswith(os.path.abspath(config.out) + os.sep):
+            raise ValueError(
+                f"out={config.out!r} holds the model.init_from weights {weights!r}: the run "
+                "would overwrite them; pick another output folder."
+            )
 
 
-def _build_model(config, num_classes):
-    head_bias = config.head_bias_init
-    if head_bias is None:
-        head_bias = -10.0 if config.loss == "sigmoid" else 0.0
-    variant = None if config.model == "custom" else config.model
-    return ViT(
-        variant,
-        image_size=config.image_size,
-        num_classes=num_classes,
-        channels=config.channels,
-        head_bias_init=head_bias,
-        include_top=config.objective == "supervised",
-        **config.model_kwargs,
-    )
+# Settings a resumed run may change: where it runs and what it logs, not what it computes.
+RESUME_MAY_CHANGE = (
+    "out", "distribution.strategy", "checkpointing.tensorboard", "checkpointing.keep_checkpoints",
+)
 
 
-def _objective(config, network, num_classes):
-    """The model `fit` trains around `network`, and its `compile` arguments."""
-    if config.objective == "mpp":
-        model = MaskedPatchTraining(
-            network,
-            bits=config.mpp_bits,
-            corrupt_rate=config.mpp_corrupt_rate,
-            mask_rate=config.mpp_mask_rate,
-            random_rate=config.mpp_random_rate,
-            seed=config.seed,
-        )
-        return model, {}  # It computes its loss and masked-patch accuracy itself.
-    if config.loss == "sigmoid":
-        loss = SigmoidCrossEntropy()
-    else:
-        loss = keras.losses.CategoricalCrossentropy(
-            from_logits=True, label_smoothing=config.label_smoothing
-        )
-    metrics = [keras.metrics.CategoricalAccuracy(name="top1")]
-    if num_classes > 5:
-        metrics.append(keras.metrics.TopKCategoricalAccuracy(k=5, name="top5"))
-    return TrainingModel.wrap(network), dict(loss=loss, metrics=metrics)
-
-
-def _check_resumable(config, out):
+def check_resumable(config, out):
     """A backup may only be resumed by the configuration that wrote it."""
     path = os.path.join(out, runs.CONFIG)
     if not tf.io.gfile.exists(path):
         return
     with tf.io.gfile.GFile(path) as f:
-        saved = json.load(f)
-    current = json.loads(json.dumps(config.to_dict()))
-    ignore = {"out", "strategy", "tensorboard", "keep_checkpoints"}
-    changed = sorted(k for k in current if k not in ignore and saved.get(k) != current[k])
+        saved = TrainConfig.from_dict(json.load(f), where=path)
+
+    def settings(run_config):
+        return dict(json.loads(json.dumps(list(run_config.flat_items()))))
+
+    saved, current = settings(saved), settings(config)
+    changed = sorted(k for k in current if k not in RESUME_MAY_CHANGE and saved[k] != current[k])
     if changed:
         raise ValueError(
             f"{out} holds an unfinished run whose config differs in {changed}; resume it with "
@@ -418,17 +183,318 @@ def _check_resumable(config, out):
         )
 
 
+def resume_position(config):
+    """`(epoch, micro_batch)` where the run's backup left it; `(0, 0)` for a new run."""
+    position = TrainingBackup.saved_position(os.path.join(config.out, runs.BACKUP))
+    if position != (0, 0):
+        check_resumable(config, config.out)
+    return position
+
+
+def make_strategy(config):
+    """Seeds the run and makes its `tf.distribute` strategy."""
+    keras.utils.set_random_seed(config.seed)
+    if config.distribution.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    return distribute.make_strategy(config.distribution.strategy)
+
+
+def output_path(config, strategy, name):
+    """Where the run writes file `name`: only the chief writes the run folder (see
+    `keras_vit.training.multiworker`), other workers write to a temporary folder."""
+    return multiworker.write_path(os.path.join(config.out, name), strategy)
+
+
 def _write_json(path, value):
     with tf.io.gfile.GFile(path, "w") as f:
         json.dump(value, f, indent=2, default=float)
 
 
+def write_config(config, written):
+    """Creates the run folder and writes the run's `config.json`."""
+    tf.io.gfile.makedirs(config.out)
+    _write_json(written(runs.CONFIG), config.to_dict())
+
+
+def precision_and_xla(config, strategy):
+    """The dtype policy and whether to compile with XLA, as `config.distribution` and
+    the strategy's devices allow."""
+    distribution = config.distribution
+    policy = distribute.precision_policy(distribution.precision, strategy)
+    jit = {"on": True, "off": False}.get(distribution.jit_compile, distribute.jit_allowed(strategy))
+    logger.info("Strategy %s; precision %s; XLA %s.", distribute.describe(strategy), policy, jit)
+    return policy, jit
+
+
+def _eval_source(config):
+    evaluation, data = config.evaluation, config.data
+    if not evaluation.enabled:
+        return None
+    if evaluation.source:
+        return vit_data.load_source(
+            evaluation.source, "test", strict=data.strict, data_dir=data.data_dir
+        )
+    if vit_data.spec_split(data.source):
+        logger.warning(
+            "No evaluation data: data.source names its split; set evaluation.source to evaluate."
+        )
+        return None
+    try:
+        return vit_data.load_source(data.source, "test", strict=data.strict, data_dir=data.data_dir)
+    except vit_data.NoSplitError as error:
+        logger.warning("No evaluation data: %s Set evaluation.source to evaluate.", error)
+        return None
+
+
+def load_sources(config, written):
+    """The train and eval sources (with `data.classes` selected); lists undecodable
+    files in `skipped_files.txt`."""
+    data = config.data
+    train_source = vit_data.load_source(
+        data.source, "train", strict=data.strict, data_dir=data.data_dir
+    )
+    eval_source = _eval_source(config)
+    if config.data.classes is not None:
+        train_source = vit_data.select_classes(train_source, config.data.classes)
+        eval_source = eval_source and vit_data.select_classes(eval_source, config.data.classes)
+    skipped = train_source.skipped + (eval_source.skipped if eval_source else [])
+    if skipped:
+        with tf.io.gfile.GFile(written("skipped_files.txt"), "w") as f:
+            f.write("\n".join(skipped) + "\n")
+    return Sources(train=train_source, eval=eval_source, skipped=skipped)
+
+
+def plan_run(config, train_source):
+    """The run's epochs, micro-batches per epoch and optimizer updates."""
+    schedule = config.schedule
+    per_update = config.optimization.micro_batches_per_update
+    per_execution = config.distribution.micro_batches_per_execution
+    micro_batch = config.micro_batch_size
+    per_epoch = schedule.micro_batches_per_epoch or train_source.size // micro_batch
+    if per_epoch < 1:
+        raise ValueError(
+            f"batch_size {micro_batch} per micro-batch is larger than the {train_source.size} "
+            f"training examples of {train_source.name}."
+        )
+    per_epoch -= per_epoch % per_execution
+    if schedule.updates:
+        epochs = math.ceil(schedule.updates * per_update / per_epoch)
+    else:
+        epochs = schedule.epochs
+    updates = epochs * per_epoch // per_update
+    if schedule.warmup_updates >= updates:
+        raise ValueError(
+            f"schedule.warmup_updates {schedule.warmup_updates} must be fewer than the run's "
+            f"{updates} optimizer updates."
+        )
+    return Plan(epochs=epochs, micro_batches_per_epoch=per_epoch, updates=updates)
+
+
+def make_pipelines(config, sources, plan, strategy, position):
+    """The train and eval `tf.data` pipelines (per worker under `multiworker`); the
+    train stream starts at the micro-batch `position` (epoch, micro-batch) resumes at."""
+    data, model = config.data, config.model
+    epoch0, step0 = position
+
+    def make_train(input_context=None):
+        return vit_data.train_dataset(
+            sources.train,
+            model.image_size,
+            config.micro_batch_size,
+            channels=model.channels,
+            seed=config.seed,
+            inception_crop=data.inception_crop,
+            crop_area=data.crop_area,
+            random_flip=data.random_flip,
+            augment=data.augment,
+            randaugment=data.randaugment,
+            mixup=data.mixup,
+            cutmix=data.cutmix,
+            layers=data.augmentations,
+            shuffle_buffer=data.shuffle_buffer,
+            cache=data.cache,
+            start_batch=epoch0 * plan.micro_batches_per_epoch + step0,
+            input_context=input_context,
+        )
+
+    def make_eval(input_context=None):
+        return vit_data.eval_dataset(
+            sources.eval,
+            model.image_size,
+            config.micro_batch_size,
+            channels=model.channels,
+            crop_fraction=config.evaluation.crop_fraction,
+            cache=data.cache,
+            input_context=input_context,
+        )
+
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        train_data = strategy.distribute_datasets_from_function(make_train)
+        eval_data = sources.eval and strategy.distribute_datasets_from_function(make_eval)
+    else:
+        train_data = make_train()
+        eval_data = sources.eval and make_eval()
+    return train_data, eval_data
+
+
+def _build_model(config, num_classes):
+    """The ViT `config.model` describes (headless for masked patch prediction)."""
+    model, optimization = config.model, config.optimization
+    head_bias = model.head_bias_init
+    if head_bias is None:
+        head_bias = -10.0 if optimization.loss == "sigmoid" else 0.0
+    variant = None if model.variant == "custom" else model.variant
+    return ViT(
+        variant,
+        image_size=model.image_size,
+        num_classes=num_classes,
+        channels=model.channels,
+        head_bias_init=head_bias,
+        include_top=optimization.objective == "supervised",
+        **model.kwargs,
+    )
+
+
+def _objective(config, network, num_classes):
+    """The model `fit` trains around `network`, and its `compile` arguments."""
+    optimization = config.optimization
+    if optimization.objective == "mpp":
+        model = MaskedPatchTraining(
+            network,
+            bits=optimization.mpp_bits,
+            corrupt_rate=optimization.mpp_corrupt_rate,
+            mask_rate=optimization.mpp_mask_rate,
+            random_rate=optimization.mpp_random_rate,
+            seed=config.seed,
+        )
+        return model, {}  # It computes its loss and masked-patch accuracy itself.
+    if optimization.loss == "sigmoid":
+        loss = SigmoidCrossEntropy()
+    else:
+        loss = keras.losses.CategoricalCrossentropy(
+            from_logits=True, label_smoothing=optimization.label_smoothing
+        )
+    metrics = [keras.metrics.CategoricalAccuracy(name="top1")]
+    if num_classes > 5:
+        metrics.append(keras.metrics.TopKCategoricalAccuracy(k=5, name="top5"))
+    return TrainingModel.wrap(network), dict(loss=loss, metrics=metrics)
+
+
+def _make_optimizer(config, model, plan):
+    schedule, optimization = config.schedule, config.optimization
+    learning_rate = WarmupDecay(
+        schedule.learning_rate,
+        total_steps=plan.updates,
+        warmup_steps=schedule.warmup_updates,
+        decay=schedule.decay,
+        end_learning_rate=schedule.end_learning_rate,
+        accumulation_steps=optimization.micro_batches_per_update,
+    )
+    return make_optimizer(
+        optimization.optimizer,
+        learning_rate,
+        model,
+        weight_decay=optimization.weight_decay,
+        momentum=optimization.momentum,
+        beta_2=optimization.beta_2,
+        clip_norm=optimization.clip_norm,
+        accumulation_steps=optimization.micro_batches_per_update,
+    )
+
+
+def build_and_compile(config, num_classes, plan, strategy, policy, jit):
+    """The ViT (loaded from `model.init_from` if set) and the compiled model `fit`
+    trains around it, built in the strategy's scope under the dtype `policy`."""
+    previous_policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        with strategy.scope():
+            vit = _build_model(config, num_classes)
+            if config.model.init_from:
+                logger.info(
+                    runs.load_weights(
+                        vit, config.model.init_from, interpolation=config.model.interpolation
+                    )
+                )
+            model, objective = _objective(config, vit, num_classes)
+            model.compile(
+                optimizer=_make_optimizer(config, model, plan),
+                jit_compile=jit,
+                steps_per_execution=config.distribution.micro_batches_per_execution,
+                **objective,
+            )
+    finally:
+        keras.config.set_dtype_policy(previous_policy)
+    return vit, model
+
+
+def make_callbacks(config, vit, written, resuming):
+    """The engine's callbacks: backup, checkpoints, NaN stop, CSV log, TensorBoard."""
+    checkpointing = config.checkpointing
+    callbacks = [
+        TrainingBackup(
+            os.path.join(config.out, runs.BACKUP), every=checkpointing.backup_every_micro_batches
+        ),
+        EpochCheckpoints(
+            vit, os.path.join(config.out, runs.CHECKPOINTS), keep=checkpointing.keep_checkpoints
+        ),
+        keras.callbacks.TerminateOnNaN(),
+        keras.callbacks.CSVLogger(written(runs.METRICS_CSV), append=resuming),
+    ]
+    if checkpointing.tensorboard:
+        try:
+            import tensorboard  # noqa: F401  (tf.summary writes nothing without it)
+
+            callbacks.append(keras.callbacks.TensorBoard(written(runs.LOGS), write_graph=False))
+        except ImportError:
+            logger.warning("TensorBoard is not installed (pip install tensorboard): no logs/.")
+    return callbacks
+
+
+def fit(config, model, pipelines, plan, initial_epoch, callbacks, verbose):
+    """`model.fit` over the plan; returns its history dict and the seconds it took.
+    Raises `FloatingPointError` naming the last good checkpoint when the loss is not
+    finite."""
+    train_data, eval_data = pipelines
+    start = time.time()
+    history = model.fit(
+        train_data,
+        epochs=plan.epochs,
+        steps_per_epoch=plan.micro_batches_per_epoch,
+        initial_epoch=initial_epoch,
+        validation_data=eval_data or None,
+        validation_freq=config.evaluation.every_epochs,
+        callbacks=callbacks,
+        shuffle=False,  # The stream is shuffled (and seeded) by the pipeline.
+        verbose=verbose,
+    )
+    seconds = time.time() - start
+    losses = history.history.get("loss", [])
+    if losses and not np.isfinite(losses[-1]):
+        last_good = runs.latest_checkpoint(config.out)
+        raise FloatingPointError(
+            f"Training stopped: the loss became {losses[-1]} in epoch "
+            f"{len(losses) + initial_epoch}. Last good checkpoint: {last_good or 'none'}; the "
+            f"backup in {os.path.join(config.out, runs.BACKUP)} holds the last good training state."
+        )
+    return history.history, seconds
+
+
+def write_results(model, vit, eval_data, written, record):
+    """Saves the final model, evaluates it, writes `metrics.json` (`record` plus the
+    final metrics); returns the final metrics."""
+    vit.save(written(runs.MODEL))
+    final = model.evaluate(eval_data, verbose=0, return_dict=True) if eval_data else {}
+    _write_json(written(runs.METRICS_JSON), dict(final=final, **record))
+    return final
+
+
 def train(config, *, callbacks=(), verbose="auto"):
     """Trains a ViT as `config` says, writing the run under `config.out`.
 
-    With `objective="mpp"` the model trained is `MaskedPatchTraining` around a headless
-    ViT, and that encoder is what the run saves (`model.keras`, checkpoints), ready for
-    fine-tuning or few-shot evaluation with `--from`.
+    With `optimization.objective="mpp"` the model trained is `MaskedPatchTraining` around
+    a headless ViT, and that encoder is what the run saves (`model.keras`, checkpoints),
+    ready for fine-tuning or few-shot evaluation with `--from`.
 
     A run whose output folder holds an unfinished backup resumes from it (same config
     required). Returns a `TrainResult`; raises `FloatingPointError` (naming the last good
@@ -442,203 +508,40 @@ def train(config, *, callbacks=(), verbose="auto"):
     Example:
 
     >>> import tempfile
-    >>> config = TrainConfig(model="custom", model_kwargs=dict(patch_size=4,
-    ...     hidden_dim=16, num_layers=1, num_heads=2, mlp_dim=32), image_size=8,
-    ...     channels=1, batch_size=256, epochs=1, learning_rate=1e-3, tensorboard=False,
-    ...     out=tempfile.mkdtemp())
+    >>> from keras_vit.training.config import ModelConfig, DataConfig, ScheduleConfig
+    >>> config = TrainConfig(
+    ...     model=ModelConfig(variant="custom", kwargs=dict(patch_size=4, hidden_dim=16,
+    ...         num_layers=1, num_heads=2, mlp_dim=32), image_size=8, channels=1),
+    ...     data=DataConfig(batch_size=256), schedule=ScheduleConfig(epochs=1),
+    ...     checkpointing=dict(tensorboard=False), out=tempfile.mkdtemp())
     >>> result = train(config, verbose=0)
     >>> sorted(result.metrics)
     ['loss', 'top1', 'top5']
     """
-    config.validate()
-    if keras.backend.backend() != "tensorflow":
-        raise RuntimeError(
-            "keras_vit.train runs on the TensorFlow backend (tf.data, tf.distribute); "
-            f"set KERAS_BACKEND=tensorflow (now {keras.backend.backend()!r})."
-        )
-    out = config.out
-    if config.init_from:
-        weights = os.path.abspath(runs.resolve_from(config.init_from))
-        if weights.startswith(os.path.abspath(out) + os.sep):
-            raise ValueError(
-                f"out={out!r} holds the init_from weights {weights!r}: the run would "
-                "overwrite them; pick another output folder."
-            )
-    backup_dir = os.path.join(out, runs.BACKUP)
-    epoch0, step0 = TrainingBackup.saved_position(backup_dir)
-    resuming = (epoch0, step0) != (0, 0)
-    if resuming:
-        _check_resumable(config, out)
-    keras.utils.set_random_seed(config.seed)
-    if config.deterministic:
-        tf.config.experimental.enable_op_determinism()
-    strategy = distribute.make_strategy(config.strategy)
-
-    def written(name):  # Only the chief writes the run folder (see keras_vit.multiworker).
-        return multiworker.write_path(os.path.join(out, name), strategy)
-
-    tf.io.gfile.makedirs(out)
-    _write_json(written(runs.CONFIG), config.to_dict())
-    policy = distribute.precision_policy(config.precision, strategy)
-    jit = {"on": True, "off": False}.get(config.jit_compile, distribute.jit_allowed(strategy))
-    logger.info("Strategy %s; precision %s; XLA %s.", distribute.describe(strategy), policy, jit)
-
-    train_source = vit_data.load_source(
-        config.data, "train", strict=config.strict_data, data_dir=config.data_dir
+    check_run(config)
+    position = resume_position(config)
+    strategy = make_strategy(config)
+    written = functools.partial(output_path, config, strategy)
+    write_config(config, written)
+    policy, jit = precision_and_xla(config, strategy)
+    sources = load_sources(config, written)
+    plan = plan_run(config, sources.train)
+    pipelines = make_pipelines(config, sources, plan, strategy, position)
+    vit, model = build_and_compile(config, sources.train.num_classes, plan, strategy, policy, jit)
+    engine_callbacks = make_callbacks(config, vit, written, resuming=position != (0, 0))
+    history, seconds = fit(
+        config, model, pipelines, plan, position[0], engine_callbacks + list(callbacks), verbose
     )
-    eval_source = _eval_source(config)
-    if config.classes is not None:
-        train_source = vit_data.select_classes(train_source, config.classes)
-        eval_source = eval_source and vit_data.select_classes(eval_source, config.classes)
-    skipped = train_source.skipped + (eval_source.skipped if eval_source else [])
-    if skipped:
-        with tf.io.gfile.GFile(written("skipped_files.txt"), "w") as f:
-            f.write("\n".join(skipped) + "\n")
-    micro_batch = config.micro_batch_size
-    steps_per_epoch = config.steps_per_epoch or train_source.size // micro_batch
-    if steps_per_epoch < 1:
-        raise ValueError(
-            f"batch_size {micro_batch} per step is larger than the {train_source.size} "
-            f"training examples of {train_source.name}."
-        )
-    steps_per_epoch -= steps_per_epoch % config.steps_per_execution
-    if config.steps:
-        epochs = math.ceil(config.steps * config.accumulation_steps / steps_per_epoch)
-    else:
-        epochs = config.epochs
-    total_updates = epochs * steps_per_epoch // config.accumulation_steps
-    if config.warmup_steps >= total_updates:
-        raise ValueError(
-            f"warmup_steps {config.warmup_steps} must be fewer than the run's "
-            f"{total_updates} optimizer updates."
-        )
-
-    def make_train(input_context=None):
-        return vit_data.train_dataset(
-            train_source,
-            config.image_size,
-            micro_batch,
-            channels=config.channels,
-            seed=config.seed,
-            inception_crop=config.inception_crop,
-            crop_area=config.crop_area,
-            random_flip=config.random_flip,
-            augment=config.augment,
-            randaugment=config.randaugment,
-            mixup=config.mixup,
-            cutmix=config.cutmix,
-            layers=config.augmentations,
-            shuffle_buffer=config.shuffle_buffer,
-            cache=config.cache,
-            start_batch=epoch0 * steps_per_epoch + step0,
-            input_context=input_context,
-        )
-
-    def make_eval(input_context=None):
-        return vit_data.eval_dataset(
-            eval_source,
-            config.image_size,
-            micro_batch,
-            channels=config.channels,
-            crop_fraction=config.eval_crop_fraction,
-            cache=config.cache,
-            input_context=input_context,
-        )
-
-    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-    if multi_worker:
-        train_data = strategy.distribute_datasets_from_function(make_train)
-        eval_data = eval_source and strategy.distribute_datasets_from_function(make_eval)
-    else:
-        train_data = make_train()
-        eval_data = eval_source and make_eval()
-
-    previous_policy = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(policy)
-    try:
-        with strategy.scope():
-            vit = _build_model(config, train_source.num_classes)
-            if config.init_from:
-                logger.info(runs.load_weights(vit, config.init_from, interpolation=config.interpolation))
-            model, objective = _objective(config, vit, train_source.num_classes)
-            schedule = WarmupDecay(
-                config.learning_rate,
-                total_steps=total_updates,
-                warmup_steps=config.warmup_steps,
-                decay=config.schedule,
-                end_learning_rate=config.end_learning_rate,
-                accumulation_steps=config.accumulation_steps,
-            )
-            optimizer = make_optimizer(
-                config.optimizer,
-                schedule,
-                model,
-                weight_decay=config.weight_decay,
-                momentum=config.momentum,
-                beta_2=config.beta_2,
-                clip_norm=config.clip_norm,
-                accumulation_steps=config.accumulation_steps,
-            )
-            model.compile(
-                optimizer=optimizer,
-                jit_compile=jit,
-                steps_per_execution=config.steps_per_execution,
-                **objective,
-            )
-    finally:
-        keras.config.set_dtype_policy(previous_policy)
-
-    engine_callbacks = [
-        TrainingBackup(backup_dir, every=config.backup_every),
-        EpochCheckpoints(vit, os.path.join(out, runs.CHECKPOINTS), keep=config.keep_checkpoints),
-        keras.callbacks.TerminateOnNaN(),
-        keras.callbacks.CSVLogger(written(runs.METRICS_CSV), append=resuming),
-    ]
-    if config.tensorboard:
-        try:
-            import tensorboard  # noqa: F401  (tf.summary writes nothing without it)
-
-            engine_callbacks.append(
-                keras.callbacks.TensorBoard(written(runs.LOGS), write_graph=False)
-            )
-        except ImportError:
-            logger.warning("TensorBoard is not installed (pip install tensorboard): no logs/.")
-    start = time.time()
-    history = model.fit(
-        train_data,
-        epochs=epochs,
-        steps_per_epoch=steps_per_epoch,
-        initial_epoch=epoch0,
-        validation_data=eval_data or None,
-        validation_freq=config.eval_every,
-        callbacks=engine_callbacks + list(callbacks),
-        shuffle=False,  # The stream is shuffled (and seeded) by the pipeline.
-        verbose=verbose,
-    )
-    seconds = time.time() - start
-    losses = history.history.get("loss", [])
-    if losses and not np.isfinite(losses[-1]):
-        last_good = runs.latest_checkpoint(out)
-        raise FloatingPointError(
-            f"Training stopped: the loss became {losses[-1]} in epoch {len(losses) + epoch0}. "
-            f"Last good checkpoint: {last_good or 'none'}; the backup in {backup_dir} holds "
-            "the last good training state."
-        )
-    vit.save(written(runs.MODEL))
-    final = {}
-    if eval_data:
-        final = model.evaluate(eval_data, verbose=0, return_dict=True)
-    _write_json(
-        written(runs.METRICS_JSON),
+    final = write_results(
+        model, vit, pipelines[1], written,
         dict(
-            final=final,
-            history=history.history,
-            epochs=epochs,
-            steps_per_epoch=steps_per_epoch,
-            optimizer_updates=total_updates,
-            train_examples=train_source.size,
-            eval_examples=eval_source.size if eval_source else 0,
-            skipped_files=skipped,
+            history=history,
+            epochs=plan.epochs,
+            steps_per_epoch=plan.micro_batches_per_epoch,
+            optimizer_updates=plan.updates,
+            train_examples=sources.train.size,
+            eval_examples=sources.eval.size if sources.eval else 0,
+            skipped_files=sources.skipped,
             seconds=seconds,
             strategy=distribute.describe(strategy),
             precision=policy,
@@ -647,4 +550,4 @@ def train(config, *, callbacks=(), verbose="auto"):
     )
     if not multiworker.is_chief(strategy):  # Its copies of the run's files were temporary.
         tf.io.gfile.rmtree(os.path.dirname(written(runs.MODEL)))
-    return TrainResult(model=vit, history=history.history, metrics=final, out=out)
+    return TrainResult(model=vit, history=history, metrics=final, out=config.out)

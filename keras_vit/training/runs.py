@@ -17,6 +17,8 @@ import tempfile
 import keras
 import tensorflow as tf
 
+from keras_vit import data as vit_data
+from keras_vit.training.config import TrainConfig
 from keras_vit.weights.pretrained import load_pretrained, save_npz
 
 CONFIG = "config.json"
@@ -76,10 +78,11 @@ def resolve_from(source):
 
 
 def run_config(source):
-    """The training config (a dict) of the run a `--from` argument belongs to, or None.
+    """The `TrainConfig` of the run a `--from` argument belongs to, or None.
 
     Found beside the resolved file: a run folder's `config.json` serves its
-    `model.keras` and its `checkpoints/`.
+    `model.keras` and its `checkpoints/`. The flat `config.json` of keras-vit 0.1 runs
+    is read too (`TrainConfig.from_dict`).
 
     Example:
 
@@ -91,8 +94,56 @@ def run_config(source):
         path = os.path.join(candidate, CONFIG)
         if tf.io.gfile.exists(path):
             with tf.io.gfile.GFile(path) as f:
-                return json.load(f)
+                return TrainConfig.from_dict(json.load(f), where=path)
     return None
+
+
+def output_activation(config):
+    """The activation that turns a run's logits into probabilities: `sigmoid` for a run
+    trained with the sigmoid loss, else (and without a run, `config=None`) `softmax`.
+
+    Example:
+
+    >>> output_activation(TrainConfig(optimization=dict(loss="sigmoid")))
+    'sigmoid'
+    """
+    return "sigmoid" if config is not None and config.optimization.loss == "sigmoid" else "softmax"
+
+
+def eval_crop_fraction(config):
+    """The central crop of a run's evaluation, so that served images, figures and probes
+    are seen as its evaluation saw them; None without a run (checkpoints without a run
+    were evaluated on whole images, resized).
+
+    Example:
+
+    >>> eval_crop_fraction(None) is None, eval_crop_fraction(TrainConfig())
+    (True, 0.875)
+    """
+    return None if config is None else config.evaluation.crop_fraction
+
+
+def eval_source(config, spec=None):
+    """The labelled images to score a run's model on, as `(spec, source)`.
+
+    `spec` if given (a `keras_vit.data.load_source` specification), else the run's
+    `evaluation.source` or its `data.source`, restricted to the classes (and label ids)
+    the run was trained on; `digits` without a run. Always the `test` split.
+
+    Example:
+
+    >>> spec, source = eval_source(TrainConfig(data=dict(source="digits", classes="0-4")))
+    >>> spec, source.num_classes
+    ('digits', 5)
+    """
+    if spec is not None or config is None:
+        spec = spec or "digits"
+        return spec, vit_data.load_source(spec, "test")
+    spec = config.evaluation.source or config.data.source
+    source = vit_data.load_source(spec, "test")
+    if config.data.classes:
+        source = vit_data.select_classes(source, config.data.classes)
+    return spec, source
 
 
 def load_model(source):

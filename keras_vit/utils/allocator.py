@@ -9,12 +9,15 @@ freed memory kept; ViT-S/16 took 996,000 (4 GiB) per 7.3 s step, and 6.0 s kept
 TensorFlow's allocator already keeps its memory.
 
 `import keras_vit` under the JAX backend calls `keep_freed_memory()` unless the
-environment sets `KERAS_VIT_MALLOC=system`.
+environment sets `KERAS_VIT_MALLOC=system`; it reads the backend as Keras will
+(`keras_backend()`), without importing Keras.
 """
 
 import ctypes
+import json
 import os
 import platform
+import sys
 
 # '' off glibc (macOS, musl), whose allocators have no mallopt.
 GLIBC = platform.libc_ver()[0] == "glibc"
@@ -48,8 +51,40 @@ def keep_freed_memory():
     return all(libc.mallopt(param, value) == 1 for param, value in settings)
 
 
-def configure_for_backend(backend):
-    """Keeps freed memory under JAX unless `KERAS_VIT_MALLOC=system`; see the module."""
+def keras_backend():
+    """The Keras backend of this process, without importing Keras if it is not yet.
+
+    `keras.backend.backend()` once Keras is imported; before that, what Keras will
+    choose: `KERAS_BACKEND`, else the `backend` of `keras.json` in `KERAS_HOME` (default
+    `~/.keras`, or `/tmp/.keras` when the home folder is read-only), else TensorFlow.
+
+    Example:
+
+    >>> import keras
+    >>> keras_backend() == keras.backend.backend()
+    True
+    """
+    if "keras" in sys.modules and hasattr(sys.modules["keras"], "backend"):
+        return sys.modules["keras"].backend.backend()
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    home = os.path.expanduser("~")
+    folder = os.environ.get("KERAS_HOME") or os.path.join(
+        home if os.access(home, os.W_OK) else "/tmp", ".keras"
+    )
+    try:
+        with open(os.path.join(folder, "keras.json")) as f:
+            return json.load(f).get("backend", "tensorflow")
+    except (OSError, ValueError):
+        return "tensorflow"
+
+
+def configure_for_backend(backend=None):
+    """Keeps freed memory under JAX unless `KERAS_VIT_MALLOC=system`; see the module.
+
+    `backend` defaults to `keras_backend()`.
+    """
+    backend = backend or keras_backend()
     choice = os.environ.get(ENV_VAR, "keep")
     if choice not in ENV_CHOICES:
         raise ValueError(
