@@ -12,7 +12,8 @@ from keras_vit.evaluation.analysis import (
     patch_embedding_components,
     position_embedding_similarity,
 )
-from keras_vit.weights.pretrained import LoadReport, load_pretrained, save_npz
+from keras_vit.weights.pretrained import LoadReport, load_pretrained, pretrained, save_npz
+from keras_vit.weights.registry import WeightsEntry, list_weights, register_weights
 from keras_vit.evaluation.fewshot import (
     FewshotConfig,
     RidgeProbe,
@@ -55,6 +56,7 @@ _LAZY = {
     "train": "keras_vit.training.engine",
     "DemoConfig": "keras_vit.demo",
     "run_demo": "keras_vit.demo",
+    "classify": "keras_vit.inference",
 }
 
 
