@@ -114,8 +114,8 @@ def register_weights(entry, *, replace=False):
 def list_weights(pattern=None):
     """The registered checkpoints whose names match `pattern`, sorted by name.
 
-    `pattern` is a shell-style pattern (`"vit_base_*"`, `"*augreg*in1k"`) or, without
-    `*`, `?` or `[`, a part of the name; case is ignored.
+    `pattern` is a shell-style pattern (`"vit_base_*"`, `"*augreg*in1k"`), a variant
+    (`"B/16"`) or, without `*`, `?` or `[`, a part of the name; case is ignored.
 
     Example:
 
@@ -127,10 +127,12 @@ def list_weights(pattern=None):
     entries = sorted(_REGISTRY.values(), key=lambda e: e.name)
     if not pattern:
         return entries
-    pattern = pattern.lower()
-    if not any(c in pattern for c in "*?["):
-        pattern = f"*{pattern}*"
-    return [e for e in entries if fnmatch.fnmatchcase(e.name.lower(), pattern)]
+    variant = pattern.lower()
+    pattern = variant if any(c in variant for c in "*?[") else f"*{variant}*"
+    return [
+        e for e in entries
+        if fnmatch.fnmatchcase(e.name.lower(), pattern) or (e.variant or "").lower() == variant
+    ]
 
 
 def get_weights(name):
