@@ -1,6 +1,6 @@
 """Fetching checkpoint files: a verified download into a cache, and `hf:` / `timm:` sources.
 
-Files are downloaded with `keras.utils.get_file` (progress bar) into
+Files are downloaded with `keras.utils.get_file` (progress bar on stderr) into
 `$KERAS_VIT_CACHE`, by default `<Keras cache>/models/keras_vit` (`~/.keras` or
 `$KERAS_HOME`), at the path the file has under `https://storage.googleapis.com/vit_models/`
 (e.g. `augreg/B_16-....npz`). A file found there is used without any network request.
@@ -13,9 +13,11 @@ air-gapped sites. `hf:ORG/NAME` and `timm:NAME` go through `huggingface_hub` (an
 own cache), the optional extra `pip install "keras-vit[hf]"`.
 """
 
+import contextlib
 import hashlib
 import json
 import os
+import sys
 import zipfile
 
 import keras
@@ -143,10 +145,13 @@ def fetch(url, *, sha256=None):
     where = f"a copy placed at {final} is used without downloading"
     try:
         try:
-            keras.utils.get_file(
-                fname=partial, origin=origin, cache_dir=folder, cache_subdir="",
-                force_download=True,
-            )
+            # The progress bar goes to stderr, as pip's and huggingface_hub's do: stdout
+            # stays the command's output (e.g. predict --json).
+            with contextlib.redirect_stdout(sys.stderr):
+                keras.utils.get_file(
+                    fname=partial, origin=origin, cache_dir=folder, cache_subdir="",
+                    force_download=True,
+                )
         except (Exception, KeyboardInterrupt) as err:
             if isinstance(err, KeyboardInterrupt):
                 raise
