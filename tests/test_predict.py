@@ -260,3 +260,13 @@ def test_weights_command_lists_entries_and_what_is_cached(bucket, capsys):
     assert "vit_base_patch16_384.augreg_recommended_in21k_ft_in1k" in out and "85.49" in out
     assert cli.main(["weights", "no_such_weights"]) == 2
     assert "No registered weights match 'no_such_weights'" in capsys.readouterr().err
+
+
+def test_hub_sources_without_huggingface_hub_fail_with_one_line(monkeypatch, capsys):
+    # None in sys.modules is how Python reports a package that is not installed.
+    monkeypatch.setitem(__import__("sys").modules, "huggingface_hub", None)
+    with pytest.raises(ValueError, match=r'^hf: and timm: weights need huggingface_hub: pip '
+                                         r'install "keras-vit\[hf\]"'):
+        keras_vit.ViT(weights="hf:google/vit-base-patch16-224", image_size=32, **TINY)
+    assert cli.main(["fewshot", "--from", "timm:vit_tiny_patch16_224.augreg_in21k"]) == 2
+    assert capsys.readouterr().err.startswith("keras-vit fewshot: error: hf: and timm: weights need")
