@@ -152,10 +152,14 @@ def fetch(url, *, sha256=None):
                     fname=partial, origin=origin, cache_dir=folder, cache_subdir="",
                     force_download=True,
                 )
-        except (Exception, KeyboardInterrupt) as err:
-            if isinstance(err, KeyboardInterrupt):
-                raise
-            reason = " ".join(str(err).split()) or type(err).__name__
+        except Exception as err:
+            # get_file re-raises urllib's errors as "URL fetch failure on ..."; their
+            # reason (refused, HTTP 404, retrieval incomplete) is what the user needs.
+            cause = err.__context__ if hasattr(err.__context__, "reason") else err
+            reason = getattr(cause, "reason", cause)
+            if getattr(cause, "code", None) is not None:
+                reason = f"HTTP {cause.code} {reason}"
+            reason = " ".join(str(reason).split()) or type(err).__name__
             raise DownloadError(f"Cannot download {origin} ({reason}); {where}.") from None
         try:
             verify(os.path.join(folder, partial), sha256)
