@@ -32,7 +32,8 @@ _EXPORTS = {
     ),
     "keras_vit.models.posembed": ("resample_position_grid",),
     "keras_vit.models.flops": ("forward_flops",),
-    "keras_vit.weights.pretrained": ("LoadReport", "load_pretrained", "save_npz"),
+    "keras_vit.weights.pretrained": ("LoadReport", "load_pretrained", "pretrained", "save_npz"),
+    "keras_vit.weights.registry": ("WeightsEntry", "list_weights", "register_weights"),
     "keras_vit.evaluation.analysis": (
         "attention_map", "attention_model", "attention_rollout", "mean_attention_distance",
         "patch_embedding_components", "position_embedding_similarity",
@@ -57,6 +58,7 @@ _LAZY = {
     "train": "keras_vit.training.engine",
     "DemoConfig": "keras_vit.demo",
     "run_demo": "keras_vit.demo",
+    "classify": "keras_vit.inference",
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted([*_MODULE_OF, *_SUBMODULES, *_LAZY, "configure_for_backend"])

@@ -68,8 +68,9 @@ def add_from_argument(parser, required=False):
         dest="source",
         required=required,
         metavar="CKPT",
-        help="weights: a run's output folder, a .keras file, or a checkpoint "
-        "keras_vit.load_pretrained reads (.npz, .safetensors, HF folder, gs:// URL)",
+        help="weights: a run's output folder, a .keras file, a registry name (keras-vit "
+        "weights), hf:ORG/NAME, timm:NAME, or a checkpoint keras_vit.load_pretrained reads "
+        "(.npz, .safetensors, HF folder, https:// or gs:// URL)",
     )
 
 
@@ -443,6 +444,86 @@ def probe(args):
     for grid, accuracy in results["shuffle"].items():
         print(f"  shuffled {grid}x{grid}: {accuracy:.4f}")
     print(f"Figure: {plot}; numbers: {numbers}")
+    return 0
+
+
+# --- pretrained weights: the registry and classifying images -----------------------
+
+
+def _weights_arguments(parser):
+    parser.add_argument(
+        "pattern", nargs="?", metavar="PATTERN",
+        help="part of a name, or a shell pattern such as 'vit_base_*in1k'",
+    )
+
+
+@command("weights", "list the registry of pretrained checkpoints (and which are cached)",
+         _weights_arguments)
+def weights(args):
+    from keras_vit.weights import download, registry
+
+    entries = registry.list_weights(args.pattern)
+    if not entries:
+        raise ValueError(f"No registered weights match {args.pattern!r}; keras-vit weights lists all.")
+    rows = [("name", "variant", "res", "classes", "data", "top-1", "size", "cached")]
+    for e in entries:
+        data = e.pretraining + (f" > {e.finetuning}" if e.finetuning else "")
+        rows.append((
+            e.name, e.variant or "custom", str(e.image_size), str(e.num_classes), data,
+            "-" if e.top1 is None else f"{e.top1:.2f}",
+            "-" if e.size_mib is None else f"{e.size_mib:.0f} MiB",
+            "yes" if download.cached(e) else "no",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    print(f"Cache: {download.cache_dir()} (KERAS_VIT_CACHE); top-1: ImageNet-1k, as the "
+          "release reports it.")
+    return 0
+
+
+def _predict_arguments(parser):
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--weights", metavar="NAME", help="a registry name (keras-vit weights)")
+    source.add_argument(
+        "--from", dest="source", metavar="CKPT", help="a run's output folder or a .keras file"
+    )
+    parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
+    parser.add_argument("--top-k", type=int, default=5, metavar="K", help="classes shown (default 5)")
+    parser.add_argument("--labels", metavar="FILE", help="class names, one per line, in class order")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    _add_crop_argument(parser)
+
+
+@command("predict", "classify images with a pretrained checkpoint or a trained model",
+         _predict_arguments)
+def predict(args):
+    import json
+
+    from keras_vit.inference import classify
+    from keras_vit.weights.pretrained import pretrained
+
+    labels = None
+    if args.labels:
+        with open(args.labels, encoding="utf-8") as f:
+            labels = [line.strip() for line in f if line.strip()]
+    if args.weights:
+        model, activation, crop_fraction = pretrained(args.weights), None, args.crop_fraction
+    else:
+        model, config = _load_run_model(args.source)
+        activation = "sigmoid" if (config or {}).get("loss") == "sigmoid" else "softmax"
+        crop_fraction = _crop_fraction(args, config)
+    results = classify(
+        model, args.images, top_k=args.top_k, labels=labels, activation=activation,
+        crop_fraction=crop_fraction,
+    )
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    for result in results:
+        print(result["image"])
+        for top in result["top_k"]:
+            print(f"  {top['probability']:.4f}  {top['label']}")
     return 0
 
 

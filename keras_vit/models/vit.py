@@ -93,8 +93,9 @@ def _pair(size, name):
 def ViT(
     variant=None,
     *,
-    image_size=224,
-    num_classes=1000,
+    weights=None,
+    image_size=None,
+    num_classes=None,
     patch_size=None,
     hidden_dim=None,
     num_layers=None,
@@ -107,7 +108,7 @@ def ViT(
     dropout_rate=0.0,
     attention_dropout_rate=0.0,
     drop_path_rate=0.0,
-    gelu_approximate=False,
+    gelu_approximate=None,
     include_top=True,
     pooling=True,
     channels=3,
@@ -124,16 +125,25 @@ def ViT(
             hybrid: `"R+Ti/16"`, `"R26+S/32"`, `"R26+B/32"`, `"R50+B/16"`, `"R50+L/32"`.
             Without it, `patch_size`, `hidden_dim`, `num_layers`, `num_heads` and
             `mlp_dim` describe a custom model; given with a variant they override it.
+        weights: pretrained weights to start from, as `keras_vit.load_pretrained` loads
+            them (the position embedding resampled to `image_size`, a head of another
+            class count reset to zeros, `pre_logits` dropped without
+            `representation_size`): a registry name (`keras_vit.list_weights()`),
+            `hf:ORG/NAME`, `timm:NAME`, a URL or a local checkpoint. A registry name
+            also gives the variant, resolution, classes and GELU that are not passed.
         resnet_stages: bottleneck units per stage of a ResNet trunk in front of the
             patch embedding (a custom hybrid), e.g. `(3, 4, 9)`; `()` for the root only.
-        image_size: int or `(height, width)`, a multiple of the patch size.
-        num_classes: width of the (zero-initialised) classification head.
+        image_size: int or `(height, width)`, a multiple of the patch size (default 224,
+            or the registry checkpoint's).
+        num_classes: width of the (zero-initialised) classification head (default 1000,
+            or the registry checkpoint's).
         classifier: `"token"` (class token) or `"gap"` (mean of the patch tokens).
         representation_size: width of the `pre_logits` Dense + tanh, or None.
         pos_embedding: `"learned"`, `"learned2d"`, `"sincos2d"` or `"none"`.
         dropout_rate, attention_dropout_rate, drop_path_rate: regularisation;
             the drop-path rate grows linearly from 0 to this value with depth.
-        gelu_approximate: tanh GELU as the official JAX code (default exact GELU).
+        gelu_approximate: tanh GELU as the official JAX code (default exact GELU, or
+            the registry checkpoint's).
         include_top: False returns the pooled features (after `pre_logits`).
         pooling: with `include_top=False`, False returns every output token.
         channels: image channels.
@@ -147,7 +157,41 @@ def ViT(
     ...             num_heads=4, mlp_dim=64, num_classes=10)
     >>> tuple(model(keras.ops.zeros((1, 32, 32, 3))).shape)
     (1, 10)
+
+    Fine-tuning an ImageNet-21k checkpoint at 384 px on 10 classes (downloads it once):
+
+    >>> model = ViT("B/16", weights="vit_base_patch16_224.augreg_in21k",
+    ...             image_size=384, num_classes=10)  # doctest: +SKIP
     """
+    args = dict(
+        variant=variant, image_size=image_size, num_classes=num_classes,
+        patch_size=patch_size, hidden_dim=hidden_dim, num_layers=num_layers,
+        num_heads=num_heads, mlp_dim=mlp_dim, resnet_stages=resnet_stages,
+        classifier=classifier, representation_size=representation_size,
+        pos_embedding=pos_embedding, dropout_rate=dropout_rate,
+        attention_dropout_rate=attention_dropout_rate, drop_path_rate=drop_path_rate,
+        gelu_approximate=gelu_approximate, include_top=include_top, pooling=pooling,
+        channels=channels, head_bias_init=head_bias_init, data_format=data_format, name=name,
+    )
+    if weights is None:
+        return _build(**args)
+    # Imported here: models/ builds models, weights/ finds and fetches checkpoints.
+    from keras_vit.weights import pretrained
+
+    model = _build(**pretrained.registry_defaults(weights, args))
+    pretrained.load_pretrained(model, weights)
+    return model
+
+
+def _build(
+    variant, *, image_size, num_classes, patch_size, hidden_dim, num_layers, num_heads,
+    mlp_dim, resnet_stages, classifier, representation_size, pos_embedding, dropout_rate,
+    attention_dropout_rate, drop_path_rate, gelu_approximate, include_top, pooling,
+    channels, head_bias_init, data_format, name,
+):
+    image_size = 224 if image_size is None else image_size
+    num_classes = 1000 if num_classes is None else num_classes
+    gelu_approximate = bool(gelu_approximate)
     data_format = data_format or keras.config.image_data_format()
     if data_format != "channels_last":
         raise ValueError(

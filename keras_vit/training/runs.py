@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from keras_vit import data as vit_data
 from keras_vit.training.config import TrainConfig
+from keras_vit.weights.download import resolve_weights
 from keras_vit.weights.pretrained import load_pretrained, save_npz
 
 CONFIG = "config.json"
@@ -51,9 +52,11 @@ def resolve_from(source):
     """Turns a `--from` argument into a file to load.
 
     A run's output folder gives its final `model.keras`, or its newest checkpoint while
-    it is unfinished; a `.keras` file is itself; anything else (an official `.npz`, a
-    `.safetensors` file, a Hugging Face folder, a `gs://` URL) is returned unchanged for
-    `keras_vit.load_pretrained`.
+    it is unfinished; a `.keras` file is itself; a registry name
+    (`keras_vit.list_weights()`), `hf:ORG/NAME`, `timm:NAME` or an `https://` URL is
+    downloaded once into the cache and gives the cached file; anything else (an official
+    `.npz`, a `.safetensors` file, a Hugging Face folder, a `gs://` URL) is returned
+    unchanged for `keras_vit.load_pretrained`.
 
     Example:
 
@@ -74,7 +77,7 @@ def resolve_from(source):
         return checkpoint
     if source.endswith(".keras") and not tf.io.gfile.exists(source):
         raise FileNotFoundError(f"No such model file: {source!r}.")
-    return source
+    return resolve_weights(source)
 
 
 def run_config(source):

@@ -1,4 +1,5 @@
-"""Pretrained weights: `load_pretrained` into a `keras_vit.ViT` model, and `save_npz`.
+"""Pretrained weights: `pretrained(name)`, `load_pretrained` into a `keras_vit.ViT`
+model, and `save_npz`.
 
 Every checkpoint is read in the official vit_jax layout (`keras_vit.weights.formats`),
 which is also what `save_npz` writes; this module maps that one layout onto the
@@ -16,6 +17,9 @@ import keras
 import numpy as np
 
 from keras_vit.models import posembed
+from keras_vit.models.vit import ViT
+from keras_vit.weights import registry
+from keras_vit.weights.download import resolve_weights
 from keras_vit.weights.formats import (
     ATTENTION_KEY,
     BLOCK_KEY,
@@ -355,7 +359,9 @@ def _problems(report, origin, model_shapes, checkpoint_shapes):
 def load_pretrained(model, source, *, strict=True, interpolation=None):
     """Loads pretrained ViT weights into a `keras_vit.ViT` model.
 
-    `source` is a local path or a `gs://` URL (read through `tf.io.gfile`) of an
+    `source` is a registry name (`keras_vit.list_weights()`; downloaded once into the
+    cache), `hf:ORG/NAME` or `timm:NAME` (through `huggingface_hub`), an `https://` URL
+    (cached too), a local path or a `gs://` URL (read through `tf.io.gfile`) of an
     official vit_jax / AugReg `.npz` (also in21k files with `pre_logits`, and gap
     files without `cls`), a big_vision `.npz` (`params/`, `params/img/` or
     `opt/target/` prefixes, scanned blocks), an HF transformers `model.safetensors`
@@ -397,7 +403,7 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
     """
     if interpolation is not None:
         posembed.check_interpolation(interpolation)
-    source = os.fspath(source)
+    source = resolve_weights(os.fspath(source))
     layout = _ModelLayout(model)
     fmt, params, origin, notes = read_official(source, layout.heads)
     report = LoadReport(source, fmt)
@@ -456,6 +462,91 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
         variable.assign(np.asarray(value, dtype=variable.dtype))
     report._log()
     return report
+
+
+_ARCHITECTURE = ("variant", "patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim",
+                 "resnet_stages")
+
+
+def registry_defaults(weights, args):
+    """`keras_vit.ViT` arguments with what a registry checkpoint fixes filled in.
+
+    When `weights` is a registry name, the architecture (unless `args` gives one),
+    `image_size`, `num_classes` and `gelu_approximate` left as None come from its entry;
+    `representation_size` does not (fine-tuning drops `pre_logits`, as vit_jax does).
+    A variant other than the checkpoint's is a `ValueError`. Other sources leave `args`
+    as they are.
+
+    Example:
+
+    >>> args = dict(variant=None, image_size=None, num_classes=10, gelu_approximate=None)
+    >>> registry_defaults("vit_base_patch16_224.augreg_in21k", args)
+    {'variant': 'B/16', 'image_size': 224, 'num_classes': 10, 'gelu_approximate': True}
+    """
+    if not registry.is_registered(weights):
+        return args
+    entry = registry.get_weights(weights)
+    own = entry.build_args()
+    variant = args.get("variant")
+    if variant is not None and own.get("variant") not in (None, variant):
+        raise ValueError(
+            f"weights={weights!r} are a ViT-{own['variant']} checkpoint, but variant="
+            f"{variant!r}: pass variant={own['variant']!r}, or leave it out."
+        )
+    filled = dict(args)
+    if all(args.get(key) is None for key in _ARCHITECTURE):
+        filled.update({key: own[key] for key in _ARCHITECTURE if key in own})
+    for key in ("image_size", "num_classes", "gelu_approximate"):
+        if filled.get(key) is None and key in own:
+            filled[key] = own[key]
+    return filled
+
+
+def pretrained(name, **kwargs):
+    """A ready `keras_vit.ViT` model with the weights of a registry checkpoint.
+
+    The architecture (variant, resolution, classes, GELU, representation layer) comes
+    from the registry entry (`keras_vit.list_weights()`); the file is downloaded once
+    into the cache (see `keras_vit.weights.download`). `timm:NAME` loads timm's copy of
+    the registry checkpoint `NAME` from the Hugging Face Hub instead. The entry is kept
+    as `model.weights_entry` (its label set and activation serve `keras_vit.classify`).
+
+    Args:
+        name: a registry name, e.g. `"vit_base_patch16_384.augreg_in21k_ft_in1k"`, or
+            `"timm:" + name`.
+        **kwargs: other `keras_vit.ViT` arguments that leave the weights as they are,
+            e.g. `include_top=False`, `dropout_rate`, `name`.
+
+    Returns:
+        The model, weights loaded (`strict`: every tensor in its place).
+
+    Example:
+
+    >>> model = pretrained("vit_tiny_patch16_384.augreg_in21k_ft_in1k")  # doctest: +SKIP
+    >>> model.input_shape, model.output_shape  # doctest: +SKIP
+    ((None, 384, 384, 3), (None, 1000))
+    """
+    source = name
+    if isinstance(name, str) and name.startswith("timm:") and registry.is_registered(name[5:]):
+        name = name[5:]
+    if not registry.is_registered(name) and isinstance(name, str) and ":" in name:
+        raise ValueError(
+            f"pretrained({name!r}) takes a registry name (keras-vit weights lists them) or "
+            "timm:NAME of one; for other weights build the model and load them: "
+            f"keras_vit.ViT(VARIANT, weights={name!r}, image_size=..., num_classes=...)."
+        )
+    entry = registry.get_weights(name)
+    clashes = sorted(set(kwargs) & set(entry.build_args()))
+    if clashes:
+        raise ValueError(
+            f"pretrained() takes {', '.join(clashes)} from the registry entry {name!r}; to "
+            f"change them, fine-tune: keras_vit.ViT({entry.variant!r}, weights={name!r}, "
+            f"{', '.join(f'{k}=...' for k in clashes)})."
+        )
+    model = ViT(**entry.build_args(), **kwargs)
+    load_pretrained(model, source)
+    model.weights_entry = entry
+    return model
 
 
 def save_npz(model, path):

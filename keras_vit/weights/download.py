@@ -1,0 +1,224 @@
+"""Fetching checkpoint files: a verified download into a cache, and `hf:` / `timm:` sources.
+
+Files are downloaded with `keras.utils.get_file` (progress bar on stderr) into
+`$KERAS_VIT_CACHE`, by default `<Keras cache>/models/keras_vit` (`~/.keras` or
+`$KERAS_HOME`), at the path the file has under `https://storage.googleapis.com/vit_models/`
+(e.g. `augreg/B_16-....npz`). A file found there is used without any network request.
+A download goes to a temporary name and is moved into place only once it is verified:
+against the SHA-256 when the registry knows it, otherwise by reading the whole archive
+(every `.npz` member's CRC; a `.safetensors` header against the file length), so an
+interrupted, truncated or corrupt download is never kept.
+`KERAS_VIT_WEIGHTS_MIRROR=BASE_URL` replaces the official prefix, for mirrors and
+air-gapped sites. `hf:ORG/NAME` and `timm:NAME` go through `huggingface_hub` (and its
+own cache), the optional extra `pip install "keras-vit[hf]"`.
+"""
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import zipfile
+
+import keras
+
+from keras_vit.weights import registry
+
+MIRROR_ENV = "KERAS_VIT_WEIGHTS_MIRROR"
+CACHE_ENV = "KERAS_VIT_CACHE"
+
+
+class DownloadError(FileNotFoundError):
+    """A checkpoint is not in the cache and could not be downloaded (or failed its check)."""
+
+
+def cache_dir():
+    """Where downloaded checkpoints are kept: `$KERAS_VIT_CACHE`, else
+    `<keras_home>/models/keras_vit`."""
+    return os.environ.get(CACHE_ENV) or os.path.join(keras.config.keras_home(), "models", "keras_vit")
+
+
+def download_url(url):
+    """`url` with `https://storage.googleapis.com/vit_models/` replaced by
+    `$KERAS_VIT_WEIGHTS_MIRROR` when that is set.
+
+    Example:
+
+    >>> download_url("https://storage.googleapis.com/vit_models/imagenet21k/ViT-B_16.npz")
+    'https://storage.googleapis.com/vit_models/imagenet21k/ViT-B_16.npz'
+    """
+    mirror = os.environ.get(MIRROR_ENV)
+    if mirror and url.startswith(registry.OFFICIAL_BASE):
+        return mirror.rstrip("/") + "/" + url[len(registry.OFFICIAL_BASE):]
+    return url
+
+
+def cache_path(url):
+    """The file a download of `url` is kept as (whether or not it is there yet)."""
+    if url.startswith(registry.OFFICIAL_BASE):
+        relative = url[len(registry.OFFICIAL_BASE):]
+    else:  # other URLs: one folder per URL, keeping the file name
+        digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+        relative = f"urls/{digest}/{url.rsplit('/', 1)[-1].split('?')[0] or 'weights'}"
+    return os.path.join(cache_dir(), *relative.split("/"))
+
+
+def cached(entry):
+    """The cached file of a registry entry, or None when it is not downloaded."""
+    path = cache_path(entry.url)
+    return path if os.path.isfile(path) else None
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify(path, sha256=None):
+    """Raises `ValueError` unless the file at `path` is complete.
+
+    With `sha256`, the hash decides; otherwise an `.npz` (zip) archive is read in full
+    (every member's CRC) and a `.safetensors` file's header must account for its length.
+    """
+    if sha256 is not None:
+        got = _sha256(path)
+        if got != sha256.lower():
+            raise ValueError(f"its SHA-256 is {got}, the registry says {sha256}")
+        return
+    with open(path, "rb") as f:
+        magic = f.read(8)
+    if magic[:4] == b"PK\x03\x04":
+        try:
+            with zipfile.ZipFile(path) as archive:
+                bad = archive.testzip()
+        except (zipfile.BadZipFile, OSError, EOFError) as err:
+            raise ValueError(f"it is not a complete .npz archive ({err})") from None
+        if bad is not None:
+            raise ValueError(f"its member {bad!r} fails the CRC check")
+        return
+    if len(magic) == 8:  # safetensors: u64 header length, JSON header, tensor data
+        length = int.from_bytes(magic, "little")
+        size = os.path.getsize(path)
+        if 8 + length <= size:
+            with open(path, "rb") as f:
+                f.seek(8)
+                try:
+                    header = json.loads(f.read(length))
+                except ValueError:
+                    header = None
+            if isinstance(header, dict):
+                end = max(
+                    (t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"),
+                    default=0,
+                )
+                if 8 + length + end == size:
+                    return
+                raise ValueError(f"it holds {size} bytes, its header describes {8 + length + end}")
+    raise ValueError("it is neither a complete .npz archive nor a .safetensors file")
+
+
+def fetch(url, *, sha256=None):
+    """The local path of `url`'s file, downloaded into the cache once and verified.
+
+    Args:
+        url: an `https://` (or `http://`) URL; official URLs go to the mirror when
+            `KERAS_VIT_WEIGHTS_MIRROR` is set.
+        sha256: the file's expected SHA-256, or None to verify by reading it in full.
+
+    Returns:
+        The cached file's path. Nothing is downloaded when it is already there.
+
+    Raises:
+        DownloadError: one line naming the URL and the cache path where a copy
+            downloaded by other means is picked up.
+    """
+    final = cache_path(url)
+    if os.path.isfile(final):
+        return final
+    folder, name = os.path.split(final)
+    os.makedirs(folder, exist_ok=True)
+    origin = download_url(url)
+    partial = f".{name}.{os.getpid()}.part"
+    where = f"a copy placed at {final} is used without downloading"
+    try:
+        try:
+            # The progress bar goes to stderr, as pip's and huggingface_hub's do: stdout
+            # stays the command's output (e.g. predict --json).
+            with contextlib.redirect_stdout(sys.stderr):
+                keras.utils.get_file(
+                    fname=partial, origin=origin, cache_dir=folder, cache_subdir="",
+                    force_download=True,
+                )
+        except Exception as err:
+            # get_file re-raises urllib's errors as "URL fetch failure on ..."; their
+            # reason (refused, HTTP 404, retrieval incomplete) is what the user needs.
+            cause = err.__context__ if hasattr(err.__context__, "reason") else err
+            reason = getattr(cause, "reason", cause)
+            if getattr(cause, "code", None) is not None:
+                reason = f"HTTP {cause.code} {reason}"
+            reason = " ".join(str(reason).split()) or type(err).__name__
+            raise DownloadError(f"Cannot download {origin} ({reason}); {where}.") from None
+        try:
+            verify(os.path.join(folder, partial), sha256)
+        except ValueError as err:
+            raise DownloadError(
+                f"The download of {origin} is incomplete or corrupt and was not kept: {err}; "
+                f"{where}."
+            ) from None
+        os.replace(os.path.join(folder, partial), final)
+    finally:
+        if os.path.exists(os.path.join(folder, partial)):
+            os.remove(os.path.join(folder, partial))
+    return final
+
+
+def _hub():
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise ValueError(
+            "hf: and timm: weights need huggingface_hub: pip install \"keras-vit[hf]\" "
+            "(or pip install huggingface_hub)."
+        ) from None
+    return huggingface_hub
+
+
+def fetch_hub(source):
+    """`hf:ORG/NAME` (an HF transformers model folder) or `timm:NAME` (timm's
+    `model.safetensors` in `timm/NAME`), downloaded by `huggingface_hub` into its cache."""
+    kind, _, repo = source.partition(":")
+    hub = _hub()
+    try:
+        if kind == "timm":
+            repo = repo if "/" in repo else f"timm/{repo}"
+            return hub.hf_hub_download(repo, "model.safetensors")
+        return hub.snapshot_download(repo, allow_patterns=["*.safetensors", "*.json"])
+    except Exception as err:  # the hub's errors: offline, unknown repository, ...
+        reason = " ".join(str(err).split())[:300]
+        raise DownloadError(f"Cannot get {source} from the Hugging Face Hub ({reason}).") from None
+
+
+def resolve_weights(source):
+    """A local file (or folder) for a `weights=` / `--from` source.
+
+    A registry name is downloaded (once) from its URL, `hf:` / `timm:` sources through
+    `huggingface_hub`, `http(s)://` URLs into the cache; paths and `gs://` URLs are
+    returned unchanged.
+
+    Example:
+
+    >>> resolve_weights("my_weights.npz")
+    'my_weights.npz'
+    """
+    source = os.fspath(source)
+    if registry.is_registered(source):
+        entry = registry.get_weights(source)
+        return fetch(entry.url, sha256=entry.sha256)
+    if source.startswith(("hf:", "timm:")):
+        return fetch_hub(source)
+    if source.startswith(("http://", "https://")):
+        return fetch(source)
+    return source
