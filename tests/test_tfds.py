@@ -198,4 +198,4 @@ def test_pretrain_by_name_from_tfds_data_dir_in_a_fresh_process(data_dirs, tmp_p
     assert (metrics["train_examples"], metrics["eval_examples"]) == (48, 12)
     assert metrics["final"]["top1"] >= 0.9
     config = json.loads((out / "config.json").read_text())
-    assert config["data"] == "tfds:tiny_shapes" and config["data_dir"] is None
+    assert config["data"]["source"] == "tfds:tiny_shapes" and config["data"]["data_dir"] is None
