@@ -11,11 +11,9 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.utils.serialization import serializable
+
 POSITION_EMBEDDINGS = ("learned", "learned2d", "sincos2d", "none")
-
-
-def _register(cls):
-    return keras.saving.register_keras_serializable(package="keras_vit")(cls)
 
 
 def _check_choice(name, value, allowed):
@@ -141,7 +139,7 @@ def _query_blocks(length):
     return [(start, min(start + size, length)) for start in range(0, length, size)]
 
 
-@_register
+@serializable
 class Patches(keras.layers.Layer):
     """Cuts images into non-overlapping square patches.
 
@@ -204,7 +202,7 @@ class Patches(keras.layers.Layer):
         return {**super().get_config(), "patch_size": self.patch_size}
 
 
-@_register
+@serializable
 class PatchEncoder(keras.layers.Layer):
     """Projects flattened patches to `hidden_dim` and adds position embeddings.
 
@@ -302,7 +300,7 @@ class PatchEncoder(keras.layers.Layer):
         }
 
 
-@_register
+@serializable
 class ClassToken(keras.layers.Layer):
     """Prepends a learned class token (zero-initialised) to a token sequence.
 
@@ -347,7 +345,7 @@ class ClassToken(keras.layers.Layer):
         return {**super().get_config(), "use_position": self.use_position}
 
 
-@_register
+@serializable
 class TokenPooling(keras.layers.Layer):
     """Pools encoder output tokens: `"token"` takes the first, `"gap"` averages all.
 
@@ -374,7 +372,7 @@ class TokenPooling(keras.layers.Layer):
         return {**super().get_config(), "classifier": self.classifier}
 
 
-@_register
+@serializable
 class DropPath(keras.layers.Layer):
     """Stochastic depth: drops a residual branch per sample with probability `rate`.
 
@@ -407,7 +405,7 @@ class DropPath(keras.layers.Layer):
         return {**super().get_config(), "rate": self.rate, "seed": self.seed}
 
 
-@_register
+@serializable
 class TransformerBlock(keras.layers.Layer):
     """Pre-LayerNorm Transformer encoder block.
 

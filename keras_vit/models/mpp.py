@@ -10,7 +10,8 @@ TensorFlow, JAX and PyTorch backends and under `tf.distribute`.
 import keras
 from keras import ops
 
-from keras_vit.models.layers import Patches, _register
+from keras_vit.models.layers import Patches
+from keras_vit.utils.serialization import serializable
 
 # What `corrupt_patch_embeddings` did to each position.
 CLEAN, MASKED, REPLACED, KEPT = 0, 1, 2, 3
@@ -173,7 +174,7 @@ def corrupt_patch_embeddings(
     return corrupted, ops.cast(kinds, "int32")
 
 
-@_register
+@serializable
 class PatchCorruption(keras.layers.Layer):
     """Holds the learned [mask] embedding and corrupts patch embeddings with it.
 
@@ -270,7 +271,7 @@ def _trunk(encoder):
     return encoder.layers[names.index("patch_encoder") + 1 : names.index("encoder_norm") + 1]
 
 
-@_register
+@serializable
 class MaskedPatchPrediction(keras.Model):
     """Masked patch prediction around a keras-vit encoder (paper section 4.6).
 

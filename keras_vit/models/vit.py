@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_vit.models import layers as vit_layers
 from keras_vit.models import resnet
+from keras_vit.utils.serialization import serializable
 
 # name: (hidden_dim, mlp_dim, num_heads, num_layers), vit_jax configs/models.py.
 SIZES = {
@@ -60,7 +61,7 @@ def parse_variant(variant):
     )
 
 
-@keras.saving.register_keras_serializable(package="keras_vit")
+@serializable
 class VisionTransformer(keras.Model):
     """The functional `keras.Model` that `ViT` returns; it compiles with XLA by default.
 

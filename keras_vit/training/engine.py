@@ -28,6 +28,7 @@ from keras_vit.training.losses import SigmoidCrossEntropy
 from keras_vit.models.vit import ViT
 from keras_vit.training.optimizers import OPTIMIZERS, make_optimizer
 from keras_vit.training.schedules import DECAYS, WarmupDecay
+from keras_vit.utils.serialization import serializable
 
 logger = logging.getLogger("keras_vit")
 
@@ -292,7 +293,7 @@ class ResumableFit:
         return train_function
 
 
-@keras.saving.register_keras_serializable(package="keras_vit")
+@serializable
 class TrainingModel(ResumableFit, multiworker.MultiWorkerFit, keras.Model):
     """The functional model `train` fits: a `keras_vit.ViT`'s graph, plus resume support.
 

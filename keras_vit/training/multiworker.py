@@ -13,6 +13,8 @@ import os
 import keras
 import tensorflow as tf
 
+from keras_vit.utils.serialization import serializable
+
 
 def in_multi_worker_mode(strategy):
     """Whether `strategy` is a `MultiWorkerMirroredStrategy` spanning several workers.
@@ -166,7 +168,7 @@ class MultiWorkerFit:
         return self._replica_logs(super().test_step(data))
 
 
-@keras.saving.register_keras_serializable(package="keras_vit")
+@serializable
 class MultiWorkerModel(MultiWorkerFit, keras.Model):
     """A `keras.Model` whose `fit`/`evaluate` work under `MultiWorkerMirroredStrategy`.
 

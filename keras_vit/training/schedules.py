@@ -5,10 +5,12 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.utils.serialization import serializable
+
 DECAYS = ("linear", "cosine", "constant")
 
 
-@keras.saving.register_keras_serializable(package="keras_vit")
+@serializable
 class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warmup from 0 to `learning_rate` over `warmup_steps`, then decay.
 
