@@ -12,6 +12,8 @@ import random
 import keras
 import tensorflow as tf
 
+from keras_vit.utils.checks import check_choice
+
 # AugReg levels (Steiner et al. 2021, big_vision configs/vit_i21k.py):
 # name -> ((RandAugment num_ops, magnitude) or None, MixUp alpha or None).
 AUGREG_LEVELS = {
@@ -106,11 +108,7 @@ def augmentation_layers(augment="none", randaugment=None, mixup=None, cutmix=Non
     >>> [type(layer).__name__ for layer in image_layers + batch_layers]
     ['RandAugment', 'MixUp']
     """
-    if augment not in AUGREG_LEVELS:
-        raise ValueError(
-            f"Unknown augmentation level {augment!r}: expected one of "
-            f"{', '.join(map(repr, AUGREG_LEVELS))}."
-        )
+    check_choice("augmentation level", augment, AUGREG_LEVELS)
     level_randaugment, level_mixup = AUGREG_LEVELS[augment]
     randaugment = level_randaugment if randaugment is None else randaugment
     mixup = level_mixup if mixup is None else mixup

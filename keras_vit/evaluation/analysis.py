@@ -9,7 +9,8 @@ post-processing of its outputs or of the model's weights.
 import keras
 import numpy as np
 
-from keras_vit.models.layers import TransformerBlock, _check_choice
+from keras_vit.models.layers import TransformerBlock
+from keras_vit.utils.checks import check_choice, check_in_range
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -134,9 +135,8 @@ def attention_rollout(attentions, head_fusion="mean", discard_ratio=0.0):
     >>> attention_rollout([uniform, uniform])[0, 0].round(3).tolist()
     [0.4, 0.15, 0.15, 0.15, 0.15]
     """
-    _check_choice("head_fusion", head_fusion, HEAD_FUSIONS)
-    if not 0.0 <= discard_ratio < 1.0:
-        raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio!r}.")
+    check_choice("head_fusion", head_fusion, HEAD_FUSIONS)
+    check_in_range("discard_ratio", discard_ratio, "[0, 1)")
     stacked = _stack_attentions(attentions)
     fused = getattr(np, head_fusion)(stacked, axis=2)  # (layers, B, T, T)
     tokens = fused.shape[-1]

@@ -11,16 +11,10 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.utils.checks import check_choice, check_in_range, check_positive_int
 from keras_vit.utils.serialization import serializable
 
 POSITION_EMBEDDINGS = ("learned", "learned2d", "sincos2d", "none")
-
-
-def _check_choice(name, value, allowed):
-    if value not in allowed:
-        raise ValueError(
-            f"Unknown {name} {value!r}: expected one of {', '.join(map(repr, allowed))}."
-        )
 
 
 def sincos_2d_table(grid_size, width, temperature=10000.0):
@@ -160,9 +154,7 @@ class Patches(keras.layers.Layer):
 
     def __init__(self, patch_size, **kwargs):
         super().__init__(**kwargs)
-        if int(patch_size) != patch_size or patch_size < 1:
-            raise ValueError(f"patch_size must be a positive integer, got {patch_size!r}.")
-        self.patch_size = int(patch_size)
+        self.patch_size = check_positive_int("patch_size", patch_size)
 
     def build(self, input_shape):
         if len(input_shape) != 4:
@@ -225,7 +217,7 @@ class PatchEncoder(keras.layers.Layer):
 
     def __init__(self, hidden_dim, grid_size, pos_embedding="learned", **kwargs):
         super().__init__(**kwargs)
-        _check_choice("pos_embedding", pos_embedding, POSITION_EMBEDDINGS)
+        check_choice("pos_embedding", pos_embedding, POSITION_EMBEDDINGS)
         if isinstance(grid_size, int):
             grid_size = (grid_size, grid_size)
         self.hidden_dim = int(hidden_dim)
@@ -357,7 +349,7 @@ class TokenPooling(keras.layers.Layer):
 
     def __init__(self, classifier="token", **kwargs):
         super().__init__(**kwargs)
-        _check_choice("classifier", classifier, ("token", "gap"))
+        check_choice("classifier", classifier, ("token", "gap"))
         self.classifier = classifier
 
     def call(self, tokens):
@@ -387,8 +379,7 @@ class DropPath(keras.layers.Layer):
 
     def __init__(self, rate=0.0, seed=None, **kwargs):
         super().__init__(**kwargs)
-        if not 0.0 <= rate < 1.0:
-            raise ValueError(f"DropPath rate must be in [0, 1), got {rate!r}.")
+        check_in_range("DropPath rate", rate, "[0, 1)")
         self.rate = float(rate)
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)

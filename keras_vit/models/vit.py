@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_vit.models import layers as vit_layers
 from keras_vit.models import resnet
+from keras_vit.utils.checks import check_choice
 from keras_vit.utils.serialization import serializable
 
 # name: (hidden_dim, mlp_dim, num_heads, num_layers), vit_jax configs/models.py.
@@ -174,8 +175,8 @@ def ViT(
             f"Without a variant, ViT needs {', '.join(missing)}; or pass a variant, "
             f"one of {', '.join(VARIANTS)}."
         )
-    vit_layers._check_choice("classifier", classifier, ("token", "gap"))
-    vit_layers._check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
+    check_choice("classifier", classifier, ("token", "gap"))
+    check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
     height, width = _pair(image_size, "image_size")
     patch = arch["patch_size"]
     stride = patch if stages is None else patch * resnet.trunk_stride(stages)

@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit.training.multiworker import chief_writes, is_chief
+from keras_vit.utils.checks import check_positive_int
 
 logger = logging.getLogger("keras_vit")
 
@@ -63,8 +64,8 @@ class TrainingBackup(keras.callbacks.Callback):
 
     def __init__(self, directory, every=None):
         super().__init__()
-        if every is not None and (int(every) != every or every < 1):
-            raise ValueError(f"Backup interval must be a positive integer, got {every!r}.")
+        if every is not None:
+            check_positive_int("Backup interval", every)
         self.directory = directory
         self.every = every
         self.path = os.path.join(directory, self.FILE)
@@ -179,8 +180,7 @@ class EpochCheckpoints(keras.callbacks.Callback):
 
     def __init__(self, model, directory, keep=3):
         super().__init__()
-        if int(keep) != keep or keep < 1:
-            raise ValueError(f"keep must be a positive integer, got {keep!r}.")
+        check_positive_int("keep", keep)
         self.network = model
         self.directory = directory
         self.keep = int(keep)

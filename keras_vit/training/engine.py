@@ -28,6 +28,7 @@ from keras_vit.training.losses import SigmoidCrossEntropy
 from keras_vit.models.vit import ViT
 from keras_vit.training.optimizers import OPTIMIZERS, make_optimizer
 from keras_vit.training.schedules import DECAYS, WarmupDecay
+from keras_vit.utils.checks import check_positive_int
 from keras_vit.utils.serialization import serializable
 
 logger = logging.getLogger("keras_vit")
@@ -178,12 +179,9 @@ class TrainConfig:
             "keep_checkpoints", "eval_every",
         )
         for name in positive:
-            if int(getattr(self, name)) != getattr(self, name) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}.")
+            check_positive_int(name, getattr(self, name))
         for name in ("steps", "steps_per_epoch", "backup_every", "shuffle_buffer"):
-            value = getattr(self, name)
-            if value is not None and (int(value) != value or value < 1):
-                raise ValueError(f"{name} must be None or a positive integer, got {value!r}.")
+            check_positive_int(name, getattr(self, name), optional=True)
         if self.batch_size % self.accumulation_steps:
             raise ValueError(
                 f"batch_size {self.batch_size} is not divisible by accumulation_steps "
@@ -210,8 +208,8 @@ class TrainConfig:
         return self
 
     def _validate_mpp(self):
-        vit_mpp._check_bits(self.mpp_bits, prefix="mpp_")
-        vit_mpp._check_rates(
+        check_positive_int("mpp_bits", self.mpp_bits)
+        vit_mpp.check_corruption_rates(
             self.mpp_corrupt_rate, self.mpp_mask_rate, self.mpp_random_rate, prefix="mpp_"
         )
         # Settings of the supervised loss mean nothing here: a recipe that sets them
