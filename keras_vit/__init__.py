@@ -13,14 +13,9 @@ from keras_vit.evaluation.analysis import (
     position_embedding_similarity,
 )
 from keras_vit.weights.pretrained import LoadReport, load_pretrained, save_npz
-from keras_vit.evaluation.fewshot import (
-    FewshotConfig,
-    RidgeProbe,
-    evaluate_source,
-    extract_features,
-    fewshot_evaluate,
-    linear_fewshot_accuracy,
-)
+from keras_vit.evaluation.features import extract_features
+from keras_vit.evaluation.fewshot import FewshotConfig, evaluate_source, fewshot_evaluate
+from keras_vit.evaluation.ridge import RidgeProbe, linear_fewshot_accuracy
 from keras_vit.models.flops import forward_flops
 from keras_vit.models.layers import (
     ClassToken,

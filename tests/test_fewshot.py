@@ -202,6 +202,24 @@ def test_feature_extraction_from_tf_data_on(backend):
     assert f"{backend} ok" in result.stdout
 
 
+def test_names_from_before_the_split_are_the_new_homes():
+    from keras_vit import figures
+    from keras_vit.evaluation import features, fewshot_report, ridge
+
+    assert fewshot.extract_features is features.extract_features is keras_vit.extract_features
+    assert fewshot.feature_model is features.feature_model
+    assert fewshot.RidgeProbe is ridge.RidgeProbe is keras_vit.RidgeProbe
+    assert fewshot.linear_fewshot_accuracy is ridge.linear_fewshot_accuracy
+    assert keras_vit.linear_fewshot_accuracy is ridge.linear_fewshot_accuracy
+    assert fewshot.DEFAULT_L2 == ridge.DEFAULT_L2 == 2.0**10
+    assert fewshot.format_table is fewshot_report.format_table
+    assert fewshot.save_results is fewshot_report.save_results
+    assert fewshot.plot_fewshot is figures.plot_fewshot
+    assert keras_vit.fewshot_evaluate is fewshot.fewshot_evaluate
+    with pytest.raises(AttributeError, match="has no attribute 'plot_fewshots'"):
+        fewshot.plot_fewshots
+
+
 def test_table_json_and_plot(tmp_path):
     train, train_labels = _blobs(3, 30, 6)
     result = fewshot.fewshot_evaluate(train, train_labels, train, train_labels, shots=(1, 5), seeds=2)
