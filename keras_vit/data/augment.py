@@ -12,6 +12,7 @@ import random
 import keras
 import tensorflow as tf
 
+from keras_vit.utils import keras_compat
 from keras_vit.utils.checks import check_choice
 
 # AugReg levels (Steiner et al. 2021, big_vision configs/vit_i21k.py):
@@ -63,11 +64,9 @@ class PositionSeeds(keras.random.SeedGenerator):
 def seed_from_stream(layers, seeds):
     """Makes `layers` (and their sub-layers) draw randomness from `seeds`."""
     for layer in layers:
-        for sub in layer._flatten_layers(include_self=True):
+        for sub in keras_compat.sublayers(layer):
             if hasattr(sub, "generator"):
-                # object.__setattr__: keep Keras from tracking a stateless generator.
-                object.__setattr__(sub, "generator", seeds)
-                object.__setattr__(sub, "_backend_generators", {"tensorflow": seeds})
+                keras_compat.replace_seed_generator(sub, seeds)
 
 
 def _rand_augment(layer, image, seeds):
@@ -77,10 +76,10 @@ def _rand_augment(layer, image, seeds):
     ones with `where`; picking with `switch_case` runs `num_ops` of them, the same
     operations at the same strength, at a fraction of the cost.
     """
-    names = layer._AUGMENT_LAYERS
+    operations = keras_compat.rand_augment_operations(layer)
     for _ in range(layer.num_ops):
-        pick = tf.random.stateless_uniform([], seeds.next(), 0, len(names), dtype=tf.int32)
-        branches = [functools.partial(getattr(layer, name), image) for name in names]
+        pick = tf.random.stateless_uniform([], seeds.next(), 0, len(operations), dtype=tf.int32)
+        branches = [functools.partial(operation, image) for operation in operations]
         image = tf.switch_case(pick, branches)
     return image
 

@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_vit.models import layers as vit_layers
 from keras_vit.models import resnet
+from keras_vit.utils import keras_compat
 from keras_vit.utils.checks import check_choice
 from keras_vit.utils.serialization import serializable
 
@@ -63,7 +64,7 @@ def parse_variant(variant):
 
 
 @serializable
-class VisionTransformer(keras.Model):
+class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
     """The functional `keras.Model` that `ViT` returns; it compiles with XLA by default.
 
     It differs from a plain functional model only in what `jit_compile="auto"` (the
@@ -75,14 +76,13 @@ class VisionTransformer(keras.Model):
     turns XLA off.
     """
 
-    def _resolve_auto_jit_compile(self):
-        # Keras resolves "auto" in this hook, both in compile() and lazily.
-        if keras.backend.backend() == "tensorflow" and not self._distribute_strategy:
+    def auto_jit_compile(self):
+        if keras.backend.backend() == "tensorflow" and not keras_compat.built_strategy(self):
             import tensorflow as tf
 
             if not tf.distribute.has_strategy():
                 return True
-        return super()._resolve_auto_jit_compile()
+        return None  # Keras decides
 
 
 def _pair(size, name):

@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit.training.multiworker import chief_writes, is_chief
+from keras_vit.utils import keras_compat
 from keras_vit.utils.checks import check_positive_int
 
 logger = logging.getLogger("keras_vit")
@@ -127,7 +128,7 @@ class TrainingBackup(keras.callbacks.Callback):
             for variable, value in zip(groups[group], saved[group]):
                 variable.assign(value)
         epoch, step = int(state["epoch"]), int(state["step"])
-        model._initial_epoch = epoch  # Keras' own resume hook (see BackupAndRestore).
+        keras_compat.set_initial_epoch(model, epoch)
         self._epoch = epoch
         if step:
             model.pass_steps(step)
