@@ -374,12 +374,8 @@ def _objective(config, network, num_classes):
     """The model `fit` trains around `network`, and its `compile` arguments."""
     if config.objective == "mpp":
         model = MaskedPatchTraining(
-            network,
-            bits=config.mpp_bits,
-            corrupt_rate=config.mpp_corrupt_rate,
-            mask_rate=config.mpp_mask_rate,
-            random_rate=config.mpp_random_rate,
-            seed=config.seed,
+            network, bits=config.mpp_bits, corrupt_rate=config.mpp_corrupt_rate,
+            mask_rate=config.mpp_mask_rate, random_rate=config.mpp_random_rate, seed=config.seed,
         )
         return model, {}  # It computes its loss and masked-patch accuracy itself.
     if config.loss == "sigmoid":
@@ -504,36 +500,36 @@ def train(config, *, callbacks=(), verbose="auto"):
             f"{total_updates} optimizer updates."
         )
 
+    # What both pipelines take alike: image size, micro-batch, channels, caching.
+    shared = dict(
+        image_size=config.image_size, batch_size=micro_batch, channels=config.channels,
+        cache=config.cache,
+    )
+
+    augmentation = dict(
+        inception_crop=config.inception_crop, crop_area=config.crop_area,
+        random_flip=config.random_flip, augment=config.augment,
+        randaugment=config.randaugment, mixup=config.mixup, cutmix=config.cutmix,
+        layers=config.augmentations,
+    )
+
     def make_train(input_context=None):
         return vit_data.train_dataset(
             train_source,
-            config.image_size,
-            micro_batch,
-            channels=config.channels,
             seed=config.seed,
-            inception_crop=config.inception_crop,
-            crop_area=config.crop_area,
-            random_flip=config.random_flip,
-            augment=config.augment,
-            randaugment=config.randaugment,
-            mixup=config.mixup,
-            cutmix=config.cutmix,
-            layers=config.augmentations,
             shuffle_buffer=config.shuffle_buffer,
-            cache=config.cache,
             start_batch=epoch0 * steps_per_epoch + step0,
             input_context=input_context,
+            **augmentation,
+            **shared,
         )
 
     def make_eval(input_context=None):
         return vit_data.eval_dataset(
             eval_source,
-            config.image_size,
-            micro_batch,
-            channels=config.channels,
             crop_fraction=config.eval_crop_fraction,
-            cache=config.cache,
             input_context=input_context,
+            **shared,
         )
 
     multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
