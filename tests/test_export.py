@@ -21,7 +21,7 @@ import tensorflow as tf
 from PIL import Image
 
 import keras_vit
-from conftest import tiny_vit
+from conftest import randomise_weights, tiny_vit
 from keras_vit.export.saved_model import CONFIG_FILE, export_saved_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,10 +149,8 @@ def run(tmp_path_factory):
 
 def _train_export_and_serve(tmp, plan_path, jax, serve):
     keras.utils.set_random_seed(0)
-    rng = np.random.default_rng(0)
     model = tiny_vit()
-    for v in model.weights:  # so that probabilities are far from uniform
-        v.assign(rng.normal(scale=0.5, size=v.shape).astype("float32"))
+    rng = randomise_weights(model, seed=0, scale=0.5)  # probabilities far from uniform
     schedule = keras.optimizers.schedules.CosineDecay(0.0, 10, warmup_target=1e-3, warmup_steps=2)
     model.compile(
         keras.optimizers.AdamW(schedule, weight_decay=0.1, global_clipnorm=1.0),

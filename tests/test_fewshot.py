@@ -18,7 +18,7 @@ from sklearn.model_selection import train_test_split
 
 import keras_vit
 from keras_vit.evaluation import fewshot
-from conftest import tiny_vit
+from conftest import randomise_weights, tiny_vit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,9 +141,7 @@ def test_sweep_chooses_l2_on_held_out_train_examples_only():
 
 def test_features_are_the_pre_logits_output():
     model = tiny_vit(representation_size=24)
-    rng = np.random.default_rng(0)
-    for weight in model.weights:
-        weight.assign(rng.normal(scale=0.2, size=weight.shape).astype("float32"))
+    rng = randomise_weights(model, seed=0)
     headless = tiny_vit(representation_size=24, include_top=False)
     headless.set_weights(model.get_weights()[:-2])  # all but the head's kernel and bias
     images = rng.uniform(-1, 1, (7, 32, 32, 3)).astype("float32")
