@@ -128,11 +128,13 @@ def run_demo(config, *, out=None, verbose=1):
         `fewshot` (`{"pretrained": result, "random init": result}`),
         `finetune_accuracy`, `table`, `seconds` per stage.
 
-    Example (what `keras-vit demo` runs):
+    Example (what `keras-vit demo` runs; skipped under pytest: it trains for minutes,
+    and tests/test_cli.py runs a shortened demo):
 
     >>> from keras_vit.cli import load_recipe
-    >>> summary = run_demo(load_recipe("demo", attribute="DEMO"), out="runs/demo")
-    >>> print(summary["table"])
+    >>> summary = run_demo(load_recipe("demo", attribute="DEMO"), out="runs/demo")  # doctest: +SKIP
+    >>> print(summary["table"])  # doctest: +SKIP
+    shots | pretrained ...
     """
     config.validate()
     out = out or config.out

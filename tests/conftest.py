@@ -5,6 +5,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
+# Scripts the distributed tests start in worker processes; importing one runs it.
+collect_ignore = ["jax_distribution_job.py", "multiworker_job.py"]
+
 
 @pytest.fixture(autouse=True)
 def _seeded():

@@ -43,6 +43,7 @@ def attention_model(model):
 
     Example:
 
+    >>> import keras_vit
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
     ...                       num_heads=4, mlp_dim=64, num_classes=10)
     >>> logits, attentions = attention_model(model)(np.zeros((1, 32, 32, 3)))
@@ -232,6 +233,7 @@ def patch_grid(model):
 
     Example:
 
+    >>> import keras_vit
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
     ...                       num_heads=4, mlp_dim=64)
     >>> patch_grid(model)
@@ -246,6 +248,7 @@ def is_hybrid(model):
 
     Example:
 
+    >>> import keras_vit
     >>> is_hybrid(keras_vit.ViT("R+Ti/16", image_size=64, num_layers=1))
     True
     """
@@ -262,6 +265,7 @@ def position_embedding_similarity(model):
 
     Example:
 
+    >>> import keras_vit
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
     ...                       num_heads=4, mlp_dim=64, pos_embedding="sincos2d")
     >>> round(float(position_embedding_similarity(model)[1, 2, 1, 2]), 6)
@@ -291,6 +295,7 @@ def patch_embedding_components(model, n=28):
 
     Example:
 
+    >>> import keras_vit
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
     ...                       num_heads=4, mlp_dim=64)
     >>> patch_embedding_components(model, n=4).shape

@@ -190,6 +190,7 @@ def export_saved_model(
 
     Example:
 
+    >>> import keras_vit
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32,
     ...                       num_layers=2, num_heads=4, mlp_dim=64, num_classes=3)
     >>> _ = export_saved_model(model, "/tmp/vit", labels=["a", "b", "c"], top_k=2)
