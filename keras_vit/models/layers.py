@@ -120,11 +120,11 @@ def _query_blocks(length):
     """`(start, stop)` query rows that the softmax attention handles at a time.
 
     XLA:CPU under JAX fuses the softmax and both products of a head into one
-    YNNPACK kernel, which slows down about threefold once the (queries x keys)
-    tile outgrows the cache: ViT-Ti/16 at 384 px (577 tokens) infers 1.5x faster
-    with blocks of about `QUERY_BLOCK` queries. 197 tokens (224 px) are faster
-    whole, and TensorFlow's XLA, which does not fuse these, gains nothing
-    (measured with bench/models.py). Rows are independent, so blocking is exact.
+    YNNPACK kernel, which slows down once the (queries x keys) tile outgrows the
+    cache, so long sequences (ViT at 384 px) run in blocks of about `QUERY_BLOCK`
+    queries. Short ones (224 px) are faster whole, and TensorFlow's XLA, which does
+    not fuse these, gains nothing (bench/models.py; figures in the README's
+    Performance section). Rows are independent, so blocking is exact.
     """
     if length is None or length <= 4 * QUERY_BLOCK or keras.backend.backend() != "jax":
         return [(0, length)]
@@ -516,7 +516,7 @@ class TransformerBlock(keras.layers.Layer):
         if self.gelu_approximate or keras.backend.backend() == "torch":
             return keras.activations.gelu(y, approximate=self.gelu_approximate)
         # Under XLA the erf form beats tf.nn.gelu's and jax.nn.gelu's erfc form
-        # (about 10% of a JAX training step). `erf` is built from basic ops because
+        # (README, Performance). `erf` is built from basic ops because
         # JAX lowers lax.erf to a StableHLO composite that TensorFlow cannot load,
         # which would break SavedModel export of JAX-built models (jax2tf).
         return y * 0.5 * (1.0 + erf(y * ops.cast(1.0 / math.sqrt(2.0), y.dtype)))
