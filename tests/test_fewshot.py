@@ -174,6 +174,7 @@ def test_feature_extraction_errors_name_the_problem():
         fewshot.extract_features(tiny_vit(), np.zeros((2, 32, 32, 3)), [0, 1, 2])
 
 
+@pytest.mark.slow  # a process per backend
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_feature_extraction_from_tf_data_on(backend):
     script = (
@@ -235,6 +236,7 @@ def test_table_json_and_plot(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # trains to an accuracy
 def test_pretrained_encoder_beats_random_weights_on_unseen_digits():
     digits = load_digits()
     images = digits.images[..., None].astype("float32") / 8.0 - 1.0  # [0, 16] -> [-1, 1]

@@ -193,6 +193,7 @@ def _ten_shot_accuracy(model, config):
     return evaluate_model(model, *splits, shots=(10,), seeds=5)["mean"][0]
 
 
+@pytest.mark.slow  # pretrains, then fine-tunes
 def test_mpp_recipe_pretrains_an_encoder_that_fewshot_and_finetune_take(tmp_path, capsys):
     from keras_vit.training.engine import _build_model
 
