@@ -134,7 +134,8 @@ def extract_features(model, data, labels=None, *, batch_size=256, layer=None, ve
     >>> features.shape
     (3, 32)
     """
-    return extract_with(feature_model(model, layer), data, labels, batch_size=batch_size, verbose=verbose)
+    extractor = feature_model(model, layer)
+    return extract_with(extractor, data, labels, batch_size=batch_size, verbose=verbose)
 
 
 def extract_with(extractor, data, labels=None, *, batch_size=256, verbose=0):
