@@ -12,7 +12,8 @@ from keras_vit.utils.checks import (
 
 def test_choice_names_the_value_and_the_choices():
     check_choice("decay", "cosine", {"cosine": 1, "linear": 2})
-    with pytest.raises(ValueError, match=r"^Unknown decay 'cos': expected one of 'cosine', 'linear'\.$"):
+    message = r"^Unknown decay 'cos': expected one of 'cosine', 'linear'\.$"
+    with pytest.raises(ValueError, match=message):
         check_choice("decay", "cos", {"cosine": 1, "linear": 2})
 
 
@@ -24,7 +25,8 @@ def test_positive_int_returns_an_int(value):
 
 @pytest.mark.parametrize("value", [0, -2, 2.5, True, math.nan, math.inf, "8", None])
 def test_positive_int_rejects(value):
-    with pytest.raises(ValueError, match="^batch_size must be a positive integer, got " + re.escape(repr(value)) + r"\.$"):
+    message = "^batch_size must be a positive integer, got " + re.escape(repr(value)) + r"\.$"
+    with pytest.raises(ValueError, match=message):
         check_positive_int("batch_size", value)
 
 
@@ -55,6 +57,7 @@ def test_in_range_rejects_non_numbers_with_the_purpose():
 
 @pytest.mark.parametrize("value", [0, -1.0, math.nan, True, "1", None])
 def test_positive_number_rejects(value):
-    with pytest.raises(ValueError, match="^l2 must be a positive number, got " + re.escape(repr(value))):
+    message = "^l2 must be a positive number, got " + re.escape(repr(value))
+    with pytest.raises(ValueError, match=message):
         check_positive_number("l2", value)
     assert check_positive_number("l2", 2**-10) == 2**-10

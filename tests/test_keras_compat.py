@@ -83,7 +83,9 @@ def test_initial_epoch_set_at_train_begin_moves_fit_on():
 
     model = _tiny_model()
     model.compile("sgd", "mse")
-    history = model.fit(np.zeros((4, 2)), np.zeros((4, 1)), epochs=3, verbose=0, callbacks=[Resume()])
+    history = model.fit(
+        np.zeros((4, 2)), np.zeros((4, 1)), epochs=3, verbose=0, callbacks=[Resume()]
+    )
     assert history.epoch == [2]
 
 
