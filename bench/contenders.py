@@ -10,9 +10,19 @@ everything the libraries print goes to stderr.
 
 Contenders: `keras-tensorflow`, `keras-jax`, `keras-torch` (keras-vit on each Keras
 backend, with the model's default compilation) and `hf-torch` (HF transformers'
-`ViTForImageClassification`, eager PyTorch). All run float32; PyTorch gets
-`torch.set_num_threads(TORCH_THREADS)`, TensorFlow and JAX keep their default thread
-pools (one thread per core).
+`ViTForImageClassification`, eager PyTorch). PyTorch gets
+`torch.set_num_threads(TORCH_THREADS)` on the CPU, TensorFlow and JAX keep their default
+thread pools (one thread per core).
+
+Precisions (`setup`'s `precision`):
+- `float32`;
+- `bfloat16`: keras-vit under Keras' `mixed_bfloat16` dtype policy (bfloat16 compute,
+  float32 variables), HF under `torch.autocast(device, torch.bfloat16)`;
+- `int8` (inference): keras-vit after `model.quantize("int8")` (int8 Dense kernels with
+  per-channel scales), HF after PyTorch's dynamic int8 quantisation of its `Linear` layers
+  (`torch.ao.quantization.quantize_dynamic`).
+On a machine with a GPU every contender runs on it (HF with SDPA attention); the matmul
+probe then runs in the contender's compute precision.
 """
 
 import json
@@ -24,6 +34,7 @@ import time
 import numpy as np
 
 CONTENDERS = ("keras-tensorflow", "keras-jax", "keras-torch", "hf-torch")
+PRECISIONS = ("float32", "bfloat16", "int8")
 TORCH_THREADS = 2
 LEARNING_RATE = 1e-3
 WEIGHT_DECAY = 0.01
@@ -54,7 +65,7 @@ def _data(batch, image_size, channels_first):
 class KerasViT:
     """keras-vit on the Keras backend this process was started with."""
 
-    def __init__(self, variant, arch, image_size, batch):
+    def __init__(self, arch, image_size, batch, precision):
         import keras
 
         import keras_vit
@@ -65,7 +76,12 @@ class KerasViT:
             torch.set_num_threads(TORCH_THREADS)
         keras.utils.set_random_seed(0)
         self.keras = keras
-        self.model = keras_vit.ViT(variant, image_size=image_size, num_classes=NUM_CLASSES)
+        self.precision = precision
+        if precision == "bfloat16":
+            keras.config.set_dtype_policy("mixed_bfloat16")
+        self.model = keras_vit.ViT(image_size=image_size, num_classes=NUM_CLASSES, **arch)
+        if precision == "int8":
+            self.model.quantize("int8")
         images, labels = _data(batch, image_size, channels_first=False)
         self.images = keras.ops.convert_to_tensor(images)
         self.labels = keras.ops.convert_to_tensor(labels)
@@ -91,18 +107,25 @@ class KerasViT:
         return self.model.predict_on_batch(self.images)
 
     def matmul_gflops(self):
-        return matmul_gflops(self.keras.backend.backend())
+        return matmul_gflops(self.keras.backend.backend(), self.precision)
+
+    def device_name(self):
+        return device_name(self.keras.backend.backend())
 
 
 class HFViT:
     """HF transformers' ViTForImageClassification, eager PyTorch."""
 
-    def __init__(self, variant, arch, image_size, batch):
+    def __init__(self, arch, image_size, batch, precision):
+        import contextlib
+
         import torch
         from transformers import ViTConfig, ViTForImageClassification
 
         torch.set_num_threads(TORCH_THREADS)
         torch.manual_seed(0)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.precision = precision
         config = ViTConfig(
             hidden_size=arch["hidden_dim"],
             num_hidden_layers=arch["num_layers"],
@@ -114,12 +137,22 @@ class HFViT:
             layer_norm_eps=1e-6,
             hidden_dropout_prob=0.0,
             attention_probs_dropout_prob=0.0,
+            attn_implementation="sdpa",
         )
         self.torch = torch
-        self.model = ViTForImageClassification(config)
+        self.model = ViTForImageClassification(config).to(self.device)
+        if precision == "int8":
+            self.model = torch.ao.quantization.quantize_dynamic(
+                self.model, {torch.nn.Linear}, dtype=torch.qint8
+            )
+        self.autocast = (
+            torch.autocast(self.device, dtype=torch.bfloat16)
+            if precision == "bfloat16"
+            else contextlib.nullcontext()
+        )
         images, labels = _data(batch, image_size, channels_first=True)
-        self.images = torch.from_numpy(images)
-        self.labels = torch.from_numpy(labels)
+        self.images = torch.from_numpy(images).to(self.device)
+        self.labels = torch.from_numpy(labels).to(self.device)
         self.mode = None
 
     def prepare(self, mode):
@@ -137,53 +170,81 @@ class HFViT:
     def step(self):
         torch = self.torch
         if self.mode == "train":
-            logits = self.model(pixel_values=self.images).logits
-            loss = torch.nn.functional.cross_entropy(logits, self.labels)
+            with self.autocast:
+                logits = self.model(pixel_values=self.images).logits
+                loss = torch.nn.functional.cross_entropy(logits.float(), self.labels)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP_NORM)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             return loss.item()
-        with torch.no_grad():
-            return self.model(pixel_values=self.images).logits
+        with torch.no_grad(), self.autocast:
+            logits = self.model(pixel_values=self.images).logits
+        return logits.float().cpu()
 
     def matmul_gflops(self):
-        return matmul_gflops("torch")
+        return matmul_gflops("torch", self.precision)
+
+    def device_name(self):
+        return device_name("torch")
 
 
-def matmul_gflops(framework):
-    """GFLOP/s of one float32 `MATMUL_SIZE`^3 product: the probe of the matmul peak.
-
-    XLA-compiled on `framework` "tensorflow" and "jax", eager on "torch".
-    """
-    a = np.random.default_rng(1).uniform(size=(MATMUL_SIZE, MATMUL_SIZE)).astype("float32")
+def device_name(framework):
+    """The accelerator `framework` computes on (e.g. "NVIDIA H200"), or "cpu"."""
     if framework == "tensorflow":
         import tensorflow as tf
 
-        a = tf.constant(a)
+        gpus = tf.config.list_physical_devices("GPU")
+        return tf.config.experimental.get_device_details(gpus[0])["device_name"] if gpus else "cpu"
+    if framework == "jax":
+        import jax
+
+        device = jax.devices()[0]
+        return device.device_kind if device.platform != "cpu" else "cpu"
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def matmul_gflops(framework, precision="float32"):
+    """GFLOP/s of one `MATMUL_SIZE`^3 product: the probe of the matmul peak.
+
+    XLA-compiled on `framework` "tensorflow" and "jax", eager on "torch"; in bfloat16
+    for the `bfloat16` precision, else in float32 (int8 models keep float32 elsewhere,
+    so the float32 peak is their reference). On the device the framework computes on.
+    """
+    a = np.random.default_rng(1).uniform(size=(MATMUL_SIZE, MATMUL_SIZE)).astype("float32")
+    dtype = "bfloat16" if precision == "bfloat16" else "float32"
+    if framework == "tensorflow":
+        import tensorflow as tf
+
+        a = tf.cast(tf.constant(a), dtype)
         matmul = tf.function(lambda: tf.matmul(a, a), jit_compile=True, autograph=False)
         run = lambda: matmul().numpy()
     elif framework == "jax":
         import jax
 
-        a = jax.numpy.asarray(a)
+        a = jax.numpy.asarray(a, dtype)
         matmul = jax.jit(lambda x: x @ x)
         run = lambda: matmul(a).block_until_ready()
     else:
         import torch
 
-        a = torch.from_numpy(a)
-        run = lambda: a @ a
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        a = torch.from_numpy(a).to(device, getattr(torch, dtype))
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        run = lambda: (a @ a, sync())
     return _best_gflops(run)
 
 
 def _best_gflops(run, repeats=3):
     run()
-    best = min(_timed(run) for _ in range(repeats))
+    best = min(timed(run) for _ in range(repeats))
     return 2 * MATMUL_SIZE**3 / best / 1e9
 
 
-def _timed(run):
+def timed(run):
+    """Seconds `run()` takes."""
     start = time.perf_counter()
     run()
     return time.perf_counter() - start
@@ -192,8 +253,8 @@ def _timed(run):
 def serve(contender, requests, replies):
     """Answers the driver's requests until it says `exit`.
 
-    Requests: `{"op": "setup", "variant", "arch", "image_size", "batch"}` (`arch` as
-    `keras_vit.parse_variant` returns it),
+    Requests: `{"op": "setup", "arch", "image_size", "batch", "precision"}` (`arch`:
+    the `keras_vit.ViT` architecture arguments, as `keras_vit.parse_variant` returns them),
     `{"op": "prepare", "mode": "infer" | "train", "warmup"}` (compiles and runs
     untimed steps), `{"op": "round", "steps"}` (timed steps, then a matmul
     probe), `{"op": "exit"}`.
@@ -207,17 +268,18 @@ def serve(contender, requests, replies):
             break
         if op == "setup":
             kind = HFViT if contender == "hf-torch" else KerasViT
-            runner = kind(
-                request["variant"], request["arch"], request["image_size"], request["batch"]
-            )
-            reply = {}
+            precision = request.get("precision", "float32")
+            if precision not in PRECISIONS:
+                raise ValueError(f"Unknown precision {precision!r}: expected one of {PRECISIONS}.")
+            runner = kind(request["arch"], request["image_size"], request["batch"], precision)
+            reply = {"device": runner.device_name()}
         elif op == "prepare":
             reply = runner.prepare(request["mode"])
             for _ in range(request["warmup"]):
                 runner.step()
         elif op == "round":
             cpu = cpu_seconds()
-            reply = {"step_s": [_timed(runner.step) for _ in range(request["steps"])]}
+            reply = {"step_s": [timed(runner.step) for _ in range(request["steps"])]}
             reply["cpu_s"] = cpu_seconds() - cpu
             reply["matmul_gflops"] = runner.matmul_gflops()
         else:

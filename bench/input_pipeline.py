@@ -23,7 +23,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_vit  # noqa: E402
-from keras_vit import data, distribute  # noqa: E402
+from keras_vit import data  # noqa: E402
+from keras_vit.training import distribute  # noqa: E402
 
 
 def write_jpegs(root, count, seed=0):

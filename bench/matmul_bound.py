@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 os.environ["KERAS_BACKEND"] = "tensorflow"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from bench.contenders import _timed, matmul_gflops  # noqa: E402
+from bench.contenders import timed, matmul_gflops  # noqa: E402
 from bench.models import BATCH, REFERENCE, Worker, machine  # noqa: E402
 
 CONTENDER = "keras-tensorflow"
@@ -142,14 +142,14 @@ def measure(variant, image_size, mode, rounds, log_dir, echo):
     peaks = []
     try:
         for worker in workers.values():
-            worker.send(op="setup", variant=variant, arch=arch, image_size=image_size, batch=BATCH)
+            worker.send(op="setup", arch=arch, image_size=image_size, batch=BATCH)
             worker.receive()
             worker.ask(op="prepare", mode=mode, warmup=2)
         for r in range(rounds):
             for contender, worker in workers.items():
                 steps[contender] += worker.ask(op="round", steps=2)["step_s"]
             for run, seconds in zip(programs, group_s):
-                seconds.append(min(_timed(run) for _ in range(REPEATS)))
+                seconds.append(min(timed(run) for _ in range(REPEATS)))
             peaks.append(matmul_gflops("tensorflow"))
             products_ms = 1e3 * sum(g[0].count * s[-1] for g, s in zip(groups, group_s))
             echo(

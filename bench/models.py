@@ -1,6 +1,6 @@
 """Benchmarks keras-vit against HF transformers' ViT on this machine, in one run.
 
-    python bench/models.py            # the full table (11-25 minutes on 2 cores)
+    python bench/models.py            # the full table (15-30 minutes on 2 cores)
     python bench/models.py --quick    # a smoke run: Ti/16 at 224, 2 short rounds
     python bench/models.py --out bench/results.json --contenders keras-tensorflow,hf-torch
 
@@ -14,6 +14,13 @@ FLOP rate (`keras_vit.models.flops.forward_flops`, three times that for a traini
 over that peak. Peak memory is each worker's RSS high-water mark after the phase,
 imports included; a worker is started per model and resolution, so it covers that
 model alone (inference, then inference plus training).
+
+Rows come in three precisions (see `bench/contenders.py`): float32, bfloat16 (Keras'
+`mixed_bfloat16` policy against HF under `torch.autocast`) and int8 inference (Keras'
+`quantize("int8")` against PyTorch's dynamic int8 quantisation); each row's "x HF" is
+against HF at the same precision, and the "% of peak" of a bfloat16 row is against the
+bfloat16 matmul probe. The machine's CPU flags that matter for reduced precision
+(`avx512_bf16`, `amx_bf16`, `amx_int8`, ...) are recorded with the results.
 """
 
 import argparse
@@ -36,21 +43,29 @@ from bench.contenders import CONTENDERS, TORCH_THREADS  # noqa: E402
 
 REFERENCE = "hf-torch"
 BATCH = 32
-# variant: {mode: image sizes}. Ti/16 at 384 measures cost growth with tokens.
+# (variant, precision, {mode: image sizes}). Ti/16 at 384 measures cost growth with tokens.
 PLANS = {
     "full": dict(
-        groups={"Ti/16": {"infer": (224, 384), "train": (224,)}, "S/16": {"infer": (224,), "train": (224,)}},
+        groups=[
+            ("Ti/16", "float32", {"infer": (224, 384), "train": (224,)}),
+            ("S/16", "float32", {"infer": (224,), "train": (224,)}),
+            ("Ti/16", "bfloat16", {"infer": (224,), "train": (224,)}),
+            ("Ti/16", "int8", {"infer": (224,)}),
+        ],
         rounds=3,
         steps={"infer": 3, "train": 2},
         warmup=2,
+        batch=BATCH,
     ),
     "quick": dict(
-        groups={"Ti/16": {"infer": (224,), "train": (224,)}},
+        groups=[("Ti/16", "float32", {"infer": (224,), "train": (224,)})],
         rounds=2,
         steps={"infer": 1, "train": 1},
         warmup=1,
+        batch=BATCH,
     ),
 }
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
 TRAIN_FLOPS_FACTOR = 3  # forward + backward (two products per forward product)
 
 
@@ -96,14 +111,15 @@ class Worker:
             self.process.wait(timeout=60)
 
 
-def _model_flops(variant, image_size):
+def model_flops(arch, image_size):
+    """Forward FLOPs per image of the `keras_vit.ViT` with architecture arguments `arch`."""
     import keras
 
     from keras_vit import ViT
     from keras_vit.models.flops import forward_flops
 
     with keras.StatelessScope():
-        return forward_flops(ViT(variant, image_size=image_size, num_classes=1000))
+        return forward_flops(ViT(image_size=image_size, num_classes=1000, **arch))
 
 
 def _rotated(items, shift):
@@ -111,26 +127,29 @@ def _rotated(items, shift):
     return items[shift:] + items[:shift]
 
 
-def run_group(variant, tasks, contenders, plan, log_dir, echo):
-    """Times every contender on `variant` for each (mode, image size) in `tasks`."""
-    from keras_vit.models.vit import parse_variant
-
-    arch = parse_variant(variant)
+def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo):
+    """Times every contender on `arch` (named `variant`) in `precision` for each
+    (mode, image size) in `tasks`."""
+    batch = plan["batch"]
     sizes = sorted({size for mode_sizes in tasks.values() for size in mode_sizes})
     workers = {(c, size): Worker(c, log_dir) for c in contenders for size in sizes}
     entries = []
     try:
         for (contender, size), worker in workers.items():
-            worker.send(op="setup", variant=variant, arch=arch, image_size=size, batch=BATCH)
-        for worker in workers.values():
-            worker.receive()
+            worker.send(
+                op="setup", arch=arch, image_size=size, batch=batch, precision=precision
+            )
+        devices = {key: worker.receive()["device"] for key, worker in workers.items()}
         modes = [mode for mode in ("infer", "train") if tasks.get(mode)]
         for index, mode in enumerate(modes):
             keys = [(c, size) for c in contenders for size in tasks[mode]]
             for key in keys:
                 workers[key].send(op="prepare", mode=mode, warmup=plan["warmup"])
             prepared = {key: workers[key].receive() for key in keys}
-            echo(f"{variant} {mode}: compiled and warmed up; timing {plan['rounds']} rounds")
+            echo(
+                f"{variant} {precision} {mode}: compiled and warmed up; "
+                f"timing {plan['rounds']} rounds"
+            )
             rounds = {key: [] for key in keys}
             for r in range(plan["rounds"]):
                 for key in _rotated(keys, r):
@@ -138,10 +157,10 @@ def run_group(variant, tasks, contenders, plan, log_dir, echo):
                     rounds[key].append(reply)
                     echo(
                         f"  round {r + 1} {key[0]:<17} {key[1]}px "
-                        f"{BATCH * len(reply['step_s']) / sum(reply['step_s']):7.2f} img/s"
+                        f"{batch * len(reply['step_s']) / sum(reply['step_s']):7.2f} img/s"
                     )
             for size in tasks[mode]:
-                flops = _model_flops(variant, size)
+                flops = model_flops(arch, size)
                 if mode == "train":
                     flops *= TRAIN_FLOPS_FACTOR
                 peaks = [
@@ -153,13 +172,15 @@ def run_group(variant, tasks, contenders, plan, log_dir, echo):
                     entries.append(
                         dict(
                             variant=variant,
+                            precision=precision,
                             image_size=size,
                             mode=mode,
                             contender=c,
-                            batch=BATCH,
+                            device=devices[(c, size)],
+                            batch=batch,
                             flops_per_image=flops,
                             images_per_s=[
-                                BATCH * len(x["step_s"]) / sum(x["step_s"]) for x in replies
+                                batch * len(x["step_s"]) / sum(x["step_s"]) for x in replies
                             ],
                             step_s=[x["step_s"] for x in replies],
                             cpu_s=[x["cpu_s"] for x in replies],
@@ -184,7 +205,10 @@ def run_group(variant, tasks, contenders, plan, log_dir, echo):
 
 def summarise(entries):
     """Adds medians, ratios to HF, % of matmul peak, and the 224 -> 384 cost growth."""
-    by_key = {(e["variant"], e["image_size"], e["mode"], e["contender"]): e for e in entries}
+    by_key = {
+        (e["variant"], e["precision"], e["image_size"], e["mode"], e["contender"]): e
+        for e in entries
+    }
     for e in entries:
         rates = e["images_per_s"]
         e["median_images_per_s"] = statistics.median(rates)
@@ -198,19 +222,20 @@ def summarise(entries):
             for rate, peak in zip(rates, e["round_peak_gflops"])
         )
         for name, other in (("vs_hf", REFERENCE), ("vs_tensorflow", "keras-tensorflow")):
-            ref = by_key.get((e["variant"], e["image_size"], e["mode"], other))
+            ref = by_key.get((e["variant"], e["precision"], e["image_size"], e["mode"], other))
             if ref is not None and other != e["contender"]:
                 e[f"ratio_{name}"] = statistics.median(
                     a / b for a, b in zip(rates, ref["images_per_s"])
                 )
     growth = []
-    for (variant, size, mode, contender), e in by_key.items():
-        big = by_key.get((variant, 384, mode, contender))
+    for (variant, precision, size, mode, contender), e in by_key.items():
+        big = by_key.get((variant, precision, 384, mode, contender))
         if size != 224 or big is None:
             continue
         growth.append(
             dict(
                 variant=variant,
+                precision=precision,
                 mode=mode,
                 contender=contender,
                 tokens=(_tokens(variant, 224), _tokens(variant, 384)),
@@ -230,12 +255,14 @@ def _tokens(variant, image_size):
 
 
 def machine():
-    model = "unknown"
+    model, flags = "unknown", []
     if Path("/proc/cpuinfo").exists():
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and model == "unknown":
                 model = line.split(":", 1)[1].strip()
-                break
+            if line.startswith("flags") and not flags:
+                present = set(line.split(":", 1)[1].split())
+                flags = [flag for flag in CPU_FLAGS if flag in present]
     versions = {}
     for name in ("keras", "tensorflow", "jax", "jaxlib", "torch", "transformers", "numpy"):
         try:
@@ -244,6 +271,7 @@ def machine():
             versions[name] = None
     return dict(
         cpu=model,
+        cpu_flags=flags,
         cores=os.cpu_count(),
         platform=platform.platform(),
         python=platform.python_version(),
@@ -255,25 +283,27 @@ def machine():
     )
 
 
-def format_table(entries, growth, peak):
+def format_table(entries, growth, peaks):
     lines = [
-        f"float32, batch {BATCH}; machine matmul peak (median of per-round best) "
-        f"{peak:.0f} GFLOP/s",
+        f"batch {entries[0]['batch']}; machine matmul peak (median of per-round best): "
+        + ", ".join(f"{precision} {peak:.0f} GFLOP/s" for precision, peak in peaks.items()),
         "",
-        "| model | px | task | contender | img/s | x HF | GFLOP/s | % peak | cores used "
-        "| peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | precision | px | task | contender | img/s | x HF | GFLOP/s | % peak "
+        "| cores used | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in entries:
         ratio = e.get("ratio_vs_hf")
         lines.append(
-            f"| {e['variant']} | {e['image_size']} | {e['mode']} | {e['contender']} "
+            f"| {e['variant']} | {e['precision']} | {e['image_size']} | {e['mode']} "
+            f"| {e['contender']} "
             f"| {e['median_images_per_s']:.1f} | {'' if ratio is None else f'{ratio:.2f}'} "
             f"| {e['median_gflops_per_s']:.0f} | {100 * e['median_fraction_of_peak']:.0f} "
             f"| {e['median_cores_used']:.2f} | {e['peak_rss_mib']:.0f} |"
         )
     jax_vs_tf = [
-        f"{e['variant']} {e['image_size']} {e['mode']}: {e['ratio_vs_tensorflow']:.2f}"
+        f"{e['variant']} {e['precision']} {e['image_size']} {e['mode']}: "
+        f"{e['ratio_vs_tensorflow']:.2f}"
         for e in entries
         if e["contender"] == "keras-jax" and "ratio_vs_tensorflow" in e
     ]
@@ -282,12 +312,12 @@ def format_table(entries, growth, peak):
     if growth:
         lines += [
             "",
-            "| model | task | contender | tokens | time per image x | FLOPs x |",
-            "|---|---|---|---|---|---|",
+            "| model | precision | task | contender | tokens | time per image x | FLOPs x |",
+            "|---|---|---|---|---|---|---|",
         ]
         for g in growth:
             lines.append(
-                f"| {g['variant']} | {g['mode']} | {g['contender']} "
+                f"| {g['variant']} | {g['precision']} | {g['mode']} | {g['contender']} "
                 f"| {g['tokens'][0]} -> {g['tokens'][1]} | {g['time_ratio']:.2f} "
                 f"| {g['flop_ratio']:.2f} |"
             )
@@ -312,12 +342,21 @@ def main(argv=None):
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = os.getloadavg()
     entries = []
+    from keras_vit.models.vit import parse_variant
+
     with tempfile.TemporaryDirectory() as log_dir:
-        for variant, tasks in plan["groups"].items():
-            entries += run_group(variant, tasks, contenders, plan, log_dir, echo)
+        for variant, precision, tasks in plan["groups"]:
+            entries += run_group(
+                variant, parse_variant(variant), precision, tasks, contenders, plan, log_dir, echo
+            )
     growth = summarise(entries)
-    peak = statistics.median(p for e in entries for p in e["round_peak_gflops"])
-    table = format_table(entries, growth, peak)
+    peaks = {
+        precision: statistics.median(
+            p for e in entries if e["precision"] == precision for p in e["round_peak_gflops"]
+        )
+        for precision in dict.fromkeys(e["precision"] for e in entries)
+    }
+    table = format_table(entries, growth, peaks)
     print(table)
     result = dict(
         command="python bench/models.py" + (" --quick" if args.quick else ""),
@@ -326,8 +365,8 @@ def main(argv=None):
         load_average_before=load_before,
         load_average_after=os.getloadavg(),
         machine=machine(),
-        plan={**plan, "contenders": contenders, "batch": BATCH},
-        matmul_peak_gflops=peak,
+        plan={**plan, "contenders": contenders},
+        matmul_peak_gflops=peaks,
         entries=entries,
         growth=growth,
         table=table,

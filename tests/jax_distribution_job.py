@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
 import keras_vit  # noqa: E402
-from keras_vit import jax_distribution  # noqa: E402
+from keras_vit.training import jax_distribution  # noqa: E402
 
 digits = load_digits()
 images = (digits.images[:128, :, :, None] / 8.0 - 1.0).astype("float32")

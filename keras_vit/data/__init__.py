@@ -1,6 +1,7 @@
 """Input data (`tf.data`, TensorFlow-only): sources, decoding, augmentation, pipelines.
 
 - `sources`: where labelled images come from (digits, TFDS, image folders) as a `Source`.
+- `folders`: image folders listed and checked without decoding, the listing cached.
 - `decode`: files to pixels, crop windows, the eval resize, `read_images`.
 - `augment`: AugReg levels and Keras preprocessing layers seeded by stream position.
 - `pipelines`: `train_dataset` (endless, seeded, resumable) and `eval_dataset` (one pass).
@@ -16,12 +17,11 @@ from keras_vit.data.decode import (
     inception_crop_window,
     read_images,
 )
+from keras_vit.data.folders import IMAGE_EXTENSIONS, find_damaged, load_listing
 from keras_vit.data.pipelines import eval_dataset, train_dataset
 from keras_vit.data.sources import (
-    IMAGE_EXTENSIONS,
     NoSplitError,
     Source,
-    find_decodable,
     load_source,
     parse_classes,
     select_classes,
@@ -31,6 +31,6 @@ from keras_vit.data.sources import (
 __all__ = [
     "AUGREG_LEVELS", "IMAGE_EXTENSIONS", "NoSplitError", "Source", "as_layer",
     "augmentation_layers", "central_crop", "check_crop_fraction", "eval_dataset",
-    "eval_resize", "find_decodable", "inception_crop_window", "load_source",
+    "eval_resize", "find_damaged", "inception_crop_window", "load_listing", "load_source",
     "parse_classes", "read_images", "select_classes", "spec_split", "train_dataset",
 ]

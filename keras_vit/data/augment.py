@@ -7,6 +7,7 @@ seeds derived from the position in the stream, so augmentations are a pure funct
 
 import contextlib
 import functools
+import logging
 import random
 
 import keras
@@ -14,6 +15,10 @@ import tensorflow as tf
 
 from keras_vit.utils import keras_compat
 from keras_vit.utils.checks import check_choice
+
+logger = logging.getLogger("keras_vit")
+# keras-cv layers that mix the images of a batch in an order from `tf.random.shuffle`.
+STATEFUL_KERAS_CV = ("MixUp", "CutMix", "FourierMix", "Mosaic")
 
 # AugReg levels (Steiner et al. 2021, big_vision configs/vit_i21k.py):
 # name -> ((RandAugment num_ops, magnitude) or None, MixUp alpha or None).
@@ -62,11 +67,111 @@ class PositionSeeds(keras.random.SeedGenerator):
 
 
 def seed_from_stream(layers, seeds):
-    """Makes `layers` (and their sub-layers) draw randomness from `seeds`."""
+    """Makes `layers` (and their sub-layers) draw randomness from `seeds`.
+
+    Keras layers draw from a `SeedGenerator` (`generator`); keras-cv layers from a
+    `tf.random.Generator` (`_random_generator`) and from factor samplers that call
+    `tf.random`: each is replaced by stateless draws from `seeds`.
+    """
     for layer in layers:
         for sub in keras_compat.sublayers(layer):
             if hasattr(sub, "generator"):
                 keras_compat.replace_seed_generator(sub, seeds)
+            if is_keras_cv(sub):
+                seed_keras_cv_layer(sub, seeds)
+
+
+def is_keras_cv(layer):
+    """Whether `layer` is one of keras-cv's (tested without importing keras-cv)."""
+    return type(layer).__module__.startswith("keras_cv.")
+
+
+class PositionGenerator:
+    """keras-cv's `tf.random.Generator` calls, drawn statelessly from `PositionSeeds`."""
+
+    def __init__(self, seeds):
+        self.seeds = seeds
+
+    def uniform(self, shape, minval=0, maxval=None, dtype=tf.float32, name=None):
+        return tf.random.stateless_uniform(shape, self.seeds.next(), minval, maxval, dtype)
+
+    def normal(self, shape, mean=0.0, stddev=1.0, dtype=tf.float32, name=None):
+        return tf.random.stateless_normal(shape, self.seeds.next(), mean, stddev, dtype)
+
+    random_normal = normal  # the name keras-cv's GridMask calls
+
+
+def position_sampler(sampler, seeds):
+    """keras-cv's `FactorSampler` drawing from `seeds` (it calls stateful `tf.random`)."""
+    import keras_cv
+
+    class Uniform(keras_cv.core.UniformFactorSampler):
+        def __call__(self, shape=(), dtype="float32"):
+            return tf.random.stateless_uniform(
+                shape, seeds.next(), self.lower, self.upper, dtype=dtype
+            )
+
+    class Normal(keras_cv.core.NormalFactorSampler):
+        def __call__(self, shape=(), dtype="float32"):
+            draw = tf.random.stateless_normal(
+                shape, seeds.next(), self.mean, self.stddev, dtype=dtype
+            )
+            return tf.clip_by_value(draw, self.min_value, self.max_value)
+
+    for base, seeded in ((keras_cv.core.UniformFactorSampler, Uniform),
+                         (keras_cv.core.NormalFactorSampler, Normal)):
+        if type(sampler) is base:
+            return seeded(**sampler.get_config())
+    return sampler  # ConstantFactorSampler draws nothing.
+
+
+def seed_keras_cv_layer(layer, seeds):
+    import keras_cv
+
+    object.__setattr__(layer, "_random_generator", PositionGenerator(seeds))
+    for name, value in list(vars(layer).items()):
+        if isinstance(value, keras_cv.core.FactorSampler):
+            object.__setattr__(layer, name, position_sampler(value, seeds))
+
+
+def draws_per_image(layer):
+    """Whether `layer` must see one image at a time to draw for each image.
+
+    keras-cv's non-vectorized layers draw one transformation per image inside a
+    `map_fn` over the batch; traced once per batch with stateless seeds, every image
+    of the batch would get the same draw. They run on each image instead (with that
+    image's seed), except those that mix images of a batch (their own `_batch_augment`).
+    """
+    if not is_keras_cv(layer):
+        return False
+    import keras_cv
+
+    base = keras_cv.layers.BaseImageAugmentationLayer
+    return (
+        isinstance(layer, base)
+        and not isinstance(layer, keras_cv.layers.VectorizedBaseImageAugmentationLayer)
+        and type(layer)._batch_augment is base._batch_augment
+    )
+
+
+def stream_layers(layers):
+    """`(per_image, per_batch)`: the extra augmentations of a stream, as layers it owns.
+
+    keras-cv layers are copied (their random draws are rewired by `seed_from_stream`,
+    which must not change the caller's objects) and split by `draws_per_image`.
+    """
+    layers = [as_layer(layer) for layer in layers]
+    layers = [as_layer(keras.layers.serialize(l)) if is_keras_cv(l) else l for l in layers]
+    per_image = [layer for layer in layers if draws_per_image(layer)]
+    per_batch = [layer for layer in layers if not draws_per_image(layer)]
+    for layer in per_batch:
+        if is_keras_cv(layer) and type(layer).__name__ in STATEFUL_KERAS_CV:
+            logger.warning(
+                "keras-cv's %s shuffles with TensorFlow's global random state: a resumed "
+                "run's batches will differ from an uninterrupted run's (keras.layers.%s "
+                "does not).", type(layer).__name__, type(layer).__name__
+            )
+    return per_image, per_batch
 
 
 def _rand_augment(layer, image, seeds):

@@ -16,10 +16,10 @@ import tensorflow as tf
 
 from keras_vit.data.augment import (
     PositionSeeds,
-    as_layer,
     augment_image,
     augmentation_layers,
     seed_from_stream,
+    stream_layers,
 )
 from keras_vit.data.decode import (
     check_crop_fraction,
@@ -84,8 +84,9 @@ def train_dataset(
             `aspect_ratio` (the paper's); False resizes the whole image.
         random_flip: random left-right flip.
         augment, randaugment, mixup, cutmix: see `augmentation_layers`.
-        layers: more Keras preprocessing layers (or their serialized dicts), applied to
-            each batch of [0, 255] images before MixUp/CutMix.
+        layers: more Keras or keras-cv preprocessing layers (or their serialized
+            dicts), applied to [0, 255] images before MixUp/CutMix: to each batch, or
+            to each image for keras-cv layers that draw per image (`draws_per_image`).
         shuffle_buffer: shuffle buffer (default: the whole source, at most 10,000
             encoded TFDS records).
         cache: keep the source's records (the file bytes) in memory after the first pass.
@@ -105,7 +106,8 @@ def train_dataset(
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels!r}.")
     per_image, per_batch = augmentation_layers(augment, randaugment, mixup, cutmix)
-    per_batch = [as_layer(layer) for layer in layers] + per_batch
+    extra_image, extra_batch = stream_layers(layers)
+    per_image, per_batch = per_image + extra_image, extra_batch + per_batch
     seeds = PositionSeeds()
     seed_from_stream(per_image + per_batch, seeds)
     rescale = rescale_layer()

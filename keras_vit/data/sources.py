@@ -14,10 +14,11 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.data.folders import IMAGE_EXTENSIONS, load_listing, scan
+
 logger = logging.getLogger("keras_vit")
 
 AUTOTUNE = tf.data.AUTOTUNE
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 # Split folders recognised inside an image folder (train/ plus one of the others).
 EVAL_SPLIT_FOLDERS = ("val", "validation", "test")
 
@@ -40,7 +41,7 @@ class Source:
         num_classes: number of classes (labels are `0 .. num_classes - 1`).
         encoded: whether payloads are encoded files.
         class_names: names of the classes, when the source has them.
-        skipped: files left out because they could not be decoded.
+        skipped: image files left out because they are not readable images.
     """
 
     name: str
@@ -53,7 +54,7 @@ class Source:
     skipped: list = dataclasses.field(default_factory=list)
 
 
-def load_source(spec, split="train", *, strict=False):
+def load_source(spec, split="train", *, strict=False, data_dir=None):
     """Loads a labelled image source.
 
     Args:
@@ -65,7 +66,10 @@ def load_source(spec, split="train", *, strict=False):
             written in `spec` wins over `split`.
         split: `"train"` or `"test"` (for TFDS any split name; `"test"` falls back to
             `"validation"` when a dataset has no test split).
-        strict: raise on files that cannot be decoded instead of skipping them.
+        strict: raise on image files that are not readable (see
+            `keras_vit.data.folders`) instead of skipping them.
+        data_dir: where TFDS datasets are prepared (default: `TFDS_DATA_DIR`, else
+            `~/tensorflow_datasets`); datasets prepared there are found by name alone.
 
     Example:
 
@@ -81,7 +85,7 @@ def load_source(spec, split="train", *, strict=False):
         return _digits(spec_split(spec) or split)
     if spec.startswith("tfds:"):
         name = spec[len("tfds:"):].partition(":")[0]
-        return _tfds(name, spec_split(spec) or split)
+        return _tfds(name, spec_split(spec) or split, data_dir, chosen=spec_split(spec) is None)
     if tf.io.gfile.isdir(spec):
         return _folder(spec, split, strict=strict)
     raise ValueError(
@@ -198,11 +202,29 @@ def _digits(split):
     )
 
 
-def _tfds(name, split):
+def _tfds(name, split, data_dir=None, chosen=True):
+    """A TFDS dataset, prepared as TFRecord or ArrayRecord files, as `(encoded image, label)`.
+
+    `chosen`: the split is the caller's default, not the user's (then an unlabelled test
+    split, such as imagenet2012's, gives way to the validation split).
+    """
     import tensorflow_datasets as tfds
 
-    builder = tfds.builder(name)
-    builder.download_and_prepare()
+    # TFDS reads TFDS_DATA_DIR once, when imported; reading it here honours a later change.
+    data_dir = data_dir or os.environ.get("TFDS_DATA_DIR") or None
+    try:
+        # A name TFDS does not know is still found when it is prepared under data_dir
+        # (TFDS reads its dataset_info.json): datasets built by the user's own builders.
+        builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        raise ValueError(
+            f"TFDS has no dataset {name!r}, and none is prepared under "
+            f"{data_dir or tfds.core.constants.DATA_DIR} (set data_dir or "
+            "TFDS_DATA_DIR to the folder that holds it)."
+        ) from None
+    if not builder.is_prepared():
+        check_manual_download(builder)
+        builder.download_and_prepare()
     info = builder.info
     if split == "test" and "test" not in info.splits:
         split = "validation"
@@ -217,40 +239,111 @@ def _tfds(name, split):
             "keras-vit needs an image classification dataset."
         )
     # Images stay encoded: the train pipeline decodes only the crop it needs.
-    dataset = builder.as_dataset(
-        split=split,
-        decoders={image_key: tfds.decode.SkipDecoding()},
-        shuffle_files=False,
-    )
-    records = dataset.map(
+    decoders = {image_key: tfds.decode.SkipDecoding()}
+    if info.file_format == tfds.core.file_adapters.FileFormat.ARRAY_RECORD:
+        examples = array_record_examples(builder, split, decoders)
+    else:
+        examples = builder.as_dataset(split=split, decoders=decoders, shuffle_files=False)
+    records = examples.map(
         lambda ex: (ex[image_key], tf.cast(ex[label_key], tf.int32)),
         num_parallel_calls=AUTOTUNE,
+        deterministic=True,
     )
+    size = int(info.splits[split].num_examples)
+    # TFDS labels the examples of unlabelled splits -1 (imagenet2012's test images).
+    if size and int(next(iter(records.take(1)))[1]) < 0:
+        if chosen and split == "test" and "validation" in info.splits:
+            logger.warning("TFDS dataset %r: its test split has no labels; evaluating on "
+                           "its validation split.", name)
+            return _tfds(name, "validation", data_dir)
+        raise ValueError(
+            f"TFDS dataset {name!r}: split {split!r} has no labels (TFDS marks them -1); "
+            f"use one of its labelled splits ({', '.join(info.splits)})."
+        )
     label = info.features[label_key]
     return Source(
         name=f"tfds:{name}:{split}",
-        records=records,
-        size=int(info.splits[split].num_examples),
+        records=records.apply(tf.data.experimental.assert_cardinality(size)),
+        size=size,
         num_classes=int(label.num_classes),
         encoded=True,
         class_names=list(label.names),
     )
 
 
-def _list_class_folder(root):
-    classes = sorted(
-        entry.rstrip("/")
-        for entry in tf.io.gfile.listdir(root)
-        if tf.io.gfile.isdir(os.path.join(root, entry))
+def check_manual_download(builder):
+    """Raises `ValueError` in one line when `builder` needs files the user must download.
+
+    Datasets such as `imagenet2012` cannot be downloaded by TFDS; the line names the
+    folder TFDS reads them from (its `manual_dir`) and what they are.
+    """
+    instructions = builder.MANUAL_DOWNLOAD_INSTRUCTIONS
+    if not instructions:
+        return
+    manual_dir = os.path.join(str(builder.data_dir_root), "downloads", "manual")
+    if tf.io.gfile.isdir(manual_dir) and tf.io.gfile.listdir(manual_dir):
+        return
+    raise ValueError(
+        f"TFDS dataset {builder.name!r} is not prepared and needs a manual download: put its "
+        f"files in {manual_dir} ({' '.join(instructions.split())}), then run again; TFDS "
+        f"prepares it once into {builder.data_dir_root}."
     )
-    paths, labels = [], []
-    for label, name in enumerate(classes):
-        folder = os.path.join(root, name)
-        for file in sorted(tf.io.gfile.listdir(folder)):
-            if file.lower().endswith(IMAGE_EXTENSIONS):
-                paths.append(os.path.join(folder, file))
-                labels.append(label)
-    return classes, paths, labels
+
+
+def array_record_examples(builder, split, decoders, chunk=256):
+    """A split prepared as ArrayRecord files, as a `tf.data.Dataset` of examples in order.
+
+    TFDS reads ArrayRecord files only through its random-access data source
+    (`builder.as_data_source`); the records are read by index, `chunk` at a time, and
+    parsed by the dataset's own feature specification, as `as_dataset` parses TFRecords.
+    """
+    reader = builder.as_data_source(split=split).data_source
+    features = builder.info.features
+
+    def read(indices):
+        return tf.constant(reader.__getitems__(indices.numpy().tolist()), tf.string)
+
+    def read_chunk(indices):
+        serialized = tf.py_function(read, [indices], tf.string)
+        serialized.set_shape(indices.shape)
+        return serialized
+
+    return (
+        tf.data.Dataset.range(len(reader))
+        .batch(chunk)
+        .map(read_chunk, num_parallel_calls=AUTOTUNE, deterministic=True)
+        .unbatch()
+        .map(
+            lambda serialized: features.deserialize_example(serialized, decoders=decoders),
+            num_parallel_calls=AUTOTUNE,
+            deterministic=True,
+        )
+    )
+
+
+def _train_labels(train, folder, classes, labels):
+    """`(classes, labels)` of an evaluation folder numbered as the train folder's classes.
+
+    Each split numbers its own class folders; a class missing from the evaluation folder
+    would shift the labels of every class after it.
+    """
+    train_classes = sorted(
+        name for name in scan(train)[0] if not name.startswith(".")
+    )
+    if classes == train_classes:
+        return classes, labels
+    unknown = sorted(set(classes) - set(train_classes))
+    if unknown:
+        raise ValueError(
+            f"{folder!r} has class folders that {train!r} lacks: {', '.join(unknown[:5])}"
+            f"{' ...' if len(unknown) > 5 else ''}; both splits need the same classes."
+        )
+    logger.warning(
+        "%s has %d of the %d classes of %s; its labels follow %s.",
+        folder, len(classes), len(train_classes), train, train,
+    )
+    index = {name: i for i, name in enumerate(train_classes)}
+    return train_classes, [index[classes[label]] for label in labels]
 
 
 def _folder(root, split, *, strict):
@@ -265,27 +358,28 @@ def _folder(root, split, *, strict):
             f"Folder {root!r} has no {split!r} split: it would need train/ beside one of "
             f"{', '.join(f'{name}/' for name in EVAL_SPLIT_FOLDERS)}."
         )
-    classes, paths, labels = _list_class_folder(folder)
+    listing = load_listing(folder)
+    classes, paths, labels = listing.classes, listing.paths, listing.labels
+    if listing.ignored:
+        logger.warning(listing.ignored_line(folder))
+    if folder != root and split != "train":
+        classes, labels = _train_labels(os.path.join(root, "train"), folder, classes, labels)
     if len(classes) < 2 or not paths:
         raise ValueError(
             f"Image folder {folder!r} needs one sub-folder per class (at least 2) holding "
             f"{'/'.join(IMAGE_EXTENSIONS)} files; found {len(classes)} class folders and "
-            f"{len(paths)} images."
+            f"{len(paths)} readable images."
         )
-    good = find_decodable(paths)
-    skipped = [path for i, path in enumerate(paths) if i not in good]
+    skipped = sorted(listing.damaged)
     if skipped:
-        listing = "\n  ".join(skipped)
+        listing_text = "\n  ".join(f"{path}: {listing.damaged[path]}" for path in skipped)
         message = (
-            f"{len(skipped)} of {len(paths)} files in {folder!r} could not be decoded:\n  "
-            f"{listing}"
+            f"{len(skipped)} of {len(paths) + len(skipped)} files in {folder!r} are not "
+            f"readable images:\n  {listing_text}"
         )
         if strict:
             raise ValueError(message + "\n(strict data mode; fix or remove these files)")
         logger.warning("Skipping %s", message)
-        keep = sorted(good)
-        paths = [paths[i] for i in keep]
-        labels = [labels[i] for i in keep]
     records = tf.data.Dataset.from_tensor_slices(
         (tf.constant(paths), tf.constant(labels, tf.int32))
     )
@@ -299,29 +393,3 @@ def _folder(root, split, *, strict):
         class_names=classes,
         skipped=skipped,
     )
-
-
-def find_decodable(paths):
-    """Returns the set of indices of `paths` that hold a decodable JPEG or PNG.
-
-    Decodes every file once, in parallel; files that fail are what a training run
-    would otherwise crash on in the middle of an epoch.
-
-    Example:
-
-    >>> find_decodable([])
-    set()
-    """
-    if not paths:
-        return set()
-
-    def check(index, path):
-        image = tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
-        return index, tf.shape(image)  # The shape keeps the decode from being pruned.
-
-    indices = (
-        tf.data.Dataset.from_tensor_slices((tf.range(len(paths)), tf.constant(paths)))
-        .map(check, num_parallel_calls=AUTOTUNE)
-        .ignore_errors()
-    )
-    return {int(i) for i, _ in indices.as_numpy_iterator()}

@@ -50,7 +50,8 @@ class TrainConfig:
     a class mismatch), `interpolation` for that resampling.
 
     Data: `data` and `eval_data` (`"digits"`, `"tfds:NAME[:SPLIT]"`, a folder; eval
-    defaults to the source's test split; `evaluate=False` skips evaluation); `classes`
+    defaults to the source's test split; `evaluate=False` skips evaluation); `data_dir`
+    (where TFDS datasets are prepared; default `TFDS_DATA_DIR`); `classes`
     selects some of the source's classes, relabelled in order (e.g. `"0-4"`, see
     `keras_vit.data.select_classes`); `batch_size` is global, per optimizer update,
     and `accumulation_steps` splits it into that many batches whose gradients are
@@ -101,6 +102,7 @@ class TrainConfig:
     interpolation: Optional[str] = None
     data: str = "digits"
     eval_data: Optional[str] = None
+    data_dir: Optional[str] = None
     classes: Optional[str] = None
     evaluate: bool = True
     accumulation_steps: int = 1
@@ -343,12 +345,16 @@ def _eval_source(config):
     if not config.evaluate:
         return None
     if config.eval_data:
-        return vit_data.load_source(config.eval_data, "test", strict=config.strict_data)
+        return vit_data.load_source(
+            config.eval_data, "test", strict=config.strict_data, data_dir=config.data_dir
+        )
     if vit_data.spec_split(config.data):
         logger.warning("No evaluation data: data names its split; set eval_data to evaluate.")
         return None
     try:
-        return vit_data.load_source(config.data, "test", strict=config.strict_data)
+        return vit_data.load_source(
+            config.data, "test", strict=config.strict_data, data_dir=config.data_dir
+        )
     except vit_data.NoSplitError as error:
         logger.warning("No evaluation data: %s Set eval_data to evaluate.", error)
         return None
@@ -472,7 +478,9 @@ def train(config, *, callbacks=(), verbose="auto"):
     jit = {"on": True, "off": False}.get(config.jit_compile, distribute.jit_allowed(strategy))
     logger.info("Strategy %s; precision %s; XLA %s.", distribute.describe(strategy), policy, jit)
 
-    train_source = vit_data.load_source(config.data, "train", strict=config.strict_data)
+    train_source = vit_data.load_source(
+        config.data, "train", strict=config.strict_data, data_dir=config.data_dir
+    )
     eval_source = _eval_source(config)
     if config.classes is not None:
         train_source = vit_data.select_classes(train_source, config.classes)

@@ -1,0 +1,43 @@
+"""The accelerator benchmark keeps working before a GPU arrives: its smoke run on the CPU."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_accelerator_smoke_run_times_every_contender_and_computes_mfu(tmp_path):
+    out = tmp_path / "accelerator.json"
+    result = subprocess.run(
+        [sys.executable, "bench/accelerator.py", "--smoke", "--peak-tflops", "0.5",
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    report = json.loads(out.read_text())
+    rows = {(e["contender"], e["mode"]): e for e in report["entries"]}
+    assert set(rows) == {
+        (c, m) for c in ("keras-tensorflow", "keras-jax", "keras-torch", "hf-torch")
+        for m in ("infer", "train")
+    }
+    import keras
+
+    import keras_vit
+
+    with keras.StatelessScope():
+        flops = keras_vit.forward_flops(keras_vit.ViT(
+            image_size=32, patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64,
+            num_classes=1000))
+    for (contender, mode), e in rows.items():
+        assert e["precision"] == "bfloat16" and e["device"] == "cpu"
+        assert e["flops_per_image"] == flops
+        factor = 3 if mode == "train" else 1
+        assert e["mfu"] == pytest.approx(e["median_images_per_s"] * flops * factor / 0.5e12)
+        assert e["median_images_per_s"] > 0
+    assert "| tiny | hf-torch | cpu | train |" in result.stdout
