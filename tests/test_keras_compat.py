@@ -10,6 +10,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from keras_vit.utils import keras_compat
@@ -145,3 +146,29 @@ def test_multi_worker_mode_of_a_single_worker_strategy():
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "multi-worker False" in result.stdout
+
+
+class DrawMade(Exception):
+    pass
+
+
+class RecordingGenerator:
+    """Stands in for a `tf.random.Generator`: any draw raises `DrawMade(method)`."""
+
+    def __getattr__(self, name):
+        raise DrawMade(name)
+
+
+def test_keras_cv_layers_draw_from_the_replaced_generator():
+    keras_cv = pytest.importorskip("keras_cv")
+    layer = keras_cv.layers.RandomFlip("horizontal")
+    keras_compat.replace_keras_cv_generator(layer, RecordingGenerator())
+    with pytest.raises(DrawMade):
+        layer(tf.zeros((2, 8, 8, 3)), training=True)
+
+
+def test_keras_cv_batch_augment_tells_the_mixing_layers():
+    keras_cv = pytest.importorskip("keras_cv")
+    assert keras_compat.keras_cv_mixes_batch(keras_cv.layers.Mosaic())
+    assert keras_compat.keras_cv_mixes_batch(keras_cv.layers.FourierMix())
+    assert not keras_compat.keras_cv_mixes_batch(keras_cv.layers.GridMask())

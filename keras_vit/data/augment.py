@@ -128,7 +128,7 @@ def position_sampler(sampler, seeds):
 def seed_keras_cv_layer(layer, seeds):
     import keras_cv
 
-    object.__setattr__(layer, "_random_generator", PositionGenerator(seeds))
+    keras_compat.replace_keras_cv_generator(layer, PositionGenerator(seeds))
     for name, value in list(vars(layer).items()):
         if isinstance(value, keras_cv.core.FactorSampler):
             object.__setattr__(layer, name, position_sampler(value, seeds))
@@ -150,7 +150,7 @@ def draws_per_image(layer):
     return (
         isinstance(layer, base)
         and not isinstance(layer, keras_cv.layers.VectorizedBaseImageAugmentationLayer)
-        and type(layer)._batch_augment is base._batch_augment
+        and not keras_compat.keras_cv_mixes_batch(layer)
     )
 
 

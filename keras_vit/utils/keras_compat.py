@@ -4,7 +4,8 @@ keras-vit needs a few things Keras does not expose publicly: where a preprocessi
 draws its randomness, RandAugment's list of operations, the optimizer's gradient
 clipping, the epoch `fit` resumes at, whether a model was built under a distribution
 strategy, and two trainer hooks (how `jit_compile="auto"` is resolved, and which batch
-builds the model before `fit`). Each is wrapped here, and `tests/test_keras_compat.py`
+builds the model before `fit`); and, for keras-cv's layers, their random generator and
+whether they augment a batch as a whole. Each is wrapped here, and `tests/test_keras_compat.py`
 checks that each still exists and behaves as relied on, so that a Keras release that
 changes one fails there, by name, rather than somewhere in training. `pyproject.toml`
 keeps `keras` below the next major version.
@@ -99,6 +100,21 @@ def in_multi_worker_mode(strategy):
     """Whether a `MultiWorkerMirroredStrategy` spans several workers (tf.distribute's
     private `_in_multi_worker_mode`)."""
     return strategy.extended._in_multi_worker_mode()
+
+
+def replace_keras_cv_generator(layer, generator):
+    """Makes a keras-cv augmentation `layer` draw from `generator` (the
+    `tf.random.Generator` keras-cv keeps in its private `_random_generator`)."""
+    object.__setattr__(layer, "_random_generator", generator)
+
+
+def keras_cv_mixes_batch(layer):
+    """Whether a keras-cv augmentation layer overrides `BaseImageAugmentationLayer`'s
+    private `_batch_augment` (it augments the batch as a whole, e.g. mixes its images)."""
+    import keras_cv
+
+    base = keras_cv.layers.BaseImageAugmentationLayer
+    return type(layer)._batch_augment is not base._batch_augment
 
 
 class AutoJitCompileHook:
