@@ -529,7 +529,7 @@ def _official_hybrid_keys(stage_units):
 
 def test_hybrid_round_trips_through_the_official_layout(tmp_path):
     model = tiny_vit(image_size=32, patch_size=1, num_layers=1, resnet_stages=(1, 1))
-    randomise_weights(model, seed=11)
+    rng = randomise_weights(model, seed=11)
     path = tmp_path / "hybrid.npz"
     keras_vit.save_npz(model, path)
     saved = dict(np.load(path))
