@@ -134,6 +134,7 @@ def test_symbolic_build_hook_gets_the_fit_iterator_under_a_strategy():
     assert tuple(Builds.batches[0][0].shape) == (2, 2)
 
 
+@pytest.mark.slow  # a process of its own: the strategy sets up collective ops
 def test_multi_worker_mode_of_a_single_worker_strategy():
     script = (
         "import tensorflow as tf\n"
