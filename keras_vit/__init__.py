@@ -38,10 +38,9 @@ _EXPORTS = {
         "attention_map", "attention_model", "attention_rollout", "mean_attention_distance",
         "patch_embedding_components", "position_embedding_similarity",
     ),
-    "keras_vit.evaluation.fewshot": (
-        "FewshotConfig", "RidgeProbe", "evaluate_source", "extract_features",
-        "fewshot_evaluate", "linear_fewshot_accuracy",
-    ),
+    "keras_vit.evaluation.features": ("extract_features",),
+    "keras_vit.evaluation.fewshot": ("FewshotConfig", "evaluate_source", "fewshot_evaluate"),
+    "keras_vit.evaluation.ridge": ("RidgeProbe", "linear_fewshot_accuracy"),
     "keras_vit.evaluation.probes": ("drop_patches", "robustness_probes", "shuffle_patches"),
 }
 _SUBMODULES = {  # keras_vit.fewshot, ... as before the sub-packages

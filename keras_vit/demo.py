@@ -116,41 +116,6 @@ def _train_stage(title, config, seconds, verbose):
     return result
 
 
-def plot_training(histories, path):
-    """Saves a PNG of test (and train) accuracy per epoch of training runs.
-
-    Args:
-        histories: `{name: history}` with Keras `fit` histories (`top1`, `val_top1`).
-        path: the PNG file to write.
-
-    Example:
-
-    >>> import tempfile
-    >>> history = dict(top1=[0.5, 0.8], val_top1=[0.6, 0.9])
-    >>> plot_training({"pretrain": history}, os.path.join(tempfile.mkdtemp(), "t.png"))
-    """
-    from matplotlib.figure import Figure  # no pyplot: no display, no global state
-
-    figure = Figure(figsize=(5, 3.6))
-    axes = figure.add_subplot()
-    for index, (name, history) in enumerate(histories.items()):
-        for key, style, label in (("val_top1", "-", "test"), ("top1", ":", "train")):
-            values = history.get(key)
-            if values:
-                epochs = np.arange(1, len(values) + 1)
-                axes.plot(
-                    epochs, 100 * np.asarray(values), style, color=f"C{index}", marker="o",
-                    markersize=3, label=f"{name} ({label})",
-                )
-    axes.set_xlabel("epoch")
-    axes.set_ylabel("accuracy (%)")
-    axes.set_title("Training")
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-
-
 def run_demo(config, *, out=None, verbose=1):
     """Runs the demo: pretrain, few-shot evaluate (pretrained and random init), fine-tune.
 
@@ -164,11 +129,13 @@ def run_demo(config, *, out=None, verbose=1):
         `fewshot` (`{"pretrained": result, "random init": result}`),
         `finetune_accuracy`, `table`, `seconds` per stage.
 
-    Example (what `keras-vit demo` runs):
+    Example (what `keras-vit demo` runs; skipped under pytest: it trains for minutes,
+    and tests/test_cli.py runs a shortened demo):
 
     >>> from keras_vit.cli import load_recipe
-    >>> summary = run_demo(load_recipe("demo", attribute="DEMO"), out="runs/demo")
-    >>> print(summary["table"])
+    >>> summary = run_demo(load_recipe("demo", attribute="DEMO"), out="runs/demo")  # doctest: +SKIP
+    >>> print(summary["table"])  # doctest: +SKIP
+    shots | pretrained ...
     """
     config.validate()
     out = out or config.out
@@ -214,7 +181,9 @@ def run_demo(config, *, out=None, verbose=1):
         results, out, references=references,
         title=f"Few-shot on classes {config.fewshot.classes or 'all'}",
     )
-    plot_training(
+    from keras_vit import figures  # matplotlib, imported only to draw
+
+    figures.plot_training(
         {"pretrain": pretrained.history, "fine-tune": finetuned.history},
         os.path.join(out, "training.png"),
     )

@@ -1,4 +1,4 @@
-"""PNG figures of `keras_vit.evaluation.analysis` and `keras_vit.evaluation.probes` results (matplotlib).
+"""Every PNG figure keras-vit draws (matplotlib): analysis, probes, few-shot, training.
 
 Figures are drawn with matplotlib's object-oriented API on the Agg canvas, so
 importing this module neither needs a display nor changes pyplot's backend.
@@ -15,10 +15,10 @@ from matplotlib.figure import Figure
 from keras_vit.evaluation import analysis
 
 
-def _save(fig, path):
+def _save(fig, path, dpi=None):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=fig.dpi)
+    fig.savefig(path, dpi=dpi or fig.dpi)
     return path
 
 
@@ -289,6 +289,7 @@ def visualize(model, images, out_dir, head_fusion="mean"):
 
     Example:
 
+    >>> import keras_vit
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
     ...                       num_heads=4, mlp_dim=64, num_classes=10)
     >>> sorted(visualize(model, np.zeros((1, 32, 32, 3)), "/tmp/figures"))
@@ -324,3 +325,84 @@ def visualize(model, images, out_dir, head_fusion="mean"):
             out_dir / "filters.png",
         )
     return written
+
+
+def plot_fewshot(runs, path, *, references=None, title="Few-shot linear evaluation"):
+    """Accuracy (mean ± std over seeds) against shots per class (`fewshot_evaluate`).
+
+    Args:
+        runs: `{name: result}` from `fewshot_evaluate` (or a single result).
+        path: the PNG file to write.
+        references: optional `{name: accuracy}` drawn as horizontal dashed lines.
+        title: the figure title.
+
+    Returns:
+        The path written.
+
+    Example:
+
+    >>> import tempfile, os
+    >>> result = dict(shots=[1, 5], mean=[0.5, 0.75], std=[0.1, 0.05])
+    >>> plot_fewshot({"pretrained": result}, os.path.join(tempfile.mkdtemp(), "fewshot.png")).name
+    'fewshot.png'
+    """
+    if "shots" in runs:
+        runs = {"accuracy": runs}
+    figure = Figure(figsize=(5, 3.6))
+    axes = figure.add_subplot()
+    all_shots = sorted({s for result in runs.values() for s in result["shots"]})
+    for name, result in runs.items():
+        axes.errorbar(
+            result["shots"], 100 * np.asarray(result["mean"]), yerr=100 * np.asarray(result["std"]),
+            marker="o", capsize=3, label=name,
+        )
+    for index, (name, accuracy) in enumerate((references or {}).items()):
+        axes.axhline(100 * accuracy, linestyle="--", color=f"C{len(runs) + index}", label=name)
+    axes.set_xscale("log")
+    axes.set_xticks(all_shots)
+    axes.set_xticklabels([str(s) for s in all_shots])
+    axes.minorticks_off()
+    axes.set_xlabel("shots per class")
+    axes.set_ylabel("test accuracy (%)")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    return _save(figure, path, dpi=120)
+
+
+def plot_training(histories, path):
+    """Test (and train) accuracy per epoch of training runs (`keras-vit demo`).
+
+    Args:
+        histories: `{name: history}` with Keras `fit` histories (`top1`, `val_top1`).
+        path: the PNG file to write.
+
+    Returns:
+        The path written.
+
+    Example:
+
+    >>> import tempfile, os
+    >>> history = dict(top1=[0.5, 0.8], val_top1=[0.6, 0.9])
+    >>> plot_training({"pretrain": history}, os.path.join(tempfile.mkdtemp(), "t.png")).name
+    't.png'
+    """
+    figure = Figure(figsize=(5, 3.6))
+    axes = figure.add_subplot()
+    for index, (name, history) in enumerate(histories.items()):
+        for key, style, label in (("val_top1", "-", "test"), ("top1", ":", "train")):
+            values = history.get(key)
+            if values:
+                epochs = np.arange(1, len(values) + 1)
+                axes.plot(
+                    epochs, 100 * np.asarray(values), style, color=f"C{index}", marker="o",
+                    markersize=3, label=f"{name} ({label})",
+                )
+    axes.set_xlabel("epoch")
+    axes.set_ylabel("accuracy (%)")
+    axes.set_title("Training")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    return _save(figure, path, dpi=120)

@@ -5,7 +5,7 @@ import os
 import keras
 import numpy as np
 
-from keras_vit.data.pipelines import read_images
+from keras_vit.data import read_images
 from keras_vit.weights import registry
 
 
@@ -13,7 +13,7 @@ def classify(model, images, *, top_k=5, labels=None, activation=None, crop_fract
     """The `top_k` classes of each image file, as the checkpoint was evaluated.
 
     Each image is decoded, resized whole (bilinear) to the model's input size and scaled
-    to [-1, 1] (`keras_vit.data.pipelines.read_images`), as vit_jax evaluates the
+    to [-1, 1] (`keras_vit.data.read_images`), as vit_jax evaluates the
     official checkpoints; `crop_fraction` takes a run's central crop instead.
 
     Args:

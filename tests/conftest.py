@@ -8,6 +8,20 @@ os.environ.setdefault("KERAS_VIT_CACHE", tempfile.mkdtemp(prefix="keras_vit_cach
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
+# Scripts the distributed tests start in worker processes; importing one runs it.
+collect_ignore = ["jax_distribution_job.py", "multiworker_job.py"]
+
+# Docstring examples (keras_vit/, collected by --doctest-modules) that train a model for
+# some epochs: they run in the full suite, not in the quick subset (-m "not slow").
+SLOW_EXAMPLES = {"keras_vit.training.engine.train"}
+
+
+def pytest_collection_modifyitems(config, items):
+    # A conftest's collection hook sees every collected item, those of keras_vit/ too.
+    for item in items:
+        if item.name in SLOW_EXAMPLES:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(autouse=True)
 def _seeded():

@@ -9,7 +9,7 @@ from scipy.special import softmax
 from sklearn.datasets import load_digits
 from sklearn.decomposition import PCA
 
-from conftest import tiny_vit
+from conftest import randomise_weights, tiny_vit
 from keras_vit.evaluation import analysis
 from keras_vit.evaluation import probes
 
@@ -19,9 +19,7 @@ def _np(x):
 
 
 def _randomise(model, scale=0.3):
-    rng = np.random.default_rng(0)
-    for v in model.weights:
-        v.assign(rng.normal(scale=scale, size=v.shape).astype("float32"))
+    randomise_weights(model, seed=0, scale=scale)
     return model
 
 

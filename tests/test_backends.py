@@ -15,6 +15,8 @@ import pytest
 MULTI_BACKEND_TESTS = ["tests/test_layers.py", "tests/test_model.py", "tests/test_resnet.py"]
 ROOT = Path(__file__).resolve().parents[1]
 
+pytestmark = pytest.mark.slow  # a pytest run per backend, in subprocesses
+
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_layer_and_model_tests_pass_on(backend):

@@ -22,7 +22,7 @@ from safetensors.torch import save_file as torch_save_file
 from transformers import ViTConfig, ViTForImageClassification, ViTModel
 
 import keras_vit
-from conftest import tiny_vit
+from conftest import randomise_weights, tiny_vit
 from keras_vit.weights.pretrained import POS_KEY
 
 HEADS, LAYERS, WIDTH = 4, 2, 32
@@ -174,9 +174,7 @@ def write_npz(tmp_path, tensors, name="bad.npz"):
 
 def randomised_vit(seed=0, **overrides):
     model = tiny_vit(**overrides)
-    rng = np.random.default_rng(seed)
-    for v in model.weights:
-        v.assign(rng.normal(scale=0.3, size=v.shape).astype("float32"))
+    randomise_weights(model, seed, scale=0.3)
     return model
 
 
@@ -370,9 +368,7 @@ def test_save_npz_then_load_round_trips_exactly(tmp_path, overrides):
     assert tensors[POS_KEY].shape == (1, tokens, WIDTH)
     assert ("cls" in tensors) == (tokens == 17)
     originals = [as_numpy(v) for v in model.weights]
-    rng = np.random.default_rng(1)
-    for v in model.weights:  # other values, so only the load can bring the originals back
-        v.assign(rng.normal(size=v.shape).astype("float32"))
+    randomise_weights(model, seed=1, scale=1.0)  # only the load can bring the originals back
     report = keras_vit.load_pretrained(model, tmp_path / "vit.npz")
     assert not (report.missing or report.unexpected or report.mismatched or report.messages)
     for original, v in zip(originals, model.weights):
@@ -533,9 +529,7 @@ def _official_hybrid_keys(stage_units):
 
 def test_hybrid_round_trips_through_the_official_layout(tmp_path):
     model = tiny_vit(image_size=32, patch_size=1, num_layers=1, resnet_stages=(1, 1))
-    rng = np.random.default_rng(11)
-    for v in model.weights:
-        v.assign(rng.normal(scale=0.2, size=v.shape).astype("float32"))
+    rng = randomise_weights(model, seed=11)
     path = tmp_path / "hybrid.npz"
     keras_vit.save_npz(model, path)
     saved = dict(np.load(path))

@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import tiny_vit
+from conftest import randomise_weights, tiny_vit
 
 import keras_vit
 from keras_vit import cli
@@ -96,9 +96,7 @@ def test_export_command_names_a_label_file_of_the_wrong_length(hybrid_run, tmp_p
 def saved_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("model") / "tiny.keras"
     model = tiny_vit(image_size=16, patch_size=4, channels=1)
-    rng = np.random.default_rng(0)
-    for v in model.weights:  # non-uniform attention and a non-zero head
-        v.assign(rng.normal(scale=0.3, size=v.shape).astype("float32"))
+    randomise_weights(model, seed=0, scale=0.3)  # non-uniform attention, non-zero head
     model.save(path)
     return model, str(path)
 

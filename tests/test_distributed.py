@@ -15,6 +15,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+pytestmark = pytest.mark.slow  # several worker processes per test
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 JOB = os.path.join(HERE, "multiworker_job.py")

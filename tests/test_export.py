@@ -21,7 +21,7 @@ import tensorflow as tf
 from PIL import Image
 
 import keras_vit
-from conftest import tiny_vit
+from conftest import randomise_weights, tiny_vit
 from keras_vit.export.saved_model import CONFIG_FILE, export_saved_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,10 +149,8 @@ def run(tmp_path_factory):
 
 def _train_export_and_serve(tmp, plan_path, jax, serve):
     keras.utils.set_random_seed(0)
-    rng = np.random.default_rng(0)
     model = tiny_vit()
-    for v in model.weights:  # so that probabilities are far from uniform
-        v.assign(rng.normal(scale=0.5, size=v.shape).astype("float32"))
+    rng = randomise_weights(model, seed=0, scale=0.5)  # probabilities far from uniform
     schedule = keras.optimizers.schedules.CosineDecay(0.0, 10, warmup_target=1e-3, warmup_steps=2)
     model.compile(
         keras.optimizers.AdamW(schedule, weight_decay=0.1, global_clipnorm=1.0),
@@ -203,6 +201,7 @@ def _train_export_and_serve(tmp, plan_path, jax, serve):
     )
 
 
+@pytest.mark.slow  # uses `run`: a JAX export process and a serving process
 def test_trained_model_round_trips_exactly_through_keras_file(run):
     model, loaded = run["model"], run["loaded"]
     x = keras_vit.preprocess(run["train"])
@@ -216,11 +215,13 @@ def test_trained_model_round_trips_exactly_through_keras_file(run):
     assert int(loaded.optimizer.iterations) == 2
 
 
+@pytest.mark.slow  # uses `run`: a JAX export process and a serving process
 def test_serving_process_imported_neither_keras_nor_keras_vit(run):
     assert run["served"]["imported"] == []
     assert run["served"]["tf_export"]["signatures"] == ["logits", "serving_bytes", "serving_default"]
 
 
+@pytest.mark.slow  # uses `run`: a JAX export process and a serving process
 @pytest.mark.parametrize("signature", ["images", "bytes"])
 @pytest.mark.parametrize("size", sorted(SIZES))
 @pytest.mark.parametrize("batch", BATCHES)
@@ -237,6 +238,7 @@ def test_tensorflow_export_serves_the_keras_models_probabilities(run, signature,
     assert served["top_k_labels"] == [[LABELS[i] for i in row] for row in top]
 
 
+@pytest.mark.slow  # uses `run`: a JAX export process and a serving process
 @pytest.mark.parametrize("signature", ["images", "bytes"])
 @pytest.mark.parametrize("size", sorted(SIZES))
 @pytest.mark.parametrize("batch", BATCHES)
@@ -249,12 +251,14 @@ def test_jax_export_serves_the_keras_models_probabilities(run, signature, size, 
     assert "top_k_labels" not in served  # exported without labels
 
 
+@pytest.mark.slow  # uses `run`: a JAX export process and a serving process
 def test_logits_signature_takes_pixels_at_the_models_size(run):
     np.testing.assert_allclose(
         run["served"]["tf_export"]["logits"], run["logits"]["own"], rtol=0, atol=1e-5
     )
 
 
+@pytest.mark.slow  # uses `run`: a JAX export process and a serving process
 @pytest.mark.parametrize("export", ["tf_export", "jax_export"])
 def test_wrong_dtype_and_channel_count_are_readable_errors(run, export):
     served = run["served"][export]
@@ -265,6 +269,7 @@ def test_wrong_dtype_and_channel_count_are_readable_errors(run, export):
     assert "[2]" in served["channels_error"]  # the channel count that was sent
 
 
+@pytest.mark.slow  # uses `run`: a JAX export process and a serving process
 def test_export_folder_carries_the_model_config(run):
     path = run["tmp"] / "tf" / CONFIG_FILE
     record = json.loads(path.read_text())

@@ -18,7 +18,7 @@ from sklearn.model_selection import train_test_split
 
 import keras_vit
 from keras_vit.evaluation import fewshot
-from conftest import tiny_vit
+from conftest import randomise_weights, tiny_vit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,9 +141,7 @@ def test_sweep_chooses_l2_on_held_out_train_examples_only():
 
 def test_features_are_the_pre_logits_output():
     model = tiny_vit(representation_size=24)
-    rng = np.random.default_rng(0)
-    for weight in model.weights:
-        weight.assign(rng.normal(scale=0.2, size=weight.shape).astype("float32"))
+    rng = randomise_weights(model, seed=0)
     headless = tiny_vit(representation_size=24, include_top=False)
     headless.set_weights(model.get_weights()[:-2])  # all but the head's kernel and bias
     images = rng.uniform(-1, 1, (7, 32, 32, 3)).astype("float32")
@@ -176,6 +174,7 @@ def test_feature_extraction_errors_name_the_problem():
         fewshot.extract_features(tiny_vit(), np.zeros((2, 32, 32, 3)), [0, 1, 2])
 
 
+@pytest.mark.slow  # a process per backend
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_feature_extraction_from_tf_data_on(backend):
     script = (
@@ -202,6 +201,24 @@ def test_feature_extraction_from_tf_data_on(backend):
     assert f"{backend} ok" in result.stdout
 
 
+def test_names_from_before_the_split_are_the_new_homes():
+    from keras_vit import figures
+    from keras_vit.evaluation import features, fewshot_report, ridge
+
+    assert fewshot.extract_features is features.extract_features is keras_vit.extract_features
+    assert fewshot.feature_model is features.feature_model
+    assert fewshot.RidgeProbe is ridge.RidgeProbe is keras_vit.RidgeProbe
+    assert fewshot.linear_fewshot_accuracy is ridge.linear_fewshot_accuracy
+    assert keras_vit.linear_fewshot_accuracy is ridge.linear_fewshot_accuracy
+    assert fewshot.DEFAULT_L2 == ridge.DEFAULT_L2 == 2.0**10
+    assert fewshot.format_table is fewshot_report.format_table
+    assert fewshot.save_results is fewshot_report.save_results
+    assert fewshot.plot_fewshot is figures.plot_fewshot
+    assert keras_vit.fewshot_evaluate is fewshot.fewshot_evaluate
+    with pytest.raises(AttributeError, match="has no attribute 'plot_fewshots'"):
+        fewshot.plot_fewshots
+
+
 def test_table_json_and_plot(tmp_path):
     train, train_labels = _blobs(3, 30, 6)
     result = fewshot.fewshot_evaluate(train, train_labels, train, train_labels, shots=(1, 5), seeds=2)
@@ -219,6 +236,7 @@ def test_table_json_and_plot(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # trains to an accuracy
 def test_pretrained_encoder_beats_random_weights_on_unseen_digits():
     digits = load_digits()
     images = digits.images[..., None].astype("float32") / 8.0 - 1.0  # [0, 16] -> [-1, 1]

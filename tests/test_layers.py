@@ -8,6 +8,7 @@ import pytest
 from scipy.special import erf
 
 from keras_vit.models import layers as L
+from conftest import randomise_weights
 
 
 def _np(x):
@@ -113,9 +114,7 @@ def _numpy_block(block, x, approximate):
 
 
 def _randomised(layer, seed=3):
-    rng = np.random.default_rng(seed)
-    for v in layer.weights:
-        v.assign(rng.normal(scale=0.3, size=v.shape).astype("float32"))
+    randomise_weights(layer, seed, scale=0.3)
     return layer
 
 

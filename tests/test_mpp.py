@@ -193,6 +193,7 @@ def _ten_shot_accuracy(model, config):
     return evaluate_model(model, *splits, shots=(10,), seeds=5)["mean"][0]
 
 
+@pytest.mark.slow  # pretrains, then fine-tunes
 def test_mpp_recipe_pretrains_an_encoder_that_fewshot_and_finetune_take(tmp_path, capsys):
     from keras_vit.training.engine import _build_model
 
@@ -259,7 +260,7 @@ def test_mpp_recipe_holds_the_papers_settings():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(objective="mim"), "optimization.objective='mim' is not one of 'supervised', 'mpp'"),
+        (dict(objective="mim"), "Unknown optimization.objective 'mim': expected one of 'supervised', 'mpp'"),
         (dict(mpp_corrupt_rate=1.5), r"optimization.mpp_corrupt_rate must be in \[0, 1\], got 1.5"),
         (dict(mpp_random_rate=0.3),
          r"optimization.mpp_mask_rate \+ optimization.mpp_random_rate must be at most 1"),

@@ -18,7 +18,7 @@ from conftest import randomise_weights
 
 import keras_vit
 from keras_vit import cli
-from keras_vit.data.pipelines import read_images
+from keras_vit.data import read_images
 from keras_vit.training import runs
 from keras_vit.weights import download, registry
 

@@ -227,6 +227,7 @@ train(config, callbacks=kill, verbose=0)
 """
 
 
+@pytest.mark.slow  # kills and restarts training processes
 @pytest.mark.parametrize("objective", ["supervised", "mpp"])
 def test_run_killed_mid_epoch_resumes_to_the_same_weights(tmp_path, objective):
     # Dropout (seed states), MixUp (stream seeds), accumulation and a schedule make

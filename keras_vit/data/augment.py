@@ -13,6 +13,9 @@ import random
 import keras
 import tensorflow as tf
 
+from keras_vit.utils import keras_compat
+from keras_vit.utils.checks import check_choice
+
 logger = logging.getLogger("keras_vit")
 # keras-cv layers that mix the images of a batch in an order from `tf.random.shuffle`.
 STATEFUL_KERAS_CV = ("MixUp", "CutMix", "FourierMix", "Mosaic")
@@ -71,11 +74,9 @@ def seed_from_stream(layers, seeds):
     `tf.random`: each is replaced by stateless draws from `seeds`.
     """
     for layer in layers:
-        for sub in layer._flatten_layers(include_self=True):
+        for sub in keras_compat.sublayers(layer):
             if hasattr(sub, "generator"):
-                # object.__setattr__: keep Keras from tracking a stateless generator.
-                object.__setattr__(sub, "generator", seeds)
-                object.__setattr__(sub, "_backend_generators", {"tensorflow": seeds})
+                keras_compat.replace_seed_generator(sub, seeds)
             if is_keras_cv(sub):
                 seed_keras_cv_layer(sub, seeds)
 
@@ -127,7 +128,7 @@ def position_sampler(sampler, seeds):
 def seed_keras_cv_layer(layer, seeds):
     import keras_cv
 
-    object.__setattr__(layer, "_random_generator", PositionGenerator(seeds))
+    keras_compat.replace_keras_cv_generator(layer, PositionGenerator(seeds))
     for name, value in list(vars(layer).items()):
         if isinstance(value, keras_cv.core.FactorSampler):
             object.__setattr__(layer, name, position_sampler(value, seeds))
@@ -149,7 +150,7 @@ def draws_per_image(layer):
     return (
         isinstance(layer, base)
         and not isinstance(layer, keras_cv.layers.VectorizedBaseImageAugmentationLayer)
-        and type(layer)._batch_augment is base._batch_augment
+        and not keras_compat.keras_cv_mixes_batch(layer)
     )
 
 
@@ -180,10 +181,10 @@ def _rand_augment(layer, image, seeds):
     ones with `where`; picking with `switch_case` runs `num_ops` of them, the same
     operations at the same strength, at a fraction of the cost.
     """
-    names = layer._AUGMENT_LAYERS
+    operations = keras_compat.rand_augment_operations(layer)
     for _ in range(layer.num_ops):
-        pick = tf.random.stateless_uniform([], seeds.next(), 0, len(names), dtype=tf.int32)
-        branches = [functools.partial(getattr(layer, name), image) for name in names]
+        pick = tf.random.stateless_uniform([], seeds.next(), 0, len(operations), dtype=tf.int32)
+        branches = [functools.partial(operation, image) for operation in operations]
         image = tf.switch_case(pick, branches)
     return image
 
@@ -211,11 +212,7 @@ def augmentation_layers(augment="none", randaugment=None, mixup=None, cutmix=Non
     >>> [type(layer).__name__ for layer in image_layers + batch_layers]
     ['RandAugment', 'MixUp']
     """
-    if augment not in AUGREG_LEVELS:
-        raise ValueError(
-            f"Unknown augmentation level {augment!r}: expected one of "
-            f"{', '.join(map(repr, AUGREG_LEVELS))}."
-        )
+    check_choice("augmentation level", augment, AUGREG_LEVELS)
     level_randaugment, level_mixup = AUGREG_LEVELS[augment]
     randaugment = level_randaugment if randaugment is None else randaugment
     mixup = level_mixup if mixup is None else mixup

@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 
 from keras_vit.models.vit import preprocess
+from keras_vit.utils.checks import check_in_range
 
 
 def to_channels(image, channels):
@@ -138,8 +139,7 @@ def check_crop_fraction(crop_fraction, size):
     height, width = (size, size) if isinstance(size, int) else size
     if crop_fraction is None:
         return height, width
-    if not 0 < crop_fraction <= 1:
-        raise ValueError(f"crop_fraction must be in (0, 1] or None, got {crop_fraction!r}.")
+    check_in_range("crop_fraction", crop_fraction, "(0, 1]", " or None")
     if height != width:
         raise ValueError(
             f"A central crop (crop_fraction={crop_fraction}) needs a square model input, "

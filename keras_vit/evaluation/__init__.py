@@ -1,6 +1,9 @@
 """Measuring a model: few-shot linear evaluation, robustness probes, attention analysis.
 
-- `fewshot`: the paper's few-shot linear evaluation (features, ridge solver, driver).
+- `features`: a model's frozen representation of images (`extract_features`).
+- `ridge`: the closed-form ridge probe scored on those features (`RidgeProbe`).
+- `fewshot`: the paper's few-shot linear evaluation: shots, seeds, L2 choice, sources.
+- `fewshot_report`: few-shot results as a table and as files (the plot: `keras_vit.figures`).
 - `probes`: accuracy under patch occlusion and cell shuffling.
 - `analysis`: attention maps and rollout, attention distance, position-embedding
   similarity, patch-embedding filters (the paper's Fig. 6 and 7).

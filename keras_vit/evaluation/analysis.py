@@ -9,7 +9,8 @@ post-processing of its outputs or of the model's weights.
 import keras
 import numpy as np
 
-from keras_vit.models.layers import TransformerBlock, _check_choice
+from keras_vit.models.layers import TransformerBlock
+from keras_vit.utils.checks import check_choice, check_in_range
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -42,6 +43,7 @@ def attention_model(model):
 
     Example:
 
+    >>> import keras_vit
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
     ...                       num_heads=4, mlp_dim=64, num_classes=10)
     >>> logits, attentions = attention_model(model)(np.zeros((1, 32, 32, 3)))
@@ -134,9 +136,8 @@ def attention_rollout(attentions, head_fusion="mean", discard_ratio=0.0):
     >>> attention_rollout([uniform, uniform])[0, 0].round(3).tolist()
     [0.4, 0.15, 0.15, 0.15, 0.15]
     """
-    _check_choice("head_fusion", head_fusion, HEAD_FUSIONS)
-    if not 0.0 <= discard_ratio < 1.0:
-        raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio!r}.")
+    check_choice("head_fusion", head_fusion, HEAD_FUSIONS)
+    check_in_range("discard_ratio", discard_ratio, "[0, 1)")
     stacked = _stack_attentions(attentions)
     fused = getattr(np, head_fusion)(stacked, axis=2)  # (layers, B, T, T)
     tokens = fused.shape[-1]
@@ -232,6 +233,7 @@ def patch_grid(model):
 
     Example:
 
+    >>> import keras_vit
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
     ...                       num_heads=4, mlp_dim=64)
     >>> patch_grid(model)
@@ -246,6 +248,7 @@ def is_hybrid(model):
 
     Example:
 
+    >>> import keras_vit
     >>> is_hybrid(keras_vit.ViT("R+Ti/16", image_size=64, num_layers=1))
     True
     """
@@ -262,6 +265,7 @@ def position_embedding_similarity(model):
 
     Example:
 
+    >>> import keras_vit
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
     ...                       num_heads=4, mlp_dim=64, pos_embedding="sincos2d")
     >>> round(float(position_embedding_similarity(model)[1, 2, 1, 2]), 6)
@@ -291,6 +295,7 @@ def patch_embedding_components(model, n=28):
 
     Example:
 
+    >>> import keras_vit
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
     ...                       num_heads=4, mlp_dim=64)
     >>> patch_embedding_components(model, n=4).shape

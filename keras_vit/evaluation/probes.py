@@ -11,7 +11,8 @@ import os
 import numpy as np
 
 from keras_vit.evaluation.analysis import patch_grid
-from keras_vit.evaluation.fewshot import _batches, _integer_labels
+from keras_vit.evaluation.features import image_batches, integer_labels
+from keras_vit.utils.checks import check_in_range
 
 DROP_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 SHUFFLE_GRIDS = (1, 2, 4, 8)
@@ -40,8 +41,7 @@ def drop_patches(images, fraction, patch_size, fill=0.0, rng=None):
     0.25
     """
     images = _check_images(images)
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"fraction must be in [0, 1], got {fraction!r}.")
+    check_in_range("fraction", fraction, "[0, 1]")
     batch, height, width, channels = images.shape
     if height % patch_size or width % patch_size:
         raise ValueError(
@@ -122,6 +122,7 @@ def robustness_probes(
 
     Example:
 
+    >>> import keras_vit
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
     ...                       num_heads=4, mlp_dim=64, num_classes=10)
     >>> images, labels = np.zeros((4, 32, 32, 3), "float32"), np.zeros(4, int)
@@ -140,14 +141,14 @@ def robustness_probes(
         logits = np.asarray(model.predict_on_batch(images))
         return int((logits.argmax(axis=-1) == labels).sum())
 
-    for images, batch_labels in _batches(data, labels, batch_size):
+    for images, batch_labels in image_batches(data, labels, batch_size):
         if batch_labels is None:
             raise ValueError(
                 "Robustness probes need labels: pass labels with array data, or a dataset "
                 "of (images, labels)."
             )
         images = _check_images(images).astype("float32", copy=False)
-        batch_labels = _integer_labels(batch_labels)
+        batch_labels = integer_labels(batch_labels)
         correct["accuracy"] += hits(images, batch_labels)
         for fraction in drop_fractions:
             dropped = drop_patches(images, fraction, patch_size, fill, rng)

@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from keras_vit import __version__
 from keras_vit.data import check_crop_fraction, eval_resize
-from keras_vit.models.layers import _check_choice
 from keras_vit.models.vit import preprocess
+from keras_vit.utils.checks import check_choice
 
 ACTIVATIONS = ("softmax", "sigmoid")
 # `assets.extra/` is the SavedModel folder for files that serving systems carry along
@@ -190,6 +190,7 @@ def export_saved_model(
 
     Example:
 
+    >>> import keras_vit
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32,
     ...                       num_layers=2, num_heads=4, mlp_dim=64, num_classes=3)
     >>> _ = export_saved_model(model, "/tmp/vit", labels=["a", "b", "c"], top_k=2)
@@ -202,7 +203,7 @@ def export_saved_model(
     height, width, channels = _input_size(model)
     num_classes = _num_classes(model)
     labels = _check_labels(labels, num_classes)
-    _check_choice("activation", activation, ACTIVATIONS)
+    check_choice("activation", activation, ACTIVATIONS)
     check_crop_fraction(crop_fraction, (height, width))
     if not isinstance(top_k, int) or not 1 <= top_k <= num_classes:
         raise ValueError(

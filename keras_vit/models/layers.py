@@ -11,18 +11,10 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.utils.checks import check_choice, check_in_range, check_positive_int
+from keras_vit.utils.serialization import serializable
+
 POSITION_EMBEDDINGS = ("learned", "learned2d", "sincos2d", "none")
-
-
-def _register(cls):
-    return keras.saving.register_keras_serializable(package="keras_vit")(cls)
-
-
-def _check_choice(name, value, allowed):
-    if value not in allowed:
-        raise ValueError(
-            f"Unknown {name} {value!r}: expected one of {', '.join(map(repr, allowed))}."
-        )
 
 
 def sincos_2d_table(grid_size, width, temperature=10000.0):
@@ -128,11 +120,11 @@ def _query_blocks(length):
     """`(start, stop)` query rows that the softmax attention handles at a time.
 
     XLA:CPU under JAX fuses the softmax and both products of a head into one
-    YNNPACK kernel, which slows down about threefold once the (queries x keys)
-    tile outgrows the cache: ViT-Ti/16 at 384 px (577 tokens) infers 1.5x faster
-    with blocks of about `QUERY_BLOCK` queries. 197 tokens (224 px) are faster
-    whole, and TensorFlow's XLA, which does not fuse these, gains nothing
-    (measured with bench/models.py). Rows are independent, so blocking is exact.
+    YNNPACK kernel, which slows down once the (queries x keys) tile outgrows the
+    cache, so long sequences (ViT at 384 px) run in blocks of about `QUERY_BLOCK`
+    queries. Short ones (224 px) are faster whole, and TensorFlow's XLA, which does
+    not fuse these, gains nothing (bench/models.py; figures in the README's
+    Performance section). Rows are independent, so blocking is exact.
     """
     if length is None or length <= 4 * QUERY_BLOCK or keras.backend.backend() != "jax":
         return [(0, length)]
@@ -141,7 +133,7 @@ def _query_blocks(length):
     return [(start, min(start + size, length)) for start in range(0, length, size)]
 
 
-@_register
+@serializable
 class Patches(keras.layers.Layer):
     """Cuts images into non-overlapping square patches.
 
@@ -162,9 +154,7 @@ class Patches(keras.layers.Layer):
 
     def __init__(self, patch_size, **kwargs):
         super().__init__(**kwargs)
-        if int(patch_size) != patch_size or patch_size < 1:
-            raise ValueError(f"patch_size must be a positive integer, got {patch_size!r}.")
-        self.patch_size = int(patch_size)
+        self.patch_size = check_positive_int("patch_size", patch_size)
 
     def build(self, input_shape):
         if len(input_shape) != 4:
@@ -204,7 +194,7 @@ class Patches(keras.layers.Layer):
         return {**super().get_config(), "patch_size": self.patch_size}
 
 
-@_register
+@serializable
 class PatchEncoder(keras.layers.Layer):
     """Projects flattened patches to `hidden_dim` and adds position embeddings.
 
@@ -227,7 +217,7 @@ class PatchEncoder(keras.layers.Layer):
 
     def __init__(self, hidden_dim, grid_size, pos_embedding="learned", **kwargs):
         super().__init__(**kwargs)
-        _check_choice("pos_embedding", pos_embedding, POSITION_EMBEDDINGS)
+        check_choice("pos_embedding", pos_embedding, POSITION_EMBEDDINGS)
         if isinstance(grid_size, int):
             grid_size = (grid_size, grid_size)
         self.hidden_dim = int(hidden_dim)
@@ -302,7 +292,7 @@ class PatchEncoder(keras.layers.Layer):
         }
 
 
-@_register
+@serializable
 class ClassToken(keras.layers.Layer):
     """Prepends a learned class token (zero-initialised) to a token sequence.
 
@@ -347,7 +337,7 @@ class ClassToken(keras.layers.Layer):
         return {**super().get_config(), "use_position": self.use_position}
 
 
-@_register
+@serializable
 class TokenPooling(keras.layers.Layer):
     """Pools encoder output tokens: `"token"` takes the first, `"gap"` averages all.
 
@@ -359,7 +349,7 @@ class TokenPooling(keras.layers.Layer):
 
     def __init__(self, classifier="token", **kwargs):
         super().__init__(**kwargs)
-        _check_choice("classifier", classifier, ("token", "gap"))
+        check_choice("classifier", classifier, ("token", "gap"))
         self.classifier = classifier
 
     def call(self, tokens):
@@ -374,7 +364,7 @@ class TokenPooling(keras.layers.Layer):
         return {**super().get_config(), "classifier": self.classifier}
 
 
-@_register
+@serializable
 class DropPath(keras.layers.Layer):
     """Stochastic depth: drops a residual branch per sample with probability `rate`.
 
@@ -389,8 +379,7 @@ class DropPath(keras.layers.Layer):
 
     def __init__(self, rate=0.0, seed=None, **kwargs):
         super().__init__(**kwargs)
-        if not 0.0 <= rate < 1.0:
-            raise ValueError(f"DropPath rate must be in [0, 1), got {rate!r}.")
+        check_in_range("DropPath rate", rate, "[0, 1)")
         self.rate = float(rate)
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
@@ -407,7 +396,7 @@ class DropPath(keras.layers.Layer):
         return {**super().get_config(), "rate": self.rate, "seed": self.seed}
 
 
-@_register
+@serializable
 class TransformerBlock(keras.layers.Layer):
     """Pre-LayerNorm Transformer encoder block.
 
@@ -527,7 +516,7 @@ class TransformerBlock(keras.layers.Layer):
         if self.gelu_approximate or keras.backend.backend() == "torch":
             return keras.activations.gelu(y, approximate=self.gelu_approximate)
         # Under XLA the erf form beats tf.nn.gelu's and jax.nn.gelu's erfc form
-        # (about 10% of a JAX training step). `erf` is built from basic ops because
+        # (README, Performance). `erf` is built from basic ops because
         # JAX lowers lax.erf to a StableHLO composite that TensorFlow cannot load,
         # which would break SavedModel export of JAX-built models (jax2tf).
         return y * 0.5 * (1.0 + erf(y * ops.cast(1.0 / math.sqrt(2.0), y.dtype)))

@@ -10,30 +10,32 @@ TensorFlow, JAX and PyTorch backends and under `tf.distribute`.
 import keras
 from keras import ops
 
-from keras_vit.models.layers import Patches, _register
+from keras_vit.models.layers import Patches
+from keras_vit.utils.checks import check_in_range, check_positive_int
+from keras_vit.utils.serialization import serializable
 
 # What `corrupt_patch_embeddings` did to each position.
 CLEAN, MASKED, REPLACED, KEPT = 0, 1, 2, 3
 
 
-def _check_rates(corrupt_rate, mask_rate, random_rate, prefix=""):
-    """Raises `ValueError` naming a corruption rate (as `{prefix}{name}`) out of range."""
+def check_corruption_rates(corrupt_rate, mask_rate, random_rate, prefix=""):
+    """Raises `ValueError` naming a corruption rate (as `{prefix}{name}`) out of range.
+
+    Example:
+
+    >>> check_corruption_rates(0.5, 0.8, 0.3, prefix="mpp_")
+    Traceback (most recent call last):
+        ...
+    ValueError: mpp_mask_rate + mpp_random_rate must be at most 1, got 0.8 + 0.3.
+    """
     for name, rate in (("corrupt_rate", corrupt_rate), ("mask_rate", mask_rate),
                        ("random_rate", random_rate)):
-        if not 0.0 <= rate <= 1.0:
-            raise ValueError(f"{prefix}{name} must be in [0, 1], got {rate!r}.")
+        check_in_range(f"{prefix}{name}", rate, "[0, 1]")
     if mask_rate + random_rate > 1.0:
         raise ValueError(
             f"{prefix}mask_rate + {prefix}random_rate must be at most 1, got "
             f"{mask_rate} + {random_rate}."
         )
-
-
-def _check_bits(bits, prefix=""):
-    """Returns `bits` as an int, or raises `ValueError` naming it (as `{prefix}bits`)."""
-    if int(bits) != bits or bits < 1:
-        raise ValueError(f"{prefix}bits must be a positive integer, got {bits!r}.")
-    return int(bits)
 
 
 def mean_color_codes(patches, channels, bits=3):
@@ -56,7 +58,7 @@ def mean_color_codes(patches, channels, bits=3):
     >>> keras.ops.convert_to_numpy(mean_color_codes(patches, 3)).tolist()
     [[511, 511, 511, 511]]
     """
-    bits = _check_bits(bits)
+    bits = check_positive_int("bits", bits)
     if patches.shape[-1] % channels:
         raise ValueError(
             f"Patches of length {patches.shape[-1]} do not hold whole pixels of "
@@ -136,7 +138,7 @@ def corrupt_patch_embeddings(
     >>> int(keras.ops.sum(keras.ops.cast(kinds != CLEAN, "int32")))
     16
     """
-    _check_rates(corrupt_rate, mask_rate, random_rate)
+    check_corruption_rates(corrupt_rate, mask_rate, random_rate)
     num_patches = embeddings.shape[1]
     if num_patches is None or num_patches < 2:
         raise ValueError(
@@ -173,7 +175,7 @@ def corrupt_patch_embeddings(
     return corrupted, ops.cast(kinds, "int32")
 
 
-@_register
+@serializable
 class PatchCorruption(keras.layers.Layer):
     """Holds the learned [mask] embedding and corrupts patch embeddings with it.
 
@@ -191,7 +193,7 @@ class PatchCorruption(keras.layers.Layer):
 
     def __init__(self, corrupt_rate=0.5, mask_rate=0.8, random_rate=0.1, seed=None, **kwargs):
         super().__init__(**kwargs)
-        _check_rates(corrupt_rate, mask_rate, random_rate)
+        check_corruption_rates(corrupt_rate, mask_rate, random_rate)
         self.corrupt_rate = float(corrupt_rate)
         self.mask_rate = float(mask_rate)
         self.random_rate = float(random_rate)
@@ -270,7 +272,7 @@ def _trunk(encoder):
     return encoder.layers[names.index("patch_encoder") + 1 : names.index("encoder_norm") + 1]
 
 
-@_register
+@serializable
 class MaskedPatchPrediction(keras.Model):
     """Masked patch prediction around a keras-vit encoder (paper section 4.6).
 
@@ -317,7 +319,7 @@ class MaskedPatchPrediction(keras.Model):
         super().__init__(**kwargs)
         _trunk(encoder)
         self.encoder = encoder
-        self.bits = _check_bits(bits)
+        self.bits = check_positive_int("bits", bits)
         rows, cols = encoder.get_layer("patch_encoder").grid_size
         self.num_patches = rows * cols
         self.hidden_dim = encoder.get_layer("patch_encoder").hidden_dim

@@ -15,6 +15,8 @@ the rows and the columns of the grid, computed here with numpy in float64.
 
 import numpy as np
 
+from keras_vit.utils.checks import check_choice
+
 INTERPOLATIONS = ("bilinear_align_corners", "bicubic_antialias")
 
 
@@ -65,11 +67,7 @@ _WEIGHTS = {
 
 def check_interpolation(interpolation):
     """Raises a `ValueError` unless `interpolation` is one of `INTERPOLATIONS`."""
-    if interpolation not in INTERPOLATIONS:
-        raise ValueError(
-            f"Unknown interpolation {interpolation!r}: expected one of "
-            f"{', '.join(map(repr, INTERPOLATIONS))}."
-        )
+    check_choice("interpolation", interpolation, INTERPOLATIONS)
 
 
 def resample_position_grid(grid, size, interpolation="bilinear_align_corners"):

@@ -8,7 +8,7 @@ stride-2 convolution followed by a 3x3 stride-2 max-pool.
 import keras
 from keras import ops
 
-from keras_vit.models.layers import _register
+from keras_vit.utils.serialization import serializable
 
 GROUPS = 32
 GROUP_NORM_EPSILON = 1e-6  # flax.linen.GroupNorm's default
@@ -33,7 +33,7 @@ def standardize_kernel(kernel, epsilon=STANDARDIZE_EPSILON):
     return (kernel - mean) / (std + epsilon)
 
 
-@_register
+@serializable
 class StdConv2D(keras.layers.Conv2D):
     """`Conv2D` (no bias, `"same"` padding by default) with a weight-standardised kernel.
 
@@ -66,7 +66,7 @@ def _group_norm(name, gamma_initializer="ones"):
     )
 
 
-@_register
+@serializable
 class BottleneckUnit(keras.layers.Layer):
     """Post-activation bottleneck residual unit with 4x channel expansion.
 

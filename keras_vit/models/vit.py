@@ -5,6 +5,9 @@ from keras import ops
 
 from keras_vit.models import layers as vit_layers
 from keras_vit.models import resnet
+from keras_vit.utils import keras_compat
+from keras_vit.utils.checks import check_choice
+from keras_vit.utils.serialization import serializable
 
 # name: (hidden_dim, mlp_dim, num_heads, num_layers), vit_jax configs/models.py.
 SIZES = {
@@ -60,8 +63,8 @@ def parse_variant(variant):
     )
 
 
-@keras.saving.register_keras_serializable(package="keras_vit")
-class VisionTransformer(keras.Model):
+@serializable
+class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
     """The functional `keras.Model` that `ViT` returns; it compiles with XLA by default.
 
     It differs from a plain functional model only in what `jit_compile="auto"` (the
@@ -73,14 +76,13 @@ class VisionTransformer(keras.Model):
     turns XLA off.
     """
 
-    def _resolve_auto_jit_compile(self):
-        # Keras resolves "auto" in this hook, both in compile() and lazily.
-        if keras.backend.backend() == "tensorflow" and not self._distribute_strategy:
+    def auto_jit_compile(self):
+        if keras.backend.backend() == "tensorflow" and not keras_compat.built_strategy(self):
             import tensorflow as tf
 
             if not tf.distribute.has_strategy():
                 return True
-        return super()._resolve_auto_jit_compile()
+        return None  # Keras decides
 
 
 def _pair(size, name):
@@ -217,8 +219,8 @@ def _build(
             f"Without a variant, ViT needs {', '.join(missing)}; or pass a variant, "
             f"one of {', '.join(VARIANTS)}."
         )
-    vit_layers._check_choice("classifier", classifier, ("token", "gap"))
-    vit_layers._check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
+    check_choice("classifier", classifier, ("token", "gap"))
+    check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
     height, width = _pair(image_size, "image_size")
     patch = arch["patch_size"]
     stride = patch if stages is None else patch * resnet.trunk_stride(stages)

@@ -10,6 +10,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit.training.multiworker import chief_writes, is_chief
+from keras_vit.utils import keras_compat
+from keras_vit.utils.checks import check_positive_int
 
 logger = logging.getLogger("keras_vit")
 
@@ -63,8 +65,8 @@ class TrainingBackup(keras.callbacks.Callback):
 
     def __init__(self, directory, every=None):
         super().__init__()
-        if every is not None and (int(every) != every or every < 1):
-            raise ValueError(f"Backup interval must be a positive integer, got {every!r}.")
+        if every is not None:
+            check_positive_int("Backup interval", every)
         self.directory = directory
         self.every = every
         self.path = os.path.join(directory, self.FILE)
@@ -126,7 +128,7 @@ class TrainingBackup(keras.callbacks.Callback):
             for variable, value in zip(groups[group], saved[group]):
                 variable.assign(value)
         epoch, step = int(state["epoch"]), int(state["step"])
-        model._initial_epoch = epoch  # Keras' own resume hook (see BackupAndRestore).
+        keras_compat.set_initial_epoch(model, epoch)
         self._epoch = epoch
         if step:
             model.pass_steps(step)
@@ -179,8 +181,7 @@ class EpochCheckpoints(keras.callbacks.Callback):
 
     def __init__(self, model, directory, keep=3):
         super().__init__()
-        if int(keep) != keep or keep < 1:
-            raise ValueError(f"keep must be a positive integer, got {keep!r}.")
+        check_positive_int("keep", keep)
         self.network = model
         self.directory = directory
         self.keep = int(keep)

@@ -26,24 +26,13 @@ import logging
 import typing
 from typing import Optional
 
+from keras_vit.utils.checks import check_choice, check_positive_int
+
 logger = logging.getLogger("keras_vit")
 
 LOSSES = ("softmax", "sigmoid")
 OBJECTIVES = ("supervised", "mpp")
 JIT_COMPILE = ("auto", "on", "off")
-
-
-def _choice(name, value, allowed):
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}.")
-
-
-def _positive(name, value, optional=False):
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 1:
-        kind = "None or a positive integer" if optional else "a positive integer"
-        raise ValueError(f"{name} must be {kind}, got {value!r}.")
 
 
 @dataclasses.dataclass
@@ -71,7 +60,7 @@ class ModelConfig:
         self.kwargs = dict(self.kwargs)
 
     def validate(self):
-        _positive("model.image_size", self.image_size)
+        check_positive_int("model.image_size", self.image_size)
         if self.variant != "custom":
             from keras_vit.models.vit import parse_variant
 
@@ -117,9 +106,9 @@ class DataConfig:
     def validate(self):
         from keras_vit import data as vit_data
 
-        _choice("data.augment", self.augment, tuple(vit_data.AUGREG_LEVELS))
-        _positive("data.batch_size", self.batch_size)
-        _positive("data.shuffle_buffer", self.shuffle_buffer, optional=True)
+        check_choice("data.augment", self.augment, tuple(vit_data.AUGREG_LEVELS))
+        check_positive_int("data.batch_size", self.batch_size)
+        check_positive_int("data.shuffle_buffer", self.shuffle_buffer, optional=True)
         if self.classes is not None:
             vit_data.parse_classes(self.classes)
         low, high = self.crop_area
@@ -164,14 +153,14 @@ class OptimizationConfig:
         from keras_vit.models import mpp as vit_mpp
         from keras_vit.training.optimizers import OPTIMIZERS
 
-        _choice("optimization.objective", self.objective, OBJECTIVES)
-        _choice("optimization.loss", self.loss, LOSSES)
-        _choice("optimization.optimizer", self.optimizer, OPTIMIZERS)
-        _positive("optimization.micro_batches_per_update", self.micro_batches_per_update)
+        check_choice("optimization.objective", self.objective, OBJECTIVES)
+        check_choice("optimization.loss", self.loss, LOSSES)
+        check_choice("optimization.optimizer", self.optimizer, OPTIMIZERS)
+        check_positive_int("optimization.micro_batches_per_update", self.micro_batches_per_update)
         if self.objective != "mpp":
             return
-        vit_mpp._check_bits(self.mpp_bits, prefix="optimization.mpp_")
-        vit_mpp._check_rates(
+        check_positive_int("optimization.mpp_bits", self.mpp_bits)
+        vit_mpp.check_corruption_rates(
             self.mpp_corrupt_rate, self.mpp_mask_rate, self.mpp_random_rate,
             prefix="optimization.mpp_",
         )
@@ -207,10 +196,10 @@ class ScheduleConfig:
     def validate(self):
         from keras_vit.training.schedules import DECAYS
 
-        _choice("schedule.decay", self.decay, DECAYS)
-        _positive("schedule.epochs", self.epochs)
-        _positive("schedule.updates", self.updates, optional=True)
-        _positive("schedule.micro_batches_per_epoch", self.micro_batches_per_epoch, optional=True)
+        check_choice("schedule.decay", self.decay, DECAYS)
+        check_positive_int("schedule.epochs", self.epochs)
+        check_positive_int("schedule.updates", self.updates, optional=True)
+        check_positive_int("schedule.micro_batches_per_epoch", self.micro_batches_per_epoch, optional=True)
         if not self.learning_rate > 0:
             raise ValueError(f"schedule.learning_rate must be > 0, got {self.learning_rate!r}.")
 
@@ -229,8 +218,8 @@ class CheckpointingConfig:
     tensorboard: bool = True
 
     def validate(self):
-        _positive("checkpointing.keep_checkpoints", self.keep_checkpoints)
-        _positive(
+        check_positive_int("checkpointing.keep_checkpoints", self.keep_checkpoints)
+        check_positive_int(
             "checkpointing.backup_every_micro_batches", self.backup_every_micro_batches,
             optional=True,
         )
@@ -255,10 +244,10 @@ class DistributionConfig:
     def validate(self):
         from keras_vit.training import distribute
 
-        _choice("distribution.strategy", self.strategy, distribute.STRATEGIES)
-        _choice("distribution.precision", self.precision, distribute.PRECISIONS)
-        _choice("distribution.jit_compile", self.jit_compile, JIT_COMPILE)
-        _positive("distribution.micro_batches_per_execution", self.micro_batches_per_execution)
+        check_choice("distribution.strategy", self.strategy, distribute.STRATEGIES)
+        check_choice("distribution.precision", self.precision, distribute.PRECISIONS)
+        check_choice("distribution.jit_compile", self.jit_compile, JIT_COMPILE)
+        check_positive_int("distribution.micro_batches_per_execution", self.micro_batches_per_execution)
 
 
 @dataclasses.dataclass
@@ -276,7 +265,7 @@ class EvaluationConfig:
     crop_fraction: float = 0.875
 
     def validate(self):
-        _positive("evaluation.every_epochs", self.every_epochs)
+        check_positive_int("evaluation.every_epochs", self.every_epochs)
 
 
 SECTIONS = dict(

@@ -7,6 +7,8 @@ import shutil
 import keras
 import tensorflow as tf
 
+from keras_vit.utils.checks import check_choice
+
 logger = logging.getLogger("keras_vit")
 
 STRATEGIES = ("auto", "tpu", "mirrored", "multiworker", "cpu")
@@ -35,10 +37,7 @@ def make_strategy(name="auto"):
     >>> make_strategy("cpu").num_replicas_in_sync
     1
     """
-    if name not in STRATEGIES:
-        raise ValueError(
-            f"Unknown strategy {name!r}: expected one of {', '.join(map(repr, STRATEGIES))}."
-        )
+    check_choice("strategy", name, STRATEGIES)
     if name == "auto":
         if _tpu_present():
             name = "tpu"
@@ -132,10 +131,7 @@ def precision_policy(name, strategy):
     >>> precision_policy("auto", make_strategy("cpu"))
     'float32'
     """
-    if name not in PRECISIONS:
-        raise ValueError(
-            f"Unknown precision {name!r}: expected one of {', '.join(map(repr, PRECISIONS))}."
-        )
+    check_choice("precision", name, PRECISIONS)
     if name != "auto":
         return name
     device_type = _device_type(strategy)

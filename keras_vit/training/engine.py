@@ -73,7 +73,7 @@ class ResumableFit:
         return train_function
 
 
-@keras.saving.register_keras_serializable(package="keras_vit")
+@serializable
 class TrainingModel(ResumableFit, multiworker.MultiWorkerFit, keras.Model):
     """The functional model `train` fits: a `keras_vit.ViT`'s graph, plus resume support.
 

@@ -3,8 +3,10 @@
 import keras
 from keras import ops
 
+from keras_vit.utils.serialization import serializable
 
-@keras.saving.register_keras_serializable(package="keras_vit")
+
+@serializable
 class SigmoidCrossEntropy(keras.losses.Loss):
     """Sigmoid cross-entropy summed over classes, averaged over examples.
 

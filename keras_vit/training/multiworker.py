@@ -13,6 +13,9 @@ import os
 import keras
 import tensorflow as tf
 
+from keras_vit.utils import keras_compat
+from keras_vit.utils.serialization import serializable
+
 
 def in_multi_worker_mode(strategy):
     """Whether `strategy` is a `MultiWorkerMirroredStrategy` spanning several workers.
@@ -24,7 +27,7 @@ def in_multi_worker_mode(strategy):
     """
     return isinstance(
         strategy, tf.distribute.MultiWorkerMirroredStrategy
-    ) and strategy.extended._in_multi_worker_mode()
+    ) and keras_compat.in_multi_worker_mode(strategy)
 
 
 def is_chief(strategy=None):
@@ -104,7 +107,7 @@ def clip_summed_gradients(optimizer):
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
     if not (inner.clipnorm or inner.global_clipnorm or inner.clipvalue):
         return optimizer
-    clip = inner._clip_gradients
+    clip = keras_compat.clip_gradients_function(inner)
 
     def clip_sum(grads):
         context = tf.distribute.get_replica_context()
@@ -115,11 +118,11 @@ def clip_summed_gradients(optimizer):
         replicas = context.num_replicas_in_sync
         return [None if g is None else g / replicas for g in clipped]
 
-    inner._clip_gradients = clip_sum
+    keras_compat.set_clip_gradients_function(inner, clip_sum)
     return optimizer
 
 
-class MultiWorkerFit:
+class MultiWorkerFit(keras_compat.SymbolicBuildHook):
     """What makes `fit`/`evaluate` work under `MultiWorkerMirroredStrategy` (a
     `keras.Model` mixin; `MultiWorkerModel` is the ready-made model).
 
@@ -140,16 +143,13 @@ class MultiWorkerFit:
         if self.optimizer is not None:
             clip_summed_gradients(self.optimizer)
 
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+    def symbolic_build_batch(self, iterator):
         # Stock Keras averages the first distributed batch across workers eagerly (which
         # fails) only to learn its shapes; this worker's own replica batch has them.
-        if iterator is not None and self._distribute_strategy is not None:
-            for _, _, it in iterator:
-                data_batch = tf.nest.map_structure(
-                    lambda v: _local(v, self.distribute_strategy), next(it)
-                )
-                break
-        super()._maybe_symbolic_build(data_batch=data_batch)
+        if keras_compat.built_strategy(self) is None:
+            return None
+        for _, _, it in iterator:
+            return tf.nest.map_structure(lambda v: _local(v, self.distribute_strategy), next(it))
 
     def _replica_logs(self, logs):
         # With several workers Keras reduces each replica's step logs (its own on-read
@@ -166,7 +166,7 @@ class MultiWorkerFit:
         return self._replica_logs(super().test_step(data))
 
 
-@keras.saving.register_keras_serializable(package="keras_vit")
+@serializable
 class MultiWorkerModel(MultiWorkerFit, keras.Model):
     """A `keras.Model` whose `fit`/`evaluate` work under `MultiWorkerMirroredStrategy`.
 

@@ -2,6 +2,8 @@
 
 import keras
 
+from keras_vit.utils.checks import check_choice, check_positive_int
+
 OPTIMIZERS = ("adam", "adamw", "sgd")
 
 
@@ -54,12 +56,8 @@ def make_optimizer(
     >>> optimizer.global_clipnorm
     1.0
     """
-    if name not in OPTIMIZERS:
-        raise ValueError(
-            f"Unknown optimizer {name!r}: expected one of {', '.join(map(repr, OPTIMIZERS))}."
-        )
-    if int(accumulation_steps) != accumulation_steps or accumulation_steps < 1:
-        raise ValueError(f"accumulation_steps must be an integer >= 1, got {accumulation_steps!r}.")
+    check_choice("optimizer", name, OPTIMIZERS)
+    check_positive_int("accumulation_steps", accumulation_steps)
     common = dict(
         learning_rate=learning_rate,
         weight_decay=weight_decay or None,

@@ -5,10 +5,13 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.utils.checks import check_choice, check_positive_int
+from keras_vit.utils.serialization import serializable
+
 DECAYS = ("linear", "cosine", "constant")
 
 
-@keras.saving.register_keras_serializable(package="keras_vit")
+@serializable
 class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warmup from 0 to `learning_rate` over `warmup_steps`, then decay.
 
@@ -39,16 +42,12 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
         end_learning_rate=1e-5,
         accumulation_steps=1,
     ):
-        if decay not in DECAYS:
-            raise ValueError(
-                f"Unknown decay {decay!r}: expected one of {', '.join(map(repr, DECAYS))}."
-            )
+        check_choice("decay", decay, DECAYS)
         if not 0 <= warmup_steps < total_steps:
             raise ValueError(
                 f"warmup_steps ({warmup_steps}) must be in [0, total_steps={total_steps})."
             )
-        if accumulation_steps < 1:
-            raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}.")
+        check_positive_int("accumulation_steps", accumulation_steps)
         self.learning_rate = float(learning_rate)
         self.total_steps = int(total_steps)
         self.warmup_steps = int(warmup_steps)

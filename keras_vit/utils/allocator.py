@@ -2,10 +2,8 @@
 
 Under JAX, XLA:CPU mallocs a step's temporary buffers on every call and frees them
 at its end. glibc hands blocks that large straight back to the kernel, so the next
-step faults every page in again: a ViT-Ti/16 training step at batch 32 took about
-508,000 page faults and 1 s of system CPU time per 2.4 s step, and 2.0 s with
-freed memory kept; ViT-S/16 took 996,000 (4 GiB) per 7.3 s step, and 6.0 s kept
-(measured with `bench/contenders.py`'s worker and `getrusage`).
+step faults every page in again, at a cost in system CPU time on every step (the
+README's Performance section gives the figures, measured with `bench/contenders.py`).
 TensorFlow's allocator already keeps its memory.
 
 `import keras_vit` under the JAX backend calls `keep_freed_memory()` unless the

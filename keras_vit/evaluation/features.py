@@ -1,0 +1,176 @@
+"""Frozen features of a model: the representation few-shot evaluation and probes read.
+
+`feature_model` cuts a model at its representation (`pre_logits` or the pooled
+output); `extract_features` runs it over arrays or a `tf.data.Dataset` in fixed-size
+batches (the last one padded, so the forward pass compiles once) and returns numpy
+features with the labels that came with the images.
+"""
+
+import keras
+import numpy as np
+
+from keras_vit.utils.checks import check_positive_int
+
+FEATURE_LAYERS = ("pre_logits", "pool")
+
+
+def feature_model(model, layer=None):
+    """Returns a `keras.Model` from `model`'s input to its representation.
+
+    The representation is the output of `layer` if given, else of `pre_logits`
+    (the representation layer) when the model has one, else of `pool`. A model
+    built with `include_top=False` (and pooling) already outputs it.
+
+    Example:
+
+    >>> import keras_vit
+    >>> vit = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32,
+    ...                     num_layers=2, num_heads=4, mlp_dim=64)
+    >>> feature_model(vit).output.shape
+    (None, 32)
+    """
+    names = [sub.name for sub in getattr(model, "layers", [])]
+    if layer is None:
+        layer = next((name for name in FEATURE_LAYERS if name in names), None)
+        if layer is None:
+            if len(model.outputs) == 1 and len(model.outputs[0].shape) == 2:
+                return model
+            raise ValueError(
+                f"Model {model.name!r} has no {' or '.join(map(repr, FEATURE_LAYERS))} layer "
+                "and does not output pooled features: pass layer=NAME, or build it with "
+                "pooling=True."
+            )
+    elif layer not in names:
+        raise ValueError(
+            f"Model {model.name!r} has no layer {layer!r}: expected one of {', '.join(names)}."
+        )
+    output = model.get_layer(layer).output
+    if len(output.shape) != 2:
+        raise ValueError(
+            f"Layer {layer!r} outputs shape {tuple(output.shape)}: few-shot features must "
+            "be (batch, features); use the pooled output."
+        )
+    return keras.Model(model.inputs, output, name=f"{model.name}_features")
+
+
+def integer_labels(labels):
+    """Class ids `(N,)` from integer labels or one-hot (or soft) label rows `(N, classes)`.
+
+    Example:
+
+    >>> integer_labels(np.eye(3)[[2, 0]]).tolist()
+    [2, 0]
+    """
+    labels = np.asarray(labels)
+    if labels.ndim == 2:  # one-hot or soft labels, as training pipelines yield them
+        labels = labels.argmax(axis=-1)
+    return labels.reshape(-1)
+
+
+def image_batches(data, labels, batch_size):
+    """Yields `(images, labels)` batches of numpy arrays from arrays or a `tf.data.Dataset`.
+
+    Args:
+        data: an array of images, or a `tf.data.Dataset` of images or `(images, labels)`,
+            batched or single images (then batched here).
+        labels: labels of array `data` (or None); must be None for a dataset.
+        batch_size: images per batch of array data or of an unbatched dataset.
+
+    Example:
+
+    >>> [(len(x), y.tolist()) for x, y in image_batches(np.zeros((5, 2, 2, 1)), [0, 1, 2, 3, 4], 2)]
+    [(2, [0, 1]), (2, [2, 3]), (1, [4])]
+    """
+    if hasattr(data, "as_numpy_iterator"):  # a tf.data.Dataset, without importing tf
+        if labels is not None:
+            raise ValueError(
+                "labels must be None when data is a tf.data.Dataset: the dataset yields "
+                "(images, labels) batches itself."
+            )
+        spec = data.element_spec
+        image_spec = spec[0] if isinstance(spec, tuple) else spec
+        if len(image_spec.shape) == 3:  # single images: batch them here
+            data = data.batch(batch_size)
+        for element in data.as_numpy_iterator():
+            if isinstance(element, tuple):
+                yield element[0], element[1]
+            else:
+                yield element, None
+        return
+    images = np.asarray(data)
+    if labels is not None and len(labels) != len(images):
+        raise ValueError(
+            f"Got {len(images)} images but {len(labels)} labels: expected one label per image."
+        )
+    for start in range(0, len(images), batch_size):
+        end = start + batch_size
+        yield images[start:end], None if labels is None else np.asarray(labels)[start:end]
+
+
+def extract_features(model, data, labels=None, *, batch_size=256, layer=None, verbose=0):
+    """Computes a model's frozen representation of a set of images.
+
+    Args:
+        model: a keras-vit model (any backend); see `feature_model` for which
+            layer's output is used.
+        data: images as the model takes them (NHWC, scaled with
+            `keras_vit.preprocess`), or a `tf.data.Dataset` of image batches or
+            `(images, labels)` batches (integer or one-hot labels).
+        labels: labels of array `data` (optional), passed through.
+        batch_size: images per forward pass (and per batch of an unbatched dataset).
+        layer: name of the layer whose output is the representation.
+        verbose: 1 shows a progress bar.
+
+    Returns:
+        `(features, labels)`: float32 array `(N, D)` and integer labels `(N,)`,
+        or None where there are none.
+
+    Example:
+
+    >>> import keras_vit
+    >>> vit = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32,
+    ...                     num_layers=2, num_heads=4, mlp_dim=64)
+    >>> features, _ = extract_features(vit, np.zeros((3, 32, 32, 3), "float32"))
+    >>> features.shape
+    (3, 32)
+    """
+    extractor = feature_model(model, layer)
+    return extract_with(extractor, data, labels, batch_size=batch_size, verbose=verbose)
+
+
+def extract_with(extractor, data, labels=None, *, batch_size=256, verbose=0):
+    """`extract_features` with a feature model already built (`feature_model`).
+
+    Reusing one extractor for several splits compiles its forward pass once.
+
+    Example:
+
+    >>> import keras_vit
+    >>> vit = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32,
+    ...                     num_layers=2, num_heads=4, mlp_dim=64)
+    >>> features, labels = extract_with(feature_model(vit), np.zeros((3, 32, 32, 3)), [1, 2, 3])
+    >>> features.shape, labels.tolist()
+    ((3, 32), [1, 2, 3])
+    """
+    batch_size = check_positive_int("batch_size", batch_size)
+    progress = keras.utils.Progbar(None, unit_name="image") if verbose else None
+    features, all_labels, full = [], [], None
+    for images, batch_labels in image_batches(data, labels, batch_size):
+        images = np.asarray(images)
+        count = len(images)
+        full = full or count
+        if count < full:  # one input shape per extractor: no retracing or recompiling
+            pad = np.zeros((full - count, *images.shape[1:]), images.dtype)
+            images = np.concatenate([images, pad])
+        outputs = np.asarray(extractor.predict_on_batch(images))
+        features.append(outputs[:count].astype("float32"))
+        if batch_labels is not None:
+            all_labels.append(integer_labels(batch_labels))
+        if progress is not None:
+            progress.add(count)
+    if progress is not None:
+        progress.update(sum(len(f) for f in features), finalize=True)  # ends the line
+    if not features:
+        raise ValueError("No images to extract features from: data is empty.")
+    labels = np.concatenate(all_labels) if all_labels else None
+    return np.concatenate(features), labels

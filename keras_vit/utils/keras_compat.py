@@ -1,0 +1,151 @@
+"""Every use of Keras' private internals (and one of `tf.distribute`'s), in one place.
+
+keras-vit needs a few things Keras does not expose publicly: where a preprocessing layer
+draws its randomness, RandAugment's list of operations, the optimizer's gradient
+clipping, the epoch `fit` resumes at, whether a model was built under a distribution
+strategy, and two trainer hooks (how `jit_compile="auto"` is resolved, and which batch
+builds the model before `fit`); and, for keras-cv's layers, their random generator and
+whether they augment a batch as a whole. Each is wrapped here, and `tests/test_keras_compat.py`
+checks that each still exists and behaves as relied on, so that a Keras release that
+changes one fails there, by name, rather than somewhere in training. `pyproject.toml`
+keeps `keras` below the next major version.
+"""
+
+
+def sublayers(layer):
+    """`layer` and every layer nested in it, at any depth (Keras' `_flatten_layers`).
+
+    Example:
+
+    >>> import keras
+    >>> block = keras.Sequential([keras.layers.Dense(2), keras.layers.RandomFlip()])
+    >>> [type(sub).__name__ for sub in sublayers(block)]
+    ['Sequential', 'Dense', 'RandomFlip']
+    """
+    return list(layer._flatten_layers(include_self=True))
+
+
+def replace_seed_generator(layer, generator):
+    """Makes a random preprocessing `layer` draw its seeds from `generator`.
+
+    Keras' data layers keep a `SeedGenerator` in `generator` and, under `tf.data` on
+    another backend, one per backend in `_backend_generators`; both are replaced. Set
+    with `object.__setattr__`, so Keras does not track a stateless generator as state.
+
+    Example:
+
+    >>> import keras
+    >>> flip = keras.layers.RandomFlip()
+    >>> generator = keras.random.SeedGenerator(7)
+    >>> replace_seed_generator(flip, generator)
+    >>> flip.generator is generator
+    True
+    """
+    object.__setattr__(layer, "generator", generator)
+    object.__setattr__(layer, "_backend_generators", {"tensorflow": generator})
+
+
+def rand_augment_operations(layer):
+    """The operations (layers) a `keras.layers.RandAugment` picks from, in its order.
+
+    Example:
+
+    >>> import keras
+    >>> operations = rand_augment_operations(keras.layers.RandAugment())
+    >>> len(operations), type(operations[0]).__name__
+    (11, 'RandomShear')
+    """
+    return [getattr(layer, name) for name in layer._AUGMENT_LAYERS]
+
+
+def clip_gradients_function(optimizer):
+    """The function a Keras optimizer clips its gradients with (`clipnorm`, ...)."""
+    return optimizer._clip_gradients
+
+
+def set_clip_gradients_function(optimizer, clip):
+    """Makes `optimizer` clip its gradients with `clip(grads) -> grads` instead.
+
+    Example:
+
+    >>> import keras
+    >>> optimizer = keras.optimizers.SGD(clipvalue=1.0)
+    >>> set_clip_gradients_function(optimizer, lambda grads: [2 * g for g in grads])
+    >>> clip_gradients_function(optimizer)([1.0])
+    [2.0]
+    """
+    optimizer._clip_gradients = clip
+
+
+def set_initial_epoch(model, epoch):
+    """Makes the next `model.fit` start at `epoch` (0-based), as `BackupAndRestore` does."""
+    model._initial_epoch = epoch
+
+
+def built_strategy(model):
+    """The `tf.distribute` strategy `model` was created under, or None.
+
+    (`model.distribute_strategy` falls back to the current strategy instead.)
+
+    Example:
+
+    >>> import keras
+    >>> built_strategy(keras.Sequential()) is None
+    True
+    """
+    return model._distribute_strategy
+
+
+def in_multi_worker_mode(strategy):
+    """Whether a `MultiWorkerMirroredStrategy` spans several workers (tf.distribute's
+    private `_in_multi_worker_mode`)."""
+    return strategy.extended._in_multi_worker_mode()
+
+
+def replace_keras_cv_generator(layer, generator):
+    """Makes a keras-cv augmentation `layer` draw from `generator` (the
+    `tf.random.Generator` keras-cv keeps in its private `_random_generator`)."""
+    object.__setattr__(layer, "_random_generator", generator)
+
+
+def keras_cv_mixes_batch(layer):
+    """Whether a keras-cv augmentation layer overrides `BaseImageAugmentationLayer`'s
+    private `_batch_augment` (it augments the batch as a whole, e.g. mixes its images)."""
+    import keras_cv
+
+    base = keras_cv.layers.BaseImageAugmentationLayer
+    return type(layer)._batch_augment is not base._batch_augment
+
+
+class AutoJitCompileHook:
+    """`keras.Model` mixin: `auto_jit_compile()` decides what `jit_compile="auto"` means.
+
+    Keras resolves `"auto"` in its private `_resolve_auto_jit_compile`, both in `compile`
+    and when an uncompiled model first predicts. `auto_jit_compile` returns True or False,
+    or None to leave the choice to Keras.
+    """
+
+    def auto_jit_compile(self):
+        return None
+
+    def _resolve_auto_jit_compile(self):
+        choice = self.auto_jit_compile()
+        return super()._resolve_auto_jit_compile() if choice is None else choice
+
+
+class SymbolicBuildHook:
+    """`keras.Model` mixin (TensorFlow backend): `symbolic_build_batch(iterator)` chooses
+    the data batch Keras builds the model's metrics and optimizer from before `fit` or
+    `evaluate` under a strategy (Keras' private `_maybe_symbolic_build`); it returns
+    None to let Keras take its own.
+    """
+
+    def symbolic_build_batch(self, iterator):
+        return None
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if iterator is not None:
+            batch = self.symbolic_build_batch(iterator)
+            if batch is not None:
+                return super()._maybe_symbolic_build(data_batch=batch)
+        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)

@@ -1,0 +1,27 @@
+"""Files written by keras-vit 0.1.0 (commit 25b1e66) still load and give the same outputs.
+
+The fixtures and the script that wrote them are described in tests/fixtures/README.md.
+"""
+
+import json
+from pathlib import Path
+
+import keras
+import numpy as np
+
+import keras_vit
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def test_npz_written_by_v0_1_0_loads_with_the_same_logits():
+    saved = np.load(FIXTURES / "vit_v0_1_0_npz_io.npz")
+    model = keras_vit.ViT(**json.loads(str(saved["vit_kwargs"])))
+    before = keras.ops.convert_to_numpy(model(saved["images"]))
+    assert not np.allclose(before, saved["logits"], atol=1e-3)  # only the load can match
+
+    report = keras_vit.load_pretrained(model, FIXTURES / "vit_v0_1_0_npz.npz")
+    assert not (report.missing or report.unexpected or report.mismatched or report.messages)
+    logits = keras.ops.convert_to_numpy(model(saved["images"]))
+    # The same float32 computation: equal up to the order of summation.
+    np.testing.assert_allclose(logits, saved["logits"], rtol=1e-6, atol=1e-6)
