@@ -28,6 +28,7 @@ from keras_vit.training.config import TrainConfig  # noqa: F401  (keras_vit.trai
 from keras_vit.training.losses import SigmoidCrossEntropy
 from keras_vit.training.optimizers import make_optimizer
 from keras_vit.training.schedules import WarmupDecay
+from keras_vit.utils.serialization import serializable
 
 logger = logging.getLogger("keras_vit")
 
