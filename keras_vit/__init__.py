@@ -4,13 +4,15 @@
 first use (`keras_vit.ViT`, `from keras_vit import ViT`), so that the `keras-vit`
 command answers `--help` without starting TensorFlow. The first use of any of them
 imports the backend-agnostic modules (models, weights, evaluation), which registers
-keras-vit's layers with Keras for `keras.saving.load_model`; when Keras is already
-imported, `import keras_vit` does that at once. The TensorFlow-only parts (SavedModel
+keras-vit's layers with Keras for `keras.saving.load_model`; so does `import keras_vit`
+when Keras is already imported, or the import of Keras that follows it. The TensorFlow-only parts (SavedModel
 export, the training engine with tf.data and tf.distribute, the demo) are imported only
 when their names are used.
 """
 
 import importlib
+import importlib.abc
+import importlib.util
 import sys
 
 from keras_vit.utils.allocator import configure_for_backend
@@ -89,5 +91,28 @@ def __dir__():
     return sorted([*globals(), *__all__])
 
 
+class _LoadAfterKeras(importlib.abc.MetaPathFinder):
+    """Registers keras-vit's layers right after Keras is imported, when `import keras`
+    comes after `import keras_vit`: a script that only calls `keras.saving.load_model`
+    then finds them, as it did when `import keras_vit` imported Keras itself."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "keras":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            execute = spec.loader.exec_module
+
+            def exec_module(module):
+                execute(module)
+                _load()
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
 if "keras" in sys.modules:
     _load()
+else:
+    sys.meta_path.insert(0, _LoadAfterKeras())

@@ -25,3 +25,21 @@ def test_npz_written_by_v0_1_0_loads_with_the_same_logits():
     logits = keras.ops.convert_to_numpy(model(saved["images"]))
     # The same float32 computation: equal up to the order of summation.
     np.testing.assert_allclose(logits, saved["logits"], rtol=1e-6, atol=1e-6)
+
+
+def test_keras_file_loads_when_keras_is_imported_after_keras_vit():
+    """`import keras_vit` no longer imports Keras (the CLI starts without TensorFlow), yet a
+    script that imports Keras afterwards and only calls `load_model` finds the layers."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, keras_vit\n"
+        "assert 'keras' not in sys.modules\n"
+        "import keras\n"
+        f"model = keras.saving.load_model({str(FIXTURES / 'run_v0_1_0' / 'model.keras')!r})\n"
+        "print(type(model).__name__)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-1] == "VisionTransformer"
