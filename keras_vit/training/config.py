@@ -301,7 +301,6 @@ FLAT_KEYS = {
     "shuffle_buffer": "data.shuffle_buffer",
     "cache": "data.cache",
     "strict_data": "data.strict",
-    "data_dir": "data.data_dir",
     "objective": "optimization.objective",
     "loss": "optimization.loss",
     "label_smoothing": "optimization.label_smoothing",
