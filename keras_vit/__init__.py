@@ -30,7 +30,15 @@ from keras_vit.models.layers import (
     TokenPooling,
     TransformerBlock,
 )
-from keras_vit.models.vit import VARIANTS, ViT, VisionTransformer, parse_variant, preprocess
+from keras_vit.models.vit import (
+    VARIANTS,
+    ViT,
+    ViTParts,
+    VisionTransformer,
+    parse_variant,
+    preprocess,
+    vit_parts,
+)
 from keras_vit.models.mpp import (
     MaskedPatchPrediction,
     corrupt_patch_embeddings,

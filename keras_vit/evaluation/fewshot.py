@@ -18,19 +18,21 @@ from typing import Optional
 import keras
 import numpy as np
 
+from keras_vit.models.vit import vit_parts
+
 BIAS_FEATURE = 100.0  # large, so the bias is almost unregularised
 WHITEN_EPSILON = 1e-5
 DEFAULT_L2 = 2.0**10
 L2_GRID = tuple(2.0**i for i in range(-10, 20))
-FEATURE_LAYERS = ("pre_logits", "pool")
 
 
 def feature_model(model, layer=None):
     """Returns a `keras.Model` from `model`'s input to its representation.
 
-    The representation is the output of `layer` if given, else of `pre_logits`
-    (the representation layer) when the model has one, else of `pool`. A model
-    built with `include_top=False` (and pooling) already outputs it.
+    The representation is the output of the layer named `layer` if given, else of a
+    ViT's `pre_logits` (the representation layer) when it has one, else of its
+    `pool`. A model that outputs `(batch, features)` itself (e.g. a ViT built with
+    `include_top=False`, or another encoder) is used as it is.
 
     Example:
 
@@ -39,26 +41,32 @@ def feature_model(model, layer=None):
     >>> feature_model(vit).output.shape
     (None, 32)
     """
-    names = [sub.name for sub in getattr(model, "layers", [])]
     if layer is None:
-        layer = next((name for name in FEATURE_LAYERS if name in names), None)
-        if layer is None:
+        try:
+            parts = vit_parts(model)
+            found = parts.pool if parts.pre_logits is None else parts.pre_logits
+        except ValueError:  # another encoder
+            found = None
+        if found is None:
             if len(model.outputs) == 1 and len(model.outputs[0].shape) == 2:
                 return model
             raise ValueError(
-                f"Model {model.name!r} has no {' or '.join(map(repr, FEATURE_LAYERS))} layer "
-                "and does not output pooled features: pass layer=NAME, or build it with "
-                "pooling=True."
+                f"Model {model.name!r} has no 'pre_logits' or 'pool' layer and does not "
+                "output pooled features: pass layer=NAME, or build it with pooling=True."
             )
-    elif layer not in names:
-        raise ValueError(
-            f"Model {model.name!r} has no layer {layer!r}: expected one of {', '.join(names)}."
-        )
-    output = model.get_layer(layer).output
+    else:
+        names = [sub.name for sub in getattr(model, "layers", [])]
+        if layer not in names:
+            raise ValueError(
+                f"Model {model.name!r} has no layer {layer!r}: expected one of "
+                f"{', '.join(names)}."
+            )
+        found = model.get_layer(layer)
+    output = found.output
     if len(output.shape) != 2:
         raise ValueError(
-            f"Layer {layer!r} outputs shape {tuple(output.shape)}: few-shot features must "
-            "be (batch, features); use the pooled output."
+            f"Layer {found.name!r} outputs shape {tuple(output.shape)}: few-shot features "
+            "must be (batch, features); use the pooled output."
         )
     return keras.Model(model.inputs, output, name=f"{model.name}_features")
 

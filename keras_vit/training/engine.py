@@ -25,7 +25,7 @@ from keras_vit.training import runs
 from keras_vit.models import mpp as vit_mpp
 from keras_vit.training.callbacks import EpochCheckpoints, TrainingBackup
 from keras_vit.training.losses import SigmoidCrossEntropy
-from keras_vit.models.vit import ViT
+from keras_vit.models.vit import ViT, vit_parts
 from keras_vit.training.optimizers import OPTIMIZERS, make_optimizer
 from keras_vit.training.schedules import DECAYS, WarmupDecay
 
@@ -312,7 +312,19 @@ class TrainingModel(ResumableFit, multiworker.MultiWorkerFit, keras.Model):
 
     @classmethod
     def wrap(cls, model):
-        return cls(inputs=model.inputs, outputs=model.outputs, name=model.name)
+        trainer = cls(inputs=model.inputs, outputs=model.outputs, name=model.name)
+        # A dataclass, which Keras does not track: the layers are the trainer's already.
+        trainer._parts = getattr(model, "parts", None)
+        return trainer
+
+    @property
+    def parts(self):
+        """The wrapped ViT's `ViTParts` (None for another model)."""
+        return getattr(self, "_parts", None)
+
+    def kernels(self):
+        """The matrix kernels weight decay applies to: the wrapped ViT's."""
+        return vit_parts(self).kernels()
 
 
 class MaskedPatchTraining(
