@@ -21,6 +21,7 @@ from keras_vit.evaluation.fewshot import (
     fewshot_evaluate,
     linear_fewshot_accuracy,
 )
+from keras_vit.models.features import feature_model
 from keras_vit.models.flops import forward_flops
 from keras_vit.models.layers import (
     ClassToken,

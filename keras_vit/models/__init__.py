@@ -6,6 +6,7 @@
   keeps), its paper variants, `preprocess`, and `ViTParts` / `vit_parts`: the
   model's layers by role, which every other module reads the structure from.
 - `resnet`: the BiT-style ResNet trunk of the hybrid models.
+- `features`: `feature_model`, the token features after chosen blocks (maps or sequences).
 - `posembed`: resampling a position-embedding grid to another patch grid.
 - `mpp`: the masked-patch-prediction head and its corruption and targets.
 - `flops`: analytic FLOP counts.
