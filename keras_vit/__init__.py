@@ -22,6 +22,7 @@ from keras_vit.evaluation.fewshot import (
     linear_fewshot_accuracy,
 )
 from keras_vit.models.features import feature_model
+from keras_vit.models.flexi import resample_patch_embedding
 from keras_vit.models.flops import forward_flops
 from keras_vit.models.layers import (
     ClassToken,

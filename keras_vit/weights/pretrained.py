@@ -14,7 +14,7 @@ import os
 import keras
 import numpy as np
 
-from keras_vit.models import posembed
+from keras_vit.models import flexi, posembed
 from keras_vit.weights.formats import (
     ATTENTION_KEY,
     BLOCK_KEY,
@@ -288,6 +288,19 @@ def _position_assignments(layout, table, interpolation, report):
     return assignments
 
 
+def _resample_patches(params, current, report):
+    # FlexiViT: a checkpoint trained at another patch size serves this one.
+    got, want = params.get("embedding/kernel"), current["embedding/kernel"]
+    if got is None or got.ndim != 4 or got.shape[2:] != want.shape[2:]:
+        return
+    if got.shape[:2] != want.shape[:2]:
+        params["embedding/kernel"] = flexi.resample_patch_embedding(got, want.shape[:2])
+        report._note(
+            f"patch embedding resampled from {got.shape[0]}x{got.shape[1]} to "
+            f"{want.shape[0]}x{want.shape[1]} patches (FlexiViT pseudo-inverse)."
+        )
+
+
 def _drop_pre_logits(layout, params, report):
     # As vit_jax does when fine-tuning an in21k checkpoint without a representation layer.
     if layout.parts.pre_logits is not None or "pre_logits/kernel" not in params:
@@ -349,8 +362,10 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
     (or a directory holding it, sharded too) or a timm `.safetensors`; the format is
     told from the keys.
 
-    When the model's patch grid differs from the checkpoint's, the position embedding
-    is resampled (see `resample_position_grid`): by default bilinearly with aligned
+    When the model's patch size differs from the checkpoint's, the patch embedding is
+    resampled with FlexiViT's pseudo-inverse (`resample_patch_embedding`), so a /16
+    checkpoint loads into a /8, /14 or /32 model. When the model's patch grid differs
+    from the checkpoint's, the position embedding is resampled (see `resample_position_grid`): by default bilinearly with aligned
     corners for `.npz` files, as vit_jax does, and bicubically with antialiasing for
     HF/timm files, as timm does. A head with a different class count (or a checkpoint
     without one) is reset to zeros; `pre_logits` is dropped when the model has no
@@ -402,6 +417,7 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
 
     checkpoint_shapes = {key: tuple(value.shape) for key, value in params.items()}
     current = layout.params()
+    _resample_patches(params, current, report)
     _drop_pre_logits(layout, params, report)
     forced = _reconcile_head(layout, params, current, report)
     model_shapes = {key: tuple(value.shape) for key, value in current.items()}
