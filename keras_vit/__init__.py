@@ -27,7 +27,12 @@ _EXPORTS = {
     "keras_vit.models.layers": (
         "ClassToken", "DropPath", "PatchEncoder", "Patches", "TokenPooling", "TransformerBlock",
     ),
-    "keras_vit.models.vit": ("VARIANTS", "ViT", "VisionTransformer", "parse_variant", "preprocess"),
+    "keras_vit.models.vit": (
+        "VARIANTS", "ViT", "ViTParts", "VisionTransformer", "parse_variant", "preprocess",
+        "vit_parts",
+    ),
+    "keras_vit.models.features": ("feature_model",),
+    "keras_vit.models.flexi": ("resample_patch_embedding",),
     "keras_vit.models.mpp": (
         "MaskedPatchPrediction", "corrupt_patch_embeddings", "masked_patch_loss",
         "mean_color_targets",

@@ -13,6 +13,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from keras_vit.evaluation import analysis
+from keras_vit.models.vit import vit_parts
 
 
 def _save(fig, path, dpi=None):
@@ -301,7 +302,7 @@ def visualize(model, images, out_dir, head_fusion="mean"):
             f"Expected images of shape (batch, height, width, channels), got {images.shape}."
         )
     out_dir = Path(out_dir)
-    encoder = model.get_layer("patch_encoder")
+    parts = vit_parts(model)
     grid_size, patch_size = analysis.patch_grid(model)
     _, attentions = analysis.attention_model(model)(images)
     attentions = [keras.ops.convert_to_numpy(a) for a in attentions]
@@ -314,12 +315,12 @@ def visualize(model, images, out_dir, head_fusion="mean"):
             out_dir / "distance.png", grid_size, patch_size,
         ),
     }
-    if encoder.pos_embedding != "none":
+    if parts.patch_encoder.pos_embedding != "none":
         written["position"] = plot_position_similarity(
             analysis.position_embedding_similarity(model), out_dir / "position.png"
         )
-    if not analysis.is_hybrid(model):
-        kernel_shape = encoder.projection.kernel.shape
+    if parts.stem is None:
+        kernel_shape = parts.patch_embedding.kernel.shape
         written["filters"] = plot_patch_components(
             analysis.patch_embedding_components(model, n=min(28, *kernel_shape)),
             out_dir / "filters.png",

@@ -18,6 +18,7 @@ from sklearn.model_selection import train_test_split
 
 import keras_vit
 from keras_vit.evaluation import fewshot
+from keras_vit.evaluation.features import representation_model
 from conftest import randomise_weights, tiny_vit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,17 +160,17 @@ def test_features_are_the_pre_logits_output():
     features, out_labels = fewshot.extract_features(model, unbatched, batch_size=5)
     np.testing.assert_allclose(features, expected, rtol=1e-5, atol=1e-6)
     assert out_labels is None
-    assert fewshot.feature_model(tiny_vit()).output.shape == (None, 32)
+    assert representation_model(tiny_vit()).output.shape == (None, 32)
 
 
 def test_feature_extraction_errors_name_the_problem():
     tokens = tiny_vit(include_top=False, pooling=False)
     with pytest.raises(ValueError, match=r"has no 'pre_logits' or 'pool' layer"):
-        fewshot.feature_model(tokens)
+        representation_model(tokens)
     with pytest.raises(ValueError, match=r"Layer 'encoder_norm' outputs shape \(None, 17, 32\)"):
-        fewshot.feature_model(tiny_vit(), layer="encoder_norm")
+        representation_model(tiny_vit(), layer="encoder_norm")
     with pytest.raises(ValueError, match=r"has no layer 'logits'"):
-        fewshot.feature_model(tiny_vit(), layer="logits")
+        representation_model(tiny_vit(), layer="logits")
     with pytest.raises(ValueError, match=r"Got 2 images but 3 labels"):
         fewshot.extract_features(tiny_vit(), np.zeros((2, 32, 32, 3)), [0, 1, 2])
 
@@ -206,7 +207,6 @@ def test_names_from_before_the_split_are_the_new_homes():
     from keras_vit.evaluation import features, fewshot_report, ridge
 
     assert fewshot.extract_features is features.extract_features is keras_vit.extract_features
-    assert fewshot.feature_model is features.feature_model
     assert fewshot.RidgeProbe is ridge.RidgeProbe is keras_vit.RidgeProbe
     assert fewshot.linear_fewshot_accuracy is ridge.linear_fewshot_accuracy
     assert keras_vit.linear_fewshot_accuracy is ridge.linear_fewshot_accuracy

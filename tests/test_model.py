@@ -1,4 +1,8 @@
-"""Model tests: official parameter counts, save/load, bad input, and real training."""
+"""Model tests: official parameter counts, save/load, the declared structure, bad input,
+and real training."""
+
+import os
+import re
 
 import keras
 import numpy as np
@@ -67,6 +71,130 @@ def test_custom_model_round_trips_through_keras_file(tmp_path):
     rng = randomise_weights(model, seed=0)
     x = rng.uniform(-1, 1, size=(3, 32, 32, 3)).astype("float32")
     assert_keras_file_round_trip(model, x, tmp_path / "vit.keras")
+
+
+# Architectures that exercise every argument the config carries.
+ARCHITECTURES = {
+    "plain": dict(representation_size=16, dropout_rate=0.1, drop_path_rate=0.2,
+                  attention_dropout_rate=0.05, gelu_approximate=True, head_bias_init=-2.0),
+    "gap_learned2d": dict(classifier="gap", pos_embedding="learned2d", image_size=(32, 48)),
+    "tokens": dict(include_top=False, pooling=False, pos_embedding="sincos2d", channels=1),
+    "features": dict(include_top=False, num_layers=3, pos_embedding="none"),
+    "hybrid": dict(patch_size=1, resnet_stages=(1, 1), num_classes=3, image_size=64),
+    "variant": dict(variant="R+Ti/16", image_size=32, num_layers=1, name="vit-R+Ti_16"),
+}
+
+
+def _outputs(model, seed=1):
+    x = np.random.default_rng(seed).uniform(-1, 1, (2, *model.input_shape[1:]))
+    return keras.ops.convert_to_numpy(model(x.astype("float32")))
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_config_keeps_the_architecture_and_rebuilds_the_model(name):
+    kwargs = dict(ARCHITECTURES[name])
+    variant = kwargs.pop("variant", None)
+    model = tiny_vit(**kwargs) if variant is None else keras_vit.ViT(variant, **kwargs)
+    randomise_weights(model, seed=0)
+    config = model.get_config()
+    assert "layers" not in config
+    for key, value in kwargs.items():
+        expected = (value, value) if key == "image_size" and isinstance(value, int) else value
+        assert config[key] == expected, key
+    assert config["variant"] == variant
+    rebuilt = keras_vit.VisionTransformer.from_config(config)
+    assert rebuilt.get_config() == config
+    assert [v.path for v in rebuilt.weights] == [v.path for v in model.weights]
+    rebuilt.set_weights(model.get_weights())
+    np.testing.assert_array_equal(_outputs(rebuilt), _outputs(model))
+    # The layer graph keras-vit 0.1.0 saved (a functional config of the same graph)
+    # rebuilds the same architecture.
+    graph = keras.Model(model.inputs, model.outputs, name=model.name).get_config()
+    assert "layers" in graph
+    recovered = keras_vit.VisionTransformer.from_config(graph).get_config()
+    if not config["include_top"]:  # a model without a head keeps no class count
+        for key in ("num_classes", "head_bias_init"):
+            recovered.pop(key), config.pop(key)
+    assert recovered == config
+
+
+@pytest.mark.parametrize("name", ["plain", "hybrid"])
+def test_keras_files_of_version_0_1_0_load_with_identical_outputs(name):
+    """Fixtures saved by keras-vit 0.1.0 (tests/fixtures/vit_v0_1_0_make.py)."""
+    fixtures = os.path.join(os.path.dirname(__file__), "fixtures")
+    model = keras.saving.load_model(os.path.join(fixtures, f"vit_v0_1_0_{name}.keras"))
+    saved = np.load(os.path.join(fixtures, f"vit_v0_1_0_{name}.npz"))
+    outputs = keras.ops.convert_to_numpy(model(saved["images"]))
+    if keras.backend.backend() == "tensorflow":  # the backend that wrote them
+        np.testing.assert_array_equal(outputs, saved["outputs"])
+    else:  # the same weights, another backend's float rounding
+        np.testing.assert_allclose(outputs, saved["outputs"], rtol=1e-5, atol=1e-6)
+    assert isinstance(model, keras_vit.VisionTransformer)
+    config = model.get_config()
+    if name == "plain":
+        assert (config["image_size"], config["representation_size"]) == ((16, 24), 8)
+        assert (config["head_bias_init"], config["gelu_approximate"]) == (-1.0, True)
+        assert (config["dropout_rate"], config["drop_path_rate"]) == (0.1, 0.1)
+        assert len(model.parts.blocks) == 2 and model.parts.stem is None
+    else:
+        assert (config["resnet_stages"], config["classifier"]) == ((), "gap")
+        assert config["pos_embedding"] == "learned2d" and model.parts.head is None
+
+
+def test_parts_are_the_layers_by_role():
+    model = tiny_vit(patch_size=1, resnet_stages=(1, 2), image_size=64, representation_size=8)
+    parts = keras_vit.vit_parts(model)
+    layers = model.layers
+    blocks = [layer for layer in layers if isinstance(layer, keras_vit.TransformerBlock)]
+    assert parts.blocks == tuple(blocks)
+    assert parts.head is layers[-1] and parts.pre_logits is layers[-2]
+    assert parts.pool is layers[-3] and parts.norm is layers[-4]
+    assert parts.patches.output is parts.patch_encoder.input
+    assert parts.patch_embedding is parts.patch_encoder.projection
+    assert parts.class_token.input is parts.patch_encoder.output
+    assert parts.encoder == (parts.class_token, parts.dropout, *blocks, parts.norm)
+    assert parts.stem.root_conv is layers[1] and parts.stem.root_norm is layers[2]
+    assert [len(stage) for stage in parts.stem.stages] == [1, 2]
+    assert parts.stem.stages[-1][-1].output is parts.patches.input
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(parts.position_table()),
+        keras.ops.convert_to_numpy(parts.patch_encoder.position),
+    )
+    # The declared kernels are the weights named "kernel" (what weight decay chose
+    # by name in 0.1.0): the trunk's convolutions and every Dense.
+    assert {v.path for v in model.kernels()} == {
+        v.path for v in model.weights if v.path.endswith("/kernel")
+    }
+    with pytest.raises(ValueError, match=r"Model 'plain' \(Sequential\) is not a keras_vit.ViT"):
+        keras_vit.vit_parts(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)], name="plain"))
+
+
+def test_tensor_parallel_layout_matches_every_block_projection():
+    from keras_vit.training.jax_distribution import VIT_LAYOUT
+
+    model = tiny_vit(num_layers=3)
+    for key, axes in VIT_LAYOUT.items():
+        matched = [v for v in model.weights if re.search(key, v.path)]
+        expected = [
+            getattr(layer, key.rsplit("/", 1)[1])
+            for block in model.parts.blocks for layer in block.projections()
+            if f"/{layer.name}/" in key
+        ]
+        assert len(matched) == 3 and [id(v) for v in matched] == [id(v) for v in expected]
+        assert len(axes) == len(matched[0].shape)
+
+
+def test_mixed_precision_policy_is_kept_by_the_keras_file(tmp_path):
+    keras.config.set_dtype_policy("mixed_float16")
+    model = tiny_vit()
+    model.save(tmp_path / "mixed.keras")
+    keras.config.set_dtype_policy("float32")
+    loaded = keras.saving.load_model(tmp_path / "mixed.keras")
+    assert loaded.get_config()["dtype"]["config"]["name"] == "mixed_float16"
+    assert loaded.parts.blocks[0].compute_dtype == "float16"
+    assert loaded.parts.blocks[0].qkv.compute_dtype == "float16"
+    assert loaded.parts.head.compute_dtype == "float32"
+    assert keras.config.dtype_policy().name == "float32"
 
 
 @pytest.mark.parametrize(

@@ -126,7 +126,7 @@ def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="without loss= .got loss='mse'"):
         model.compile(optimizer="adam", loss="mse")
     features = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)], name="mlp")
-    with pytest.raises(ValueError, match="keras_vit.ViT encoder with a 'patches' layer; 'mlp'"):
+    with pytest.raises(ValueError, match=r"needs a keras_vit.ViT encoder. Model 'mlp' \(Sequential\) is not"):
         mpp.MaskedPatchPrediction(features)
     with pytest.raises(ValueError, match=r"computes them with \['conv_root', 'gn_root'"):
         mpp.MaskedPatchPrediction(tiny_vit(patch_size=1, resnet_stages=()))

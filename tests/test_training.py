@@ -90,6 +90,26 @@ def test_weight_decay_reaches_exactly_the_kernels():
             np.testing.assert_allclose(np.array(v), before[v.path] * (1 - 0.01 * 0.1), rtol=1e-6)
 
 
+def test_decayed_kernels_of_every_trained_model_are_its_kernel_weights():
+    """The kernels the models declare are the weights Keras names "kernel" (what 0.1.0
+    decayed), for the wrapped classifier, a hybrid and the MPP model with its head."""
+    from keras_vit.models.mpp import MaskedPatchPrediction
+    from keras_vit.training.engine import TrainingModel
+
+    def named_kernels(model):
+        return {v.path for v in model.trainable_variables if v.name == "kernel"}
+
+    hybrid = tiny_vit(patch_size=1, resnet_stages=(1,), image_size=32)
+    mpp = MaskedPatchPrediction(tiny_vit(include_top=False))
+    for model in (TrainingModel.wrap(hybrid), hybrid, mpp):
+        paths = [v.path for v in decayed_variables(model)]
+        assert len(paths) == len(set(paths)) and set(paths) == named_kernels(model)
+    assert mpp.head.kernel.path in {v.path for v in decayed_variables(mpp)}
+    plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)], name="plain")
+    with pytest.raises(ValueError, match=r"Weight decay needs a keras-vit model .*'plain' is a Sequential"):
+        make_optimizer("adam", 0.01, plain, weight_decay=0.1)
+
+
 def _train_steps(model, optimizer, batches):
     """Eager training steps: the optimizer sees each batch's mean-loss gradients."""
     import tensorflow as tf

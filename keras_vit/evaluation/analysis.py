@@ -11,6 +11,7 @@ import numpy as np
 
 from keras_vit.models.layers import TransformerBlock
 from keras_vit.utils.checks import check_choice, check_in_range
+from keras_vit.models.vit import vit_parts
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -216,15 +217,6 @@ def mean_attention_distance(attentions, grid_size, patch_size):
     return per_query.mean(axis=(1, 3))
 
 
-def _patch_encoder(model):
-    try:
-        return model.get_layer("patch_encoder")
-    except ValueError:
-        raise ValueError(
-            f"Model {model.name!r} has no 'patch_encoder' layer: expected a keras-vit ViT."
-        ) from None
-
-
 def patch_grid(model):
     """The `(rows, cols)` token grid of a ViT and the side of one token in input pixels.
 
@@ -239,7 +231,7 @@ def patch_grid(model):
     >>> patch_grid(model)
     ((4, 4), 8)
     """
-    grid_size = _patch_encoder(model).grid_size
+    grid_size = vit_parts(model).grid_size
     return grid_size, model.input.shape[1] // grid_size[0]
 
 
@@ -252,7 +244,7 @@ def is_hybrid(model):
     >>> is_hybrid(keras_vit.ViT("R+Ti/16", image_size=64, num_layers=1))
     True
     """
-    return model.get_layer("patches").input is not model.input
+    return vit_parts(model).stem is not None
 
 
 def position_embedding_similarity(model):
@@ -271,7 +263,7 @@ def position_embedding_similarity(model):
     >>> round(float(position_embedding_similarity(model)[1, 2, 1, 2]), 6)
     1.0
     """
-    encoder = _patch_encoder(model)
+    encoder = vit_parts(model).patch_encoder
     table = encoder.position_table()
     if table is None:
         raise ValueError(
@@ -301,15 +293,15 @@ def patch_embedding_components(model, n=28):
     >>> patch_embedding_components(model, n=4).shape
     (4, 8, 8, 3)
     """
-    encoder = _patch_encoder(model)
-    if is_hybrid(model):
+    parts = vit_parts(model)
+    if parts.stem is not None:
         raise ValueError(
             f"Model {model.name!r} is a hybrid: its patch embedding filters act on ResNet "
             "features, not on image pixels, so they have no image-patch components."
         )
-    kernel = np.asarray(keras.ops.convert_to_numpy(encoder.projection.kernel), dtype="float64")
+    kernel = np.asarray(keras.ops.convert_to_numpy(parts.patch_embedding.kernel), dtype="float64")
     size, width = kernel.shape
-    patch_size = model.get_layer("patches").patch_size
+    patch_size = parts.patches.patch_size
     channels = size // (patch_size * patch_size)
     if int(n) != n or not 1 <= n <= min(size, width):
         raise ValueError(

@@ -1,6 +1,6 @@
 """Frozen features of a model: the representation few-shot evaluation and probes read.
 
-`feature_model` cuts a model at its representation (`pre_logits` or the pooled
+`representation_model` cuts a model at its representation (`pre_logits` or the pooled
 output); `extract_features` runs it over arrays or a `tf.data.Dataset` in fixed-size
 batches (the last one padded, so the forward pass compiles once) and returns numpy
 features with the labels that came with the images.
@@ -9,46 +9,51 @@ features with the labels that came with the images.
 import keras
 import numpy as np
 
+from keras_vit.models.vit import vit_parts
 from keras_vit.utils.checks import check_positive_int
 
-FEATURE_LAYERS = ("pre_logits", "pool")
-
-
-def feature_model(model, layer=None):
+def representation_model(model, layer=None):
     """Returns a `keras.Model` from `model`'s input to its representation.
 
-    The representation is the output of `layer` if given, else of `pre_logits`
-    (the representation layer) when the model has one, else of `pool`. A model
-    built with `include_top=False` (and pooling) already outputs it.
+    The representation is the output of the layer named `layer` if given, else of a
+    ViT's `pre_logits` (the representation layer) when it has one, else of its
+    `pool`. A model that outputs `(batch, features)` itself (e.g. a ViT built with
+    `include_top=False`, or another encoder) is used as it is.
 
     Example:
 
     >>> import keras_vit
     >>> vit = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32,
     ...                     num_layers=2, num_heads=4, mlp_dim=64)
-    >>> feature_model(vit).output.shape
+    >>> representation_model(vit).output.shape
     (None, 32)
     """
-    names = [sub.name for sub in getattr(model, "layers", [])]
     if layer is None:
-        layer = next((name for name in FEATURE_LAYERS if name in names), None)
-        if layer is None:
+        try:
+            parts = vit_parts(model)
+            found = parts.pool if parts.pre_logits is None else parts.pre_logits
+        except ValueError:  # another encoder
+            found = None
+        if found is None:
             if len(model.outputs) == 1 and len(model.outputs[0].shape) == 2:
                 return model
             raise ValueError(
-                f"Model {model.name!r} has no {' or '.join(map(repr, FEATURE_LAYERS))} layer "
-                "and does not output pooled features: pass layer=NAME, or build it with "
-                "pooling=True."
+                f"Model {model.name!r} has no 'pre_logits' or 'pool' layer and does not "
+                "output pooled features: pass layer=NAME, or build it with pooling=True."
             )
-    elif layer not in names:
-        raise ValueError(
-            f"Model {model.name!r} has no layer {layer!r}: expected one of {', '.join(names)}."
-        )
-    output = model.get_layer(layer).output
+    else:
+        names = [sub.name for sub in getattr(model, "layers", [])]
+        if layer not in names:
+            raise ValueError(
+                f"Model {model.name!r} has no layer {layer!r}: expected one of "
+                f"{', '.join(names)}."
+            )
+        found = model.get_layer(layer)
+    output = found.output
     if len(output.shape) != 2:
         raise ValueError(
-            f"Layer {layer!r} outputs shape {tuple(output.shape)}: few-shot features must "
-            "be (batch, features); use the pooled output."
+            f"Layer {found.name!r} outputs shape {tuple(output.shape)}: few-shot features "
+            "must be (batch, features); use the pooled output."
         )
     return keras.Model(model.inputs, output, name=f"{model.name}_features")
 
@@ -111,7 +116,7 @@ def extract_features(model, data, labels=None, *, batch_size=256, layer=None, ve
     """Computes a model's frozen representation of a set of images.
 
     Args:
-        model: a keras-vit model (any backend); see `feature_model` for which
+        model: a keras-vit model (any backend); see `representation_model` for which
             layer's output is used.
         data: images as the model takes them (NHWC, scaled with
             `keras_vit.preprocess`), or a `tf.data.Dataset` of image batches or
@@ -134,12 +139,12 @@ def extract_features(model, data, labels=None, *, batch_size=256, layer=None, ve
     >>> features.shape
     (3, 32)
     """
-    extractor = feature_model(model, layer)
+    extractor = representation_model(model, layer)
     return extract_with(extractor, data, labels, batch_size=batch_size, verbose=verbose)
 
 
 def extract_with(extractor, data, labels=None, *, batch_size=256, verbose=0):
-    """`extract_features` with a feature model already built (`feature_model`).
+    """`extract_features` with a feature model already built (`representation_model`).
 
     Reusing one extractor for several splits compiles its forward pass once.
 
@@ -148,7 +153,7 @@ def extract_with(extractor, data, labels=None, *, batch_size=256, verbose=0):
     >>> import keras_vit
     >>> vit = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32,
     ...                     num_layers=2, num_heads=4, mlp_dim=64)
-    >>> features, labels = extract_with(feature_model(vit), np.zeros((3, 32, 32, 3)), [1, 2, 3])
+    >>> features, labels = extract_with(representation_model(vit), np.zeros((3, 32, 32, 3)), [1, 2, 3])
     >>> features.shape, labels.tolist()
     ((3, 32), [1, 2, 3])
     """

@@ -15,12 +15,12 @@ from typing import Optional
 
 import numpy as np
 
-from keras_vit.evaluation.features import extract_with, feature_model
+from keras_vit.evaluation.features import extract_with, representation_model
 from keras_vit.evaluation.ridge import DEFAULT_L2, RidgeProbe, feature_matrix
 from keras_vit.utils.checks import check_in_range, check_positive_int, check_positive_number
 
 # Names this module held before it was split (`fewshot.format_table`, ...) stay importable.
-from keras_vit.evaluation.features import FEATURE_LAYERS, extract_features  # noqa: F401
+from keras_vit.evaluation.features import extract_features  # noqa: F401
 from keras_vit.evaluation.fewshot_report import format_table, save_results  # noqa: F401
 from keras_vit.evaluation.ridge import (  # noqa: F401
     BIAS_FEATURE,
@@ -208,7 +208,7 @@ def evaluate_model(model, train_data, test_data, *, batch_size=256, layer=None, 
     >>> result["shots"]
     [2]
     """
-    extractor = feature_model(model, layer)
+    extractor = representation_model(model, layer)
     splits = []
     for name, data in (("train_data", train_data), ("test_data", test_data)):
         if isinstance(data, tuple):
@@ -236,7 +236,7 @@ class FewshotConfig:
     `fewshot_evaluate`; `sweep=True` chooses `l2` per shot count from `L2_GRID`.
     Images are resized to the model's input size (`crop_fraction=1`, as big_vision's
     few-shot evaluators do, or a central crop) and passed through the model
-    `batch_size` at a time; `layer` picks the representation (see `feature_model`).
+    `batch_size` at a time; `layer` picks the representation (see `representation_model`).
     `out` is where `save_results` writes.
 
     Example:

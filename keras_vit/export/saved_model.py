@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from keras_vit import __version__
 from keras_vit.data import check_crop_fraction, eval_resize
-from keras_vit.models.vit import preprocess
+from keras_vit.models.vit import preprocess, vit_parts
 from keras_vit.utils.checks import check_choice
 
 ACTIVATIONS = ("softmax", "sigmoid")
@@ -47,7 +47,10 @@ def _input_size(model):
 
 def _num_classes(model):
     shape = tuple(model.outputs[0].shape) if len(model.outputs) == 1 else None
-    has_head = any(layer.name == "head" for layer in model.layers)
+    try:
+        has_head = vit_parts(model).head is not None
+    except ValueError:  # not a keras-vit ViT
+        has_head = False
     if not has_head or len(shape or ()) != 2 or not isinstance(shape[1], int):
         shapes = [tuple(x.shape) for x in model.outputs]
         raise ValueError(

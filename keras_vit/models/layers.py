@@ -433,6 +433,12 @@ class TransformerBlock(keras.layers.Layer):
     (2, 4, 17, 17)
     """
 
+    # Each pair widens the tokens and narrows them back (q|k|v, per-head attention,
+    # output; fc1, GELU, fc2) with nothing in between mixing the wide features across
+    # columns: what tensor parallelism splits (keras_vit.training.jax_distribution).
+    # The names are the sublayers' names, hence their weights' paths.
+    PROJECTION_PAIRS = (("qkv", "attention_output"), ("mlp_fc1", "mlp_fc2"))
+
     def __init__(
         self,
         num_heads,
@@ -475,6 +481,11 @@ class TransformerBlock(keras.layers.Layer):
             layer.build(token_shape)
         self.mlp_fc1.build(token_shape)
         self.mlp_fc2.build((*token_shape[:-1], self.mlp_dim))
+
+    def projections(self):
+        """The block's `Dense` layers, in `PROJECTION_PAIRS` order: `qkv`,
+        `attention_output`, `mlp_fc1`, `mlp_fc2` (the block must be built)."""
+        return (self.qkv, self.attention_output, self.mlp_fc1, self.mlp_fc2)
 
     def _attend(self, x, training, return_attention):
         length, width = ops.shape(x)[1], x.shape[-1]

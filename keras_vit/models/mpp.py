@@ -11,6 +11,7 @@ import keras
 from keras import ops
 
 from keras_vit.models.layers import Patches
+from keras_vit.models.vit import vit_parts
 from keras_vit.utils.checks import check_in_range, check_positive_int
 from keras_vit.utils.serialization import serializable
 
@@ -253,23 +254,20 @@ def masked_patch_loss(targets, logits, corrupted):
     return loss(targets, ops.cast(logits, "float32"), sample_weight=ops.cast(corrupted, "float32"))
 
 
-def _trunk(encoder):
-    """The encoder's layers from after `patch_encoder` through `encoder_norm`."""
-    names = [layer.name for layer in encoder.layers]
-    for required in ("patches", "patch_encoder", "encoder_norm"):
-        if required not in names:
-            raise ValueError(
-                f"MaskedPatchPrediction needs a keras_vit.ViT encoder with a "
-                f"{required!r} layer; {encoder.name!r} has layers {names}."
-            )
-    if encoder.get_layer("patches").input is not encoder.inputs[0]:
-        stem = names[1 : names.index("patches")]
+def _encoder_parts(encoder):
+    """The encoder's `ViTParts`, or a `ValueError` when it cannot serve MPP."""
+    try:
+        parts = vit_parts(encoder)
+    except ValueError as error:
+        raise ValueError(f"MaskedPatchPrediction needs a keras_vit.ViT encoder. {error}") from None
+    if parts.stem is not None:
+        stem = [layer.name for layer in parts.stem.layers]
         raise ValueError(
             f"MaskedPatchPrediction needs patches cut from the images themselves, so that "
             f"a corrupted patch hides its colour; {encoder.name!r} computes them with "
             f"{stem} first (a hybrid). Use a plain ViT encoder."
         )
-    return encoder.layers[names.index("patch_encoder") + 1 : names.index("encoder_norm") + 1]
+    return parts
 
 
 @serializable
@@ -317,12 +315,12 @@ class MaskedPatchPrediction(keras.Model):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        _trunk(encoder)
+        parts = _encoder_parts(encoder)
         self.encoder = encoder
         self.bits = check_positive_int("bits", bits)
-        rows, cols = encoder.get_layer("patch_encoder").grid_size
+        rows, cols = parts.grid_size
         self.num_patches = rows * cols
-        self.hidden_dim = encoder.get_layer("patch_encoder").hidden_dim
+        self.hidden_dim = parts.patch_encoder.hidden_dim
         self.channels = encoder.input_shape[-1]
         self.corruption = PatchCorruption(
             corrupt_rate, mask_rate, random_rate, seed=seed, name="corruption"
@@ -342,13 +340,13 @@ class MaskedPatchPrediction(keras.Model):
     def call(self, images, training=False):
         # The encoder's layers are reached through it (not kept as attributes), so
         # each weight is saved once, under the encoder.
-        patch_encoder = self.encoder.get_layer("patch_encoder")
-        patches = self.encoder.get_layer("patches")(images)
+        parts = self.parts
+        patches = parts.patches(images)
         targets = mean_color_codes(patches, self.channels, self.bits)
-        embeddings, kinds = self.corruption(patch_encoder.projection(patches))
-        table = patch_encoder.position_table()
+        embeddings, kinds = self.corruption(parts.patch_embedding(patches))
+        table = parts.position_table()
         x = embeddings if table is None else embeddings + ops.cast(table, embeddings.dtype)
-        for layer in _trunk(self.encoder):
+        for layer in parts.encoder:
             x = layer(x, training=training)
         # Tokens in front of the patches (the class token) predict nothing.
         logits = self.head(x[:, -self.num_patches :])
@@ -357,6 +355,15 @@ class MaskedPatchPrediction(keras.Model):
             "targets": targets,
             "corrupted": ops.cast(kinds != CLEAN, "float32"),
         }
+
+    @property
+    def parts(self):
+        """The encoder's `ViTParts`."""
+        return vit_parts(self.encoder)
+
+    def kernels(self):
+        """The matrix kernels weight decay applies to: the encoder's and the head's."""
+        return (*self.parts.kernels(), self.head.kernel)
 
     def compile(self, optimizer="adam", loss=None, **kwargs):
         if loss is not None:

@@ -5,6 +5,8 @@ GroupNorm with 32 groups, post-activation bottleneck units, and a root of a 7x7
 stride-2 convolution followed by a 3x3 stride-2 max-pool.
 """
 
+import dataclasses
+
 import keras
 from keras import ops
 
@@ -106,6 +108,18 @@ class BottleneckUnit(keras.layers.Layer):
         shape = _build_pair(self.conv2, self.gn2, shape)
         _build_pair(self.conv3, self.gn3, shape)
 
+    def convolutions(self):
+        """`{suffix: (conv, norm)}` for `"_proj"` (when the unit projects), `"1"`, `"2"`
+        and `"3"`: the official checkpoints' `conv{suffix}` / `gn{suffix}` pairs."""
+        pairs = {"_proj": (self.conv_proj, self.gn_proj)} if self.needs_projection else {}
+        pairs.update({"1": (self.conv1, self.gn1), "2": (self.conv2, self.gn2),
+                      "3": (self.conv3, self.gn3)})
+        return pairs
+
+    def kernels(self):
+        """The unit's convolution kernels."""
+        return tuple(conv.kernel for conv, _ in self.convolutions().values())
+
     def call(self, x):
         residual = self.gn_proj(self.conv_proj(x)) if self.needs_projection else x
         y = ops.relu(self.gn1(self.conv1(x)))
@@ -117,12 +131,38 @@ class BottleneckUnit(keras.layers.Layer):
         return {**super().get_config(), "features": self.features, "strides": self.strides}
 
 
+@dataclasses.dataclass(frozen=True)
+class ResNetParts:
+    """The layers of a hybrid's ResNet trunk (`resnet_trunk`), in the order they run.
+
+    Attributes:
+        root_conv: the 7x7 stride-2 `StdConv2D` of the root.
+        root_norm: the root's `GroupNormalization`.
+        stages: one tuple of `BottleneckUnit`s per stage (empty for the root alone).
+    """
+
+    root_conv: StdConv2D
+    root_norm: keras.layers.GroupNormalization
+    stages: tuple
+
+    @property
+    def layers(self):
+        """The root convolution and norm, then every unit, stage by stage."""
+        return (self.root_conv, self.root_norm, *(u for stage in self.stages for u in stage))
+
+    def kernels(self):
+        """Every convolution kernel of the trunk (root, then each unit's)."""
+        units = (unit for stage in self.stages for unit in stage)
+        return (self.root_conv.kernel, *(k for unit in units for k in unit.kernels()))
+
+
 def resnet_trunk(images, stage_units, width=64):
     """Applies the hybrid's ResNet trunk to a symbolic image tensor.
 
     The root (7x7 stride-2 conv, GroupNorm, ReLU, 3x3 stride-2 max-pool) divides the
     resolution by 4; the first stage keeps it and each later stage halves it. Layer
-    names follow the official checkpoints (`conv_root`, `gn_root`, `block{s}_unit{u}`).
+    names follow the official checkpoints (`conv_root`, `gn_root`, `block{s}_unit{u}`),
+    which `.keras` files address the weights by.
 
     Args:
         images: a `keras.Input` or symbolic tensor (batch, height, width, channels).
@@ -130,22 +170,31 @@ def resnet_trunk(images, stage_units, width=64):
             `()` for the root alone (R+Ti/16).
         width: root width; stage `s` has bottleneck width `width * 2**s`.
 
+    Returns:
+        `(features, parts)`: the trunk's output and its `ResNetParts`.
+
     Example:
 
     >>> images = keras.Input((64, 64, 3))
-    >>> tuple(resnet_trunk(images, (1, 1)).shape)
-    (None, 8, 8, 512)
+    >>> features, parts = resnet_trunk(images, (1, 1))
+    >>> tuple(features.shape), [len(stage) for stage in parts.stages]
+    ((None, 8, 8, 512), [1, 1])
     """
-    x = StdConv2D(width, 7, strides=2, name="conv_root")(images)
-    x = keras.layers.ReLU(name="relu_root")(_group_norm("gn_root")(x))
+    root_conv = StdConv2D(width, 7, strides=2, name="conv_root")
+    root_norm = _group_norm("gn_root")
+    x = keras.layers.ReLU(name="relu_root")(root_norm(root_conv(images)))
     x = keras.layers.MaxPooling2D(3, strides=2, padding="same", name="root_pool")(x)
+    stages = []
     for stage, units in enumerate(stage_units):
+        stages.append([])
         for unit in range(units):
             strides = 2 if stage > 0 and unit == 0 else 1
-            x = BottleneckUnit(
+            layer = BottleneckUnit(
                 width * 2**stage, strides=strides, name=f"block{stage + 1}_unit{unit + 1}"
-            )(x)
-    return x
+            )
+            x = layer(x)
+            stages[-1].append(layer)
+    return x, ResNetParts(root_conv, root_norm, tuple(tuple(stage) for stage in stages))
 
 
 def trunk_stride(stage_units):

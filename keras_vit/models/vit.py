@@ -1,4 +1,12 @@
-"""The functional Vision Transformer model and its paper variants."""
+"""The Vision Transformer model (`ViT`), its paper variants and its declared structure.
+
+`ViT(...)` builds a functional `keras.Model` from architecture arguments, which its
+`get_config` keeps; `model.parts` (`ViTParts`) names its layers by role for every
+module that works on a model's weights or intermediate outputs.
+"""
+
+import dataclasses
+from typing import Optional
 
 import keras
 from keras import ops
@@ -27,6 +35,8 @@ HYBRIDS = {
     "R50+B/16": ((3, 4, 9), "B", 1),
     "R50+L/32": ((3, 4, 6, 3), "L", 1),
 }
+# The blocks' layer names: `.keras` files and the JAX layouts address their weights by them.
+BLOCK_NAME = "encoderblock_{index}"
 VARIANTS = tuple(f"{size}/{patch}" for size in SIZES for patch in PATCH_SIZES) + tuple(HYBRIDS)
 
 
@@ -63,18 +73,286 @@ def parse_variant(variant):
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class ViTParts:
+    """The parts of a `keras_vit.ViT`, as the layers that hold them, in the order an
+    image meets them.
+
+    Every consumer of a model's structure (checkpoint loading and saving, MPP, the
+    analyses, few-shot features, export, weight decay) reads it here, from
+    `model.parts` or `vit_parts(model)`, rather than finding layers by name.
+
+    Attributes:
+        stem: a hybrid's ResNet trunk (`keras_vit.models.resnet.ResNetParts`), or None.
+        patches: the `Patches` layer, cutting the images (a hybrid: the trunk's
+            feature map) into flattened patches.
+        patch_encoder: the `PatchEncoder`: the patch embedding (`patch_embedding`)
+            and the position table (`position_table()`).
+        class_token: the `ClassToken` of a `classifier="token"` model, or None.
+        dropout: the `Dropout` applied to the embedded tokens.
+        blocks: the `TransformerBlock`s, in depth order.
+        norm: the final `LayerNormalization` of the encoder.
+        pool: the `TokenPooling`, or None (`include_top=False, pooling=False`).
+        pre_logits: the representation `Dense` (tanh), or None.
+        head: the classification `Dense`, or None (`include_top=False`).
+
+    Example:
+
+    >>> model = ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
+    ...             num_heads=4, mlp_dim=64, num_classes=10)
+    >>> parts = model.parts
+    >>> len(parts.blocks), parts.grid_size, tuple(parts.patch_embedding.kernel.shape)
+    (2, (4, 4), (192, 32))
+    """
+
+    stem: Optional[resnet.ResNetParts]
+    patches: vit_layers.Patches
+    patch_encoder: vit_layers.PatchEncoder
+    class_token: Optional[vit_layers.ClassToken]
+    dropout: keras.layers.Dropout
+    blocks: tuple
+    norm: keras.layers.LayerNormalization
+    pool: Optional[vit_layers.TokenPooling]
+    pre_logits: Optional[keras.layers.Dense]
+    head: Optional[keras.layers.Dense]
+
+    @property
+    def patch_embedding(self):
+        """The `Dense` projecting flattened patches, kernel `(P * P * C, D)`."""
+        return self.patch_encoder.projection
+
+    @property
+    def grid_size(self):
+        """The `(rows, cols)` patch grid."""
+        return self.patch_encoder.grid_size
+
+    def position_table(self):
+        """The `(1, rows * cols, D)` table added to the patch embeddings, or None."""
+        return self.patch_encoder.position_table()
+
+    @property
+    def encoder(self):
+        """The layers from the embedded patches to the final norm, in calling order:
+        the class token (if any), the dropout, the blocks, the norm."""
+        token = (self.class_token,) if self.class_token is not None else ()
+        return (*token, self.dropout, *self.blocks, self.norm)
+
+    def kernels(self):
+        """The matrix kernels (what weight decay applies to): the trunk's convolutions,
+        the patch embedding, each block's four projections, `pre_logits` and `head`."""
+        kernels = list(self.stem.kernels()) if self.stem is not None else []
+        kernels.append(self.patch_embedding.kernel)
+        for block in self.blocks:
+            kernels.extend(layer.kernel for layer in block.projections())
+        kernels.extend(layer.kernel for layer in (self.pre_logits, self.head) if layer is not None)
+        return tuple(kernels)
+
+
+def vit_parts(model):
+    """The `ViTParts` of a `keras_vit.ViT`, or of a model built around one that
+    declares them (`keras_vit.TrainingModel`; `MaskedPatchPrediction` gives its
+    encoder's).
+
+    Raises a `ValueError` naming the model when it declares no ViT parts.
+
+    Example:
+
+    >>> model = ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
+    ...             num_heads=4, mlp_dim=64)
+    >>> vit_parts(model) is model.parts
+    True
+    """
+    parts = getattr(model, "parts", None)
+    if not isinstance(parts, ViTParts):
+        name = getattr(model, "name", None)
+        raise ValueError(
+            f"Model {name!r} ({type(model).__name__}) is not a keras_vit.ViT and declares "
+            "no ViT parts: build it with keras_vit.ViT(...), or load a .keras file saved "
+            "from one."
+        )
+    return parts
+
+
+def _pair(size, name):
+    pair = (size, size) if isinstance(size, int) else tuple(size)
+    if len(pair) != 2 or not all(isinstance(s, int) and s > 0 for s in pair):
+        raise ValueError(f"{name} must be a positive int or (height, width), got {size!r}.")
+    return pair
+
+
 @serializable
 class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
-    """The functional `keras.Model` that `ViT` returns; it compiles with XLA by default.
+    """The Vision Transformer: a functional `keras.Model` built from its architecture.
 
-    It differs from a plain functional model only in what `jit_compile="auto"` (the
-    default of `compile`, and what an uncompiled model's `predict` uses) means on
-    the TensorFlow backend: XLA for `fit`, `evaluate` and `predict` also on a
-    machine with only a CPU, where Keras would turn it off, because keras-vit runs
-    faster with it there (see bench/models.py). Under a `tf.distribute` strategy,
-    JAX and PyTorch, "auto" means what Keras decides. `compile(jit_compile=False)`
+    `ViT(...)` builds one (and loads pretrained `weights`). The model maps NHWC images scaled to [-1, 1] (see
+    `preprocess`) to logits. It declares its structure: `get_config()` returns the
+    architecture arguments below (`from_config` builds the model again from them),
+    and `model.parts` gives its layers as a `ViTParts`.
+
+    `compile`'s default `jit_compile="auto"` (also what an uncompiled model's
+    `predict` uses) means XLA for `fit`, `evaluate` and `predict` on TensorFlow also
+    on a machine with only a CPU, where Keras would turn it off, because keras-vit
+    runs faster with it there (see bench/models.py). Under a `tf.distribute`
+    strategy, JAX and PyTorch, "auto" means what Keras decides; `jit_compile=False`
     turns XLA off.
+
+    Args:
+        variant: a paper variant `"{Ti,S,B,L,H}/{8,14,16,32}"`, e.g. `"B/16"`, or a
+            hybrid: `"R+Ti/16"`, `"R26+S/32"`, `"R26+B/32"`, `"R50+B/16"`, `"R50+L/32"`.
+            Without it, `patch_size`, `hidden_dim`, `num_layers`, `num_heads` and
+            `mlp_dim` describe a custom model; given with a variant they override it.
+        resnet_stages: bottleneck units per stage of a ResNet trunk in front of the
+            patch embedding (a custom hybrid), e.g. `(3, 4, 9)`; `()` for the root only.
+        image_size: int or `(height, width)`, a multiple of the patch size.
+        num_classes: width of the (zero-initialised) classification head.
+        classifier: `"token"` (class token) or `"gap"` (mean of the patch tokens).
+        representation_size: width of the `pre_logits` Dense + tanh, or None.
+        pos_embedding: `"learned"`, `"learned2d"`, `"sincos2d"` or `"none"`.
+        dropout_rate, attention_dropout_rate, drop_path_rate: regularisation;
+            the drop-path rate grows linearly from 0 to this value with depth.
+        gelu_approximate: tanh GELU as the official JAX code (default exact GELU).
+        include_top: False returns the pooled features (after `pre_logits`).
+        pooling: with `include_top=False`, False returns every output token.
+        channels: image channels.
+        head_bias_init: initial head bias (the paper uses -10 with sigmoid loss).
+        data_format: only `"channels_last"` (the default) is supported.
+        name: model name (default `"vit"` or `"vit-{variant}"`).
+        dtype: the dtype policy of the layers (default: the global policy); the head
+            computes in float32 under every policy.
+
+    Example:
+
+    >>> model = ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
+    ...             num_heads=4, mlp_dim=64, num_classes=10)
+    >>> tuple(model(keras.ops.zeros((1, 32, 32, 3))).shape)
+    (1, 10)
+    >>> config = model.get_config()
+    >>> config["hidden_dim"], config["num_layers"], config["classifier"]
+    (32, 2, 'token')
+    >>> VisionTransformer.from_config(config).count_params() == model.count_params()
+    True
     """
+
+    def __init__(
+        self,
+        variant=None,
+        *,
+        image_size=224,
+        num_classes=1000,
+        patch_size=None,
+        hidden_dim=None,
+        num_layers=None,
+        num_heads=None,
+        mlp_dim=None,
+        resnet_stages=None,
+        classifier="token",
+        representation_size=None,
+        pos_embedding="learned",
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        drop_path_rate=0.0,
+        gelu_approximate=False,
+        include_top=True,
+        pooling=True,
+        channels=3,
+        head_bias_init=0.0,
+        data_format=None,
+        name=None,
+        dtype=None,
+        **kwargs,
+    ):
+        data_format = data_format or keras.config.image_data_format()
+        if data_format != "channels_last":
+            raise ValueError(
+                f"data_format {data_format!r} is not supported: keras-vit models take "
+                "channels_last (NHWC) images; transpose channels_first data with "
+                "keras.ops.transpose(images, (0, 2, 3, 1))."
+            )
+        arch = parse_variant(variant) if variant is not None else {}
+        overrides = dict(
+            patch_size=patch_size,
+            hidden_dim=hidden_dim,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            mlp_dim=mlp_dim,
+        )
+        arch.update({k: v for k, v in overrides.items() if v is not None})
+        if resnet_stages is not None:
+            arch["resnet_stages"] = tuple(resnet_stages)
+        stages = arch.pop("resnet_stages", None)
+        missing = [k for k in overrides if k not in arch]
+        if missing:
+            raise ValueError(
+                f"Without a variant, ViT needs {', '.join(missing)}; or pass a variant, "
+                f"one of {', '.join(VARIANTS)}."
+            )
+        check_choice("classifier", classifier, ("token", "gap"))
+        check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
+        height, width = _pair(image_size, "image_size")
+        patch = arch["patch_size"]
+        stride = patch if stages is None else patch * resnet.trunk_stride(stages)
+        if height % stride or width % stride:
+            raise ValueError(
+                f"image_size {(height, width)} is not divisible by patch_size {stride}"
+                + ("" if stages is None else " (ResNet trunk stride times feature-map patch size)")
+                + f": use a multiple of {stride}."
+            )
+        if name is None:
+            name = "vit" if variant is None else f"vit-{variant.replace('/', '_')}"
+        policy = keras.dtype_policies.get(dtype)
+        arguments = dict(
+            variant=variant,
+            image_size=(height, width),
+            num_classes=num_classes,
+            **arch,
+            resnet_stages=stages,
+            classifier=classifier,
+            representation_size=representation_size,
+            pos_embedding=pos_embedding,
+            dropout_rate=dropout_rate,
+            attention_dropout_rate=attention_dropout_rate,
+            drop_path_rate=drop_path_rate,
+            gelu_approximate=gelu_approximate,
+            include_top=include_top,
+            pooling=pooling,
+            channels=channels,
+            head_bias_init=head_bias_init,
+            data_format=data_format,
+        )
+        # The layers take the policy as they are made (nested layers too), as when a
+        # model is built under a global policy.
+        previous = keras.config.dtype_policy()
+        keras.config.set_dtype_policy(policy)
+        try:
+            images, outputs, parts = _build_graph(**arguments)
+            super().__init__(images, outputs, name=name, **kwargs)
+        finally:
+            keras.config.set_dtype_policy(previous)
+        self._arguments = arguments
+        self._parts = parts
+
+    @property
+    def parts(self):
+        """The model's `ViTParts`: its layers by role."""
+        return self._parts
+
+    def kernels(self):
+        """The matrix kernels weight decay applies to (`ViTParts.kernels`)."""
+        return self._parts.kernels()
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+            **self._arguments,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        if "layers" in config:  # the layer graph keras-vit 0.1.0 saved
+            config = _arguments_from_graph(config)
+        return cls(**config)
 
     def auto_jit_compile(self):
         if keras.backend.backend() == "tensorflow" and not keras_compat.built_strategy(self):
@@ -85,73 +363,23 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         return None  # Keras decides
 
 
-def _pair(size, name):
-    pair = (size, size) if isinstance(size, int) else tuple(size)
-    if len(pair) != 2 or not all(isinstance(s, int) and s > 0 for s in pair):
-        raise ValueError(f"{name} must be a positive int or (height, width), got {size!r}.")
-    return pair
-
-
-def ViT(
-    variant=None,
-    *,
-    weights=None,
-    image_size=None,
-    num_classes=None,
-    patch_size=None,
-    hidden_dim=None,
-    num_layers=None,
-    num_heads=None,
-    mlp_dim=None,
-    resnet_stages=None,
-    classifier="token",
-    representation_size=None,
-    pos_embedding="learned",
-    dropout_rate=0.0,
-    attention_dropout_rate=0.0,
-    drop_path_rate=0.0,
-    gelu_approximate=None,
-    include_top=True,
-    pooling=True,
-    channels=3,
-    head_bias_init=0.0,
-    data_format=None,
-    name=None,
-):
-    """Builds a Vision Transformer as a functional `keras.Model` (a `VisionTransformer`).
-
-    The model maps NHWC images scaled to [-1, 1] (see `preprocess`) to logits.
+def ViT(variant=None, *, weights=None, **kwargs):
+    """Builds a Vision Transformer (a `VisionTransformer`), with pretrained `weights`.
 
     Args:
-        variant: a paper variant `"{Ti,S,B,L,H}/{8,14,16,32}"`, e.g. `"B/16"`, or a
-            hybrid: `"R+Ti/16"`, `"R26+S/32"`, `"R26+B/32"`, `"R50+B/16"`, `"R50+L/32"`.
-            Without it, `patch_size`, `hidden_dim`, `num_layers`, `num_heads` and
-            `mlp_dim` describe a custom model; given with a variant they override it.
+        variant: a paper variant such as `"B/16"` or a hybrid such as `"R50+B/16"`;
+            see `VisionTransformer` for it and for every other argument (`image_size`,
+            `num_classes`, `patch_size`, ..., `include_top`).
         weights: pretrained weights to start from, as `keras_vit.load_pretrained` loads
             them (the position embedding resampled to `image_size`, a head of another
             class count reset to zeros, `pre_logits` dropped without
             `representation_size`): a registry name (`keras_vit.list_weights()`),
             `hf:ORG/NAME`, `timm:NAME`, a URL or a local checkpoint. A registry name
             also gives the variant, resolution, classes and GELU that are not passed.
-        resnet_stages: bottleneck units per stage of a ResNet trunk in front of the
-            patch embedding (a custom hybrid), e.g. `(3, 4, 9)`; `()` for the root only.
-        image_size: int or `(height, width)`, a multiple of the patch size (default 224,
-            or the registry checkpoint's).
-        num_classes: width of the (zero-initialised) classification head (default 1000,
-            or the registry checkpoint's).
-        classifier: `"token"` (class token) or `"gap"` (mean of the patch tokens).
-        representation_size: width of the `pre_logits` Dense + tanh, or None.
-        pos_embedding: `"learned"`, `"learned2d"`, `"sincos2d"` or `"none"`.
-        dropout_rate, attention_dropout_rate, drop_path_rate: regularisation;
-            the drop-path rate grows linearly from 0 to this value with depth.
-        gelu_approximate: tanh GELU as the official JAX code (default exact GELU, or
-            the registry checkpoint's).
-        include_top: False returns the pooled features (after `pre_logits`).
-        pooling: with `include_top=False`, False returns every output token.
-        channels: image channels.
-        head_bias_init: initial head bias (the paper uses -10 with sigmoid loss).
-        data_format: only `"channels_last"` (the default) is supported.
-        name: model name (default `"vit"` or `"vit-{variant}"`).
+        **kwargs: the `VisionTransformer` arguments.
+
+    Returns:
+        The `VisionTransformer`.
 
     Example:
 
@@ -165,113 +393,159 @@ def ViT(
     >>> model = ViT("B/16", weights="vit_base_patch16_224.augreg_in21k",
     ...             image_size=384, num_classes=10)  # doctest: +SKIP
     """
-    args = dict(
-        variant=variant, image_size=image_size, num_classes=num_classes,
-        patch_size=patch_size, hidden_dim=hidden_dim, num_layers=num_layers,
-        num_heads=num_heads, mlp_dim=mlp_dim, resnet_stages=resnet_stages,
-        classifier=classifier, representation_size=representation_size,
-        pos_embedding=pos_embedding, dropout_rate=dropout_rate,
-        attention_dropout_rate=attention_dropout_rate, drop_path_rate=drop_path_rate,
-        gelu_approximate=gelu_approximate, include_top=include_top, pooling=pooling,
-        channels=channels, head_bias_init=head_bias_init, data_format=data_format, name=name,
-    )
     if weights is None:
-        return _build(**args)
+        return VisionTransformer(variant, **kwargs)
     # Imported here: models/ builds models, weights/ finds and fetches checkpoints.
     from keras_vit.weights import pretrained
 
-    model = _build(**pretrained.registry_defaults(weights, args))
+    arguments = pretrained.registry_defaults(weights, dict(variant=variant, **kwargs))
+    model = VisionTransformer(**arguments)
     pretrained.load_pretrained(model, weights)
     return model
 
 
-def _build(
-    variant, *, image_size, num_classes, patch_size, hidden_dim, num_layers, num_heads,
+def _build_graph(
+    *, variant, image_size, num_classes, patch_size, hidden_dim, num_layers, num_heads,
     mlp_dim, resnet_stages, classifier, representation_size, pos_embedding, dropout_rate,
     attention_dropout_rate, drop_path_rate, gelu_approximate, include_top, pooling,
-    channels, head_bias_init, data_format, name,
+    channels, head_bias_init, data_format,
 ):
-    image_size = 224 if image_size is None else image_size
-    num_classes = 1000 if num_classes is None else num_classes
-    gelu_approximate = bool(gelu_approximate)
-    data_format = data_format or keras.config.image_data_format()
-    if data_format != "channels_last":
-        raise ValueError(
-            f"data_format {data_format!r} is not supported: keras-vit models take "
-            "channels_last (NHWC) images; transpose channels_first data with "
-            "keras.ops.transpose(images, (0, 2, 3, 1))."
-        )
-    arch = parse_variant(variant) if variant is not None else {}
-    overrides = dict(
-        patch_size=patch_size,
-        hidden_dim=hidden_dim,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        mlp_dim=mlp_dim,
-    )
-    arch.update({k: v for k, v in overrides.items() if v is not None})
-    if resnet_stages is not None:
-        arch["resnet_stages"] = tuple(resnet_stages)
-    stages = arch.pop("resnet_stages", None)
-    missing = [k for k in overrides if k not in arch]
-    if missing:
-        raise ValueError(
-            f"Without a variant, ViT needs {', '.join(missing)}; or pass a variant, "
-            f"one of {', '.join(VARIANTS)}."
-        )
-    check_choice("classifier", classifier, ("token", "gap"))
-    check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
-    height, width = _pair(image_size, "image_size")
-    patch = arch["patch_size"]
-    stride = patch if stages is None else patch * resnet.trunk_stride(stages)
-    if height % stride or width % stride:
-        raise ValueError(
-            f"image_size {(height, width)} is not divisible by patch_size {stride}"
-            + ("" if stages is None else " (ResNet trunk stride times feature-map patch size)")
-            + f": use a multiple of {stride}."
-        )
+    """The model's input, output and `ViTParts`, from checked architecture arguments.
 
+    The layer names are the ones `.keras` files address the weights by, and
+    `keras_vit.training.jax_distribution` shards them by: `BLOCK_NAME` for the blocks.
+    """
+    height, width = image_size
+    stride = patch_size
+    if resnet_stages is not None:
+        stride *= resnet.trunk_stride(resnet_stages)
     images = keras.Input((height, width, channels), name="images")
-    x = images if stages is None else resnet.resnet_trunk(images, stages)
-    x = vit_layers.Patches(patch, name="patches")(x)
-    x = vit_layers.PatchEncoder(
-        arch["hidden_dim"],
+    stem = None
+    x = images
+    if resnet_stages is not None:
+        x, stem = resnet.resnet_trunk(images, resnet_stages)
+    patches = vit_layers.Patches(patch_size, name="patches")
+    patch_encoder = vit_layers.PatchEncoder(
+        hidden_dim,
         grid_size=(height // stride, width // stride),
         pos_embedding=pos_embedding,
         name="patch_encoder",
-    )(x)
+    )
+    x = patch_encoder(patches(x))
+    class_token = None
     if classifier == "token":
-        x = vit_layers.ClassToken(
+        class_token = vit_layers.ClassToken(
             use_position=pos_embedding.startswith("learned"), name="class_token"
-        )(x)
-    x = keras.layers.Dropout(dropout_rate, name="embedding_dropout")(x)
-    depth = arch["num_layers"]
-    for i in range(depth):
-        x = vit_layers.TransformerBlock(
-            arch["num_heads"],
-            arch["mlp_dim"],
-            dropout_rate=dropout_rate,
-            attention_dropout_rate=attention_dropout_rate,
-            drop_path_rate=drop_path_rate * i / max(depth - 1, 1),
-            gelu_approximate=gelu_approximate,
-            name=f"encoderblock_{i}",
-        )(x)
-    x = keras.layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")(x)
+        )
+        x = class_token(x)
+    dropout = keras.layers.Dropout(dropout_rate, name="embedding_dropout")
+    x = dropout(x)
+    blocks = []
+    for i in range(num_layers):
+        blocks.append(
+            vit_layers.TransformerBlock(
+                num_heads,
+                mlp_dim,
+                dropout_rate=dropout_rate,
+                attention_dropout_rate=attention_dropout_rate,
+                drop_path_rate=drop_path_rate * i / max(num_layers - 1, 1),
+                gelu_approximate=gelu_approximate,
+                name=BLOCK_NAME.format(index=i),
+            )
+        )
+        x = blocks[-1](x)
+    norm = keras.layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")
+    x = norm(x)
+    pool = pre_logits = head = None
     if include_top or pooling:
-        x = vit_layers.TokenPooling(classifier, name="pool")(x)
+        pool = vit_layers.TokenPooling(classifier, name="pool")
+        x = pool(x)
         if representation_size:
-            x = keras.layers.Dense(representation_size, activation="tanh", name="pre_logits")(x)
+            pre_logits = keras.layers.Dense(
+                representation_size, activation="tanh", name="pre_logits"
+            )
+            x = pre_logits(x)
     if include_top:
-        x = keras.layers.Dense(
+        head = keras.layers.Dense(
             num_classes,
             kernel_initializer="zeros",
             bias_initializer=keras.initializers.Constant(head_bias_init),
             dtype="float32",
             name="head",
-        )(x)
-    if name is None:
-        name = "vit" if variant is None else f"vit-{variant.replace('/', '_')}"
-    return VisionTransformer(images, x, name=name)
+        )
+        x = head(x)
+    parts = ViTParts(
+        stem, patches, patch_encoder, class_token, dropout, tuple(blocks), norm, pool,
+        pre_logits, head,
+    )
+    return images, x, parts
+
+
+def _arguments_from_graph(config):
+    """`VisionTransformer` arguments equal to a keras-vit 0.1.0 layer-graph config.
+
+    Those files keep only the layer graph `ViT` built; every argument is read back
+    from its layers' configs (the variant from the model's default name, `vit-B_16`).
+    """
+    layers = {}
+    blocks, units = [], []
+    for entry in config["layers"]:
+        kind, layer = entry["class_name"], entry["config"]
+        if kind == "TransformerBlock":
+            blocks.append(layer)
+        elif kind == "BottleneckUnit":
+            units.append(layer["name"])
+        else:
+            layers[layer["name"]] = (kind, layer)
+    batch_shape = layers["images"][1]["batch_shape"]
+    patches = layers["patches"][1]
+    encoder = layers["patch_encoder"][1]
+    head = layers.get("head", (None, None))[1]
+    pre_logits = layers.get("pre_logits", (None, None))[1]
+    pool = layers.get("pool", (None, None))[1]
+    stages = None
+    if "conv_root" in layers:
+        counts = {}
+        for unit in units:  # block{stage}_unit{unit}
+            stage = int(unit.split("_")[0][len("block"):])
+            counts[stage] = counts.get(stage, 0) + 1
+        stages = tuple(counts[s] for s in sorted(counts))
+    if pool is not None:
+        classifier = pool["classifier"]
+    else:
+        classifier = "token" if "class_token" in layers else "gap"
+    first = blocks[0] if blocks else {}
+    arguments = dict(
+        image_size=tuple(batch_shape[1:3]),
+        channels=batch_shape[3],
+        patch_size=patches["patch_size"],
+        hidden_dim=encoder["hidden_dim"],
+        num_layers=len(blocks),
+        num_heads=first.get("num_heads", 1),
+        mlp_dim=first.get("mlp_dim", 1),
+        resnet_stages=stages,
+        classifier=classifier,
+        representation_size=pre_logits["units"] if pre_logits else None,
+        pos_embedding=encoder["pos_embedding"],
+        dropout_rate=layers["embedding_dropout"][1]["rate"],
+        attention_dropout_rate=first.get("attention_dropout_rate", 0.0),
+        # The last block's rate is the model's (the first's is 0).
+        drop_path_rate=blocks[-1]["drop_path_rate"] if blocks else 0.0,
+        gelu_approximate=first.get("gelu_approximate", False),
+        include_top=head is not None,
+        pooling=pool is not None,
+        name=config["name"],
+        trainable=config.get("trainable", True),
+        dtype=encoder.get("dtype"),
+    )
+    if head is not None:
+        arguments["num_classes"] = head["units"]
+        arguments["head_bias_init"] = head["bias_initializer"]["config"]["value"]
+    # The name ViT gives a variant's model; the sizes read above override the variant's.
+    named = config["name"][len("vit-"):].replace("_", "/")
+    if config["name"].startswith("vit-") and named in VARIANTS:
+        arguments["variant"] = named
+    return arguments
 
 
 def preprocess(images):

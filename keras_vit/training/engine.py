@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from keras_vit import data as vit_data
 from keras_vit.models import mpp as vit_mpp
-from keras_vit.models.vit import ViT
+from keras_vit.models.vit import ViT, vit_parts
 from keras_vit.training import distribute, multiworker, runs
 from keras_vit.training.callbacks import EpochCheckpoints, TrainingBackup
 from keras_vit.training.config import TrainConfig  # noqa: F401  (keras_vit.training.engine.TrainConfig)
@@ -94,7 +94,19 @@ class TrainingModel(ResumableFit, multiworker.MultiWorkerFit, keras.Model):
 
     @classmethod
     def wrap(cls, model):
-        return cls(inputs=model.inputs, outputs=model.outputs, name=model.name)
+        trainer = cls(inputs=model.inputs, outputs=model.outputs, name=model.name)
+        # A dataclass, which Keras does not track: the layers are the trainer's already.
+        trainer._parts = getattr(model, "parts", None)
+        return trainer
+
+    @property
+    def parts(self):
+        """The wrapped ViT's `ViTParts` (None for another model)."""
+        return getattr(self, "_parts", None)
+
+    def kernels(self):
+        """The matrix kernels weight decay applies to: the wrapped ViT's."""
+        return vit_parts(self).kernels()
 
 
 class MaskedPatchTraining(

@@ -6,17 +6,25 @@ backend (nothing is placed until a distribution is set).
 
 import keras
 
-# Megatron-style tensor parallelism: the first Dense of each pair splits its output
-# columns over the model axis, the second its input rows, so each block needs one
-# all-reduce after attention and one after the MLP. Paths are matched with re.search.
-VIT_LAYOUT = {
-    r"encoderblock_\d+/qkv/kernel": (None, "model"),
-    r"encoderblock_\d+/qkv/bias": ("model",),
-    r"encoderblock_\d+/attention_output/kernel": ("model", None),
-    r"encoderblock_\d+/mlp_fc1/kernel": (None, "model"),
-    r"encoderblock_\d+/mlp_fc1/bias": ("model",),
-    r"encoderblock_\d+/mlp_fc2/kernel": ("model", None),
-}
+from keras_vit.models.layers import TransformerBlock
+from keras_vit.models.vit import BLOCK_NAME
+
+# Megatron-style tensor parallelism: the first Dense of each of a block's projection
+# pairs (TransformerBlock.PROJECTION_PAIRS) splits its output columns over the model
+# axis, the second its input rows, so each block needs one all-reduce after attention
+# and one after the MLP. Keys are regexes that Keras matches with re.search against
+# the weights' paths, which the model's layer names make.
+def _tensor_parallel_layout():
+    blocks = BLOCK_NAME.format(index=r"\d+")
+    layout = {}
+    for wide, narrow in TransformerBlock.PROJECTION_PAIRS:
+        layout[f"{blocks}/{wide}/kernel"] = (None, "model")
+        layout[f"{blocks}/{wide}/bias"] = ("model",)
+        layout[f"{blocks}/{narrow}/kernel"] = ("model", None)
+    return layout
+
+
+VIT_LAYOUT = _tensor_parallel_layout()
 
 
 def layout_map(device_mesh):

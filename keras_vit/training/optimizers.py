@@ -8,9 +8,11 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 
 
 def decayed_variables(model):
-    """The variables weight decay applies to: the kernels of Dense layers (all
-    projections, the MLPs, `pre_logits`, `head`); not biases, LayerNorm scales and
-    offsets, position tables or the class token.
+    """The variables weight decay applies to: the matrix kernels the model declares
+    (`model.kernels()`: the convolutions of a hybrid's trunk, every projection, the
+    MLPs, `pre_logits`, the heads); not biases, norm scales and offsets, position
+    tables, the class token or the [mask] embedding. Only trainable ones, in the
+    order of `model.trainable_variables`.
 
     Example:
 
@@ -20,7 +22,14 @@ def decayed_variables(model):
     >>> len(decayed_variables(model))  # projection, qkv, attention_output, fc1, fc2, head
     6
     """
-    return [v for v in model.trainable_variables if v.name == "kernel"]
+    if not callable(getattr(model, "kernels", None)):
+        raise ValueError(
+            f"Weight decay needs a keras-vit model (ViT, TrainingModel, "
+            f"MaskedPatchPrediction), which declares its kernels; {model.name!r} is a "
+            f"{type(model).__name__}: pass weight_decay=0 or wrap a keras_vit.ViT."
+        )
+    kernels = {id(v) for v in model.kernels()}
+    return [v for v in model.trainable_variables if id(v) in kernels]
 
 
 def make_optimizer(

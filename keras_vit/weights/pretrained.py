@@ -11,12 +11,11 @@ import io
 import logging
 import math
 import os
-import re
 
 import keras
 import numpy as np
 
-from keras_vit.models import posembed
+from keras_vit.models import flexi, posembed
 from keras_vit.models.vit import ViT
 from keras_vit.weights import registry
 from keras_vit.weights.download import resolve_weights
@@ -29,6 +28,7 @@ from keras_vit.weights.formats import (
     write_bytes,
 )
 from keras_vit.models.layers import sincos_2d_table
+from keras_vit.models.vit import vit_parts
 
 logger = logging.getLogger(__name__)
 
@@ -93,23 +93,13 @@ class _ModelLayout:
     """A `keras_vit.ViT` model's weights seen in the official layout."""
 
     def __init__(self, model):
-        self.layers = {layer.name: layer for layer in model.layers}
-        for required in ("patches", "patch_encoder", "encoder_norm"):
-            if required not in self.layers:
-                raise ValueError(
-                    f"Model {model.name!r} has no layer {required!r}: load_pretrained and "
-                    "save_npz work on keras_vit.ViT models, whose layer names are the "
-                    "weight layout."
-                )
-        self.blocks = sorted(
-            (l for l in model.layers if re.fullmatch(r"encoderblock_\d+", l.name)),
-            key=lambda l: int(l.name.rsplit("_", 1)[1]),
-        )
-        self.encoder = self.layers["patch_encoder"]
-        self.class_token = self.layers.get("class_token")
+        self.parts = vit_parts(model)
+        self.blocks = self.parts.blocks
+        self.encoder = self.parts.patch_encoder
+        self.class_token = self.parts.class_token
         self.heads = self.blocks[0].num_heads if self.blocks else 1
         self.slots = self._slots()
-        # Weights outside the official ViT layout (e.g. a hybrid's ResNet trunk).
+        # Weights outside the official ViT layout, should a model have any.
         mapped = {id(slot.variable) for slot in self.slots}
         mapped.update(id(v) for v in self._position_variables())
         self.unmapped = [v for v in model.weights if id(v) not in mapped]
@@ -125,7 +115,7 @@ class _ModelLayout:
     def _slots(self):
         slots = []
         projection = self.encoder.projection
-        patch = self.layers["patches"].patch_size
+        patch = self.parts.patches.patch_size
         width = self.encoder.hidden_dim
         slots.append(
             _Slot(
@@ -149,19 +139,16 @@ class _ModelLayout:
 
         # A hybrid's ResNet trunk: official keys `conv_root`, `gn_root` and
         # `block{s}/unit{u}/{conv,gn}{1,2,3,_proj}`.
-        if "conv_root" in self.layers:
-            slots.append(_Slot(("conv_root/kernel",), self.layers["conv_root"].kernel))
-            norm("gn_root", self.layers["gn_root"])
-        for name, unit in self.layers.items():
-            stage_unit = re.fullmatch(r"block(\d+)_unit(\d+)", name)
-            if not stage_unit:
-                continue
-            prefix = f"block{stage_unit[1]}/unit{stage_unit[2]}"
-            for suffix in ("_proj", "1", "2", "3"):
-                conv = getattr(unit, f"conv{suffix}", None)
-                if conv is not None:
-                    slots.append(_Slot((f"{prefix}/conv{suffix}/kernel",), conv.kernel))
-                    norm(f"{prefix}/gn{suffix}", getattr(unit, f"gn{suffix}"))
+        stem = self.parts.stem
+        if stem is not None:
+            slots.append(_Slot(("conv_root/kernel",), stem.root_conv.kernel))
+            norm("gn_root", stem.root_norm)
+            for s, stage in enumerate(stem.stages):
+                for u, unit in enumerate(stage):
+                    prefix = f"block{s + 1}/unit{u + 1}"
+                    for suffix, (conv, gn) in unit.convolutions().items():
+                        slots.append(_Slot((f"{prefix}/conv{suffix}/kernel",), conv.kernel))
+                        norm(f"{prefix}/gn{suffix}", gn)
 
         for i, block in enumerate(self.blocks):
             prefix, mha, heads = BLOCK_KEY.format(i=i), ATTENTION_KEY.format(i=i), block.num_heads
@@ -195,10 +182,10 @@ class _ModelLayout:
             norm(prefix + "LayerNorm_2", block.norm2)
             dense(prefix + "MlpBlock_3/Dense_0", block.mlp_fc1)
             dense(prefix + "MlpBlock_3/Dense_1", block.mlp_fc2)
-        norm("Transformer/encoder_norm", self.layers["encoder_norm"])
-        for name in ("pre_logits", "head"):
-            if name in self.layers:
-                dense(name, self.layers[name])
+        norm("Transformer/encoder_norm", self.parts.norm)
+        for key, layer in (("pre_logits", self.parts.pre_logits), ("head", self.parts.head)):
+            if layer is not None:
+                dense(key, layer)
         return slots
 
     def params(self):
@@ -305,9 +292,22 @@ def _position_assignments(layout, table, interpolation, report):
     return assignments
 
 
+def _resample_patches(params, current, report):
+    # FlexiViT: a checkpoint trained at another patch size serves this one.
+    got, want = params.get("embedding/kernel"), current["embedding/kernel"]
+    if got is None or got.ndim != 4 or got.shape[2:] != want.shape[2:]:
+        return
+    if got.shape[:2] != want.shape[:2]:
+        params["embedding/kernel"] = flexi.resample_patch_embedding(got, want.shape[:2])
+        report._note(
+            f"patch embedding resampled from {got.shape[0]}x{got.shape[1]} to "
+            f"{want.shape[0]}x{want.shape[1]} patches (FlexiViT pseudo-inverse)."
+        )
+
+
 def _drop_pre_logits(layout, params, report):
     # As vit_jax does when fine-tuning an in21k checkpoint without a representation layer.
-    if "pre_logits" in layout.layers or "pre_logits/kernel" not in params:
+    if layout.parts.pre_logits is not None or "pre_logits/kernel" not in params:
         return
     shape = tuple(params["pre_logits/kernel"].shape)
     for key in [key for key in params if key.startswith("pre_logits/")]:
@@ -322,7 +322,7 @@ def _drop_pre_logits(layout, params, report):
 def _reconcile_head(layout, params, current, report):
     """Returns the head values to force (zeros) when the checkpoint's head cannot be used."""
     head = {key: params.pop(key) for key in ("head/kernel", "head/bias") if key in params}
-    if "head" not in layout.layers:
+    if layout.parts.head is None:
         if head:
             report._note(
                 "the model has no head (include_top=False): the checkpoint's head is not loaded."
@@ -368,8 +368,10 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
     (or a directory holding it, sharded too) or a timm `.safetensors`; the format is
     told from the keys.
 
-    When the model's patch grid differs from the checkpoint's, the position embedding
-    is resampled (see `resample_position_grid`): by default bilinearly with aligned
+    When the model's patch size differs from the checkpoint's, the patch embedding is
+    resampled with FlexiViT's pseudo-inverse (`resample_patch_embedding`), so a /16
+    checkpoint loads into a /8, /14 or /32 model. When the model's patch grid differs
+    from the checkpoint's, the position embedding is resampled (see `resample_position_grid`): by default bilinearly with aligned
     corners for `.npz` files, as vit_jax does, and bicubically with antialiasing for
     HF/timm files, as timm does. A head with a different class count (or a checkpoint
     without one) is reset to zeros; `pre_logits` is dropped when the model has no
@@ -421,6 +423,7 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
 
     checkpoint_shapes = {key: tuple(value.shape) for key, value in params.items()}
     current = layout.params()
+    _resample_patches(params, current, report)
     _drop_pre_logits(layout, params, report)
     forced = _reconcile_head(layout, params, current, report)
     model_shapes = {key: tuple(value.shape) for key, value in current.items()}
