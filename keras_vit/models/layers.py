@@ -5,6 +5,7 @@ backends. Weight layouts are chosen so that the official checkpoints map onto
 them by reshapes alone (see `keras_vit.weights.pretrained`).
 """
 
+import contextlib
 import functools
 import math
 
@@ -119,6 +120,38 @@ def _fused_attention_is_faster():
     if backend == "jax":
         return not keras.distribution.list_devices()[0].startswith("cpu")
     return False
+
+
+_EXPORT_TRACING = []
+
+
+@contextlib.contextmanager
+def tracing_for_export():
+    """Within it, layers trace the forms that every exporter follows.
+
+    Exporters (jax2onnx, tf2onnx, torch.onnx, the LiteRT converter) each accept
+    a subset of the backends' operations; a layer whose fastest form falls outside
+    one of them traces an equal form built from basic operations instead, inside
+    this context only, so training and inference keep their fast paths.
+
+    Example:
+
+    >>> with tracing_for_export():
+    ...     is_tracing_for_export()
+    True
+    >>> is_tracing_for_export()
+    False
+    """
+    _EXPORT_TRACING.append(True)
+    try:
+        yield
+    finally:
+        _EXPORT_TRACING.pop()
+
+
+def is_tracing_for_export():
+    """Whether the caller runs inside `tracing_for_export()`."""
+    return bool(_EXPORT_TRACING)
 
 
 QUERY_BLOCK = 64
