@@ -13,54 +13,12 @@ import json
 import os
 
 import keras
-import numpy as np
 
-from keras_vit import __version__
+from keras_vit.export.records import compare_with_keras, export_record, image_input_size
 from keras_vit.models.layers import tracing_for_export
 
 INPUT_NAME = "images"
 METADATA_KEY = "keras_vit"
-# Peak absolute difference `check_onnx` accepts, relative to the largest output.
-TOLERANCE = 1e-4
-
-
-def image_input_size(model, what):
-    """`(height, width, channels)` of a model's one fixed-size NHWC image input.
-
-    Args:
-        model: a `keras.Model` built by `keras_vit.ViT`.
-        what: the export's name, for the error message.
-
-    Example:
-
-    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
-    ...                       num_heads=4, mlp_dim=64, num_classes=3)
-    >>> image_input_size(model, "ONNX export")
-    (32, 32, 3)
-    """
-    if not isinstance(model, keras.Model):
-        raise TypeError(f"{what} needs a keras.Model, got {type(model).__name__}.")
-    shape = tuple(model.inputs[0].shape) if len(model.inputs) == 1 else None
-    if shape is None or len(shape) != 4 or not all(isinstance(d, int) for d in shape[1:]):
-        shapes = [tuple(x.shape) for x in model.inputs]
-        raise ValueError(
-            f"{what} needs a model with one image input of fixed size "
-            f"(batch, height, width, channels), got input shapes {shapes}."
-        )
-    return shape[1:]
-
-
-def preprocessing_description(crop_fraction):
-    """How a client turns an image into the exported model's input, in words."""
-    resize = (
-        "bilinear resize of the whole image to image_size" if crop_fraction is None
-        else f"bilinear resize of the short side to image_size / {crop_fraction}, "
-        "central image_size crop"
-    )
-    return (
-        f"{resize} (keras_vit.data.pipelines.eval_resize), then float32 (x - 127.5) / 127.5, "
-        "i.e. pixels in [-1, 1], NHWC"
-    )
 
 
 def _export_torch(model, path, opset, height, width, channels):
@@ -113,6 +71,10 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
     """
     import onnx
 
+    record = export_record(
+        model, "ONNX export", INPUT_NAME, crop_fraction=crop_fraction, labels=labels,
+        metadata=metadata,
+    )
     height, width, channels = image_input_size(model, "ONNX export")
     policy = keras.backend.standardize_dtype(model.compute_dtype)
     if policy != "float32":
@@ -120,23 +82,6 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
             f"ONNX export needs a float32 model, got compute dtype {policy!r}: rebuild it "
             "under keras.config.set_dtype_policy('float32') and load its weights."
         )
-    record = {
-        "keras_vit_version": __version__,
-        "keras_version": keras.__version__,
-        "backend": keras.backend.backend(),
-        "input": {
-            "name": INPUT_NAME, "dtype": "float32", "shape": ["batch", height, width, channels],
-        },
-        "output_shape": ["batch", *model.outputs[0].shape[1:]],
-        "preprocessing": preprocessing_description(crop_fraction),
-        "crop_fraction": crop_fraction,
-        "labels": None if labels is None else [str(label) for label in labels],
-        "metadata": metadata,
-    }
-    try:
-        record_json = json.dumps(record)
-    except TypeError as error:
-        raise ValueError(f"metadata must be JSON-serialisable, got {metadata!r}: {error}.") from error
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with tracing_for_export():
@@ -150,7 +95,7 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
     proto = onnx.load(path)
     del proto.metadata_props[:]
     entry = proto.metadata_props.add()
-    entry.key, entry.value = METADATA_KEY, record_json
+    entry.key, entry.value = METADATA_KEY, json.dumps(record)
     onnx.save(proto, path)
     return record
 
@@ -169,30 +114,14 @@ def read_onnx_record(path):
 def check_onnx(model, path, batch_size=3, seed=0):
     """Runs an ONNX file with onnxruntime and the model with Keras on the same images.
 
-    Args:
-        model: the Keras model the file was exported from.
-        path: the `.onnx` file.
-        batch_size: images in the batch (export traces other sizes, so this checks
-            the variable batch dimension too).
-        seed: seed of the uniform [-1, 1] test images.
-
-    Returns:
-        The largest absolute difference between the two outputs. Raises a
-        `ValueError` naming it when it exceeds `TOLERANCE` times the largest output.
+    Returns the largest absolute difference; raises a `ValueError` naming it when it
+    exceeds `keras_vit.export.records.TOLERANCE` (see `compare_with_keras`).
     """
     import onnxruntime
 
-    height, width, channels = image_input_size(model, "check_onnx")
-    images = np.random.default_rng(seed).uniform(-1, 1, (batch_size, height, width, channels))
-    images = images.astype("float32")
     session = onnxruntime.InferenceSession(os.fspath(path), providers=["CPUExecutionProvider"])
-    served = session.run(None, {session.get_inputs()[0].name: images})[0]
-    expected = keras.ops.convert_to_numpy(model(images, training=False))
-    difference = float(np.max(np.abs(served - expected)))
-    bound = TOLERANCE * max(1.0, float(np.max(np.abs(expected))))
-    if difference > bound:
-        raise ValueError(
-            f"onnxruntime's outputs differ from Keras' by up to {difference:.3g} (more than "
-            f"{bound:.3g}) in {path}: the export is wrong; please report it with the model config."
-        )
-    return difference
+    name = session.get_inputs()[0].name
+    return compare_with_keras(
+        model, lambda images: session.run(None, {name: images})[0], "onnxruntime",
+        batch_size=batch_size, seed=seed,
+    )

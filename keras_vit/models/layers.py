@@ -26,6 +26,22 @@ def _check_choice(name, value, allowed):
         )
 
 
+def _dense_dtypes_entry(layer, names):
+    """`{"dense_dtypes": ...}` for the config of a layer whose Dense sublayers `names`
+    were quantized, else `{}` (float layers keep their config).
+
+    Keras rebuilds a layer's sublayers from the layer's own config when it loads a
+    `.keras` file, so a sublayer that `model.quantize(...)` quantized must be created
+    with its quantized dtype policy to take its int8 kernel and scale back.
+    """
+    dtypes = {
+        name: keras.dtype_policies.serialize(getattr(layer, name).dtype_policy)
+        for name in names
+        if layer.built and getattr(layer, name).quantization_mode is not None
+    }
+    return {"dense_dtypes": dtypes} if dtypes else {}
+
+
 def sincos_2d_table(grid_size, width, temperature=10000.0):
     """Fixed 2-D sine-cosine position table of shape `(1, rows * cols, width)`.
 
@@ -247,6 +263,8 @@ class PatchEncoder(keras.layers.Layer):
         pos_embedding: `"learned"` (the paper's 1-D table, default), `"learned2d"`
             (row and column tables of D/2 each, concatenated), `"sincos2d"`
             (fixed), or `"none"`.
+        dense_dtypes: `{"projection": policy}` once quantized (written
+            by `get_config` after `model.quantize`); None builds it with the default policy.
 
     The position table covers the patches only; the class token's row lives in
     `ClassToken`, so resolution changes resample a pure patch grid.
@@ -258,8 +276,11 @@ class PatchEncoder(keras.layers.Layer):
     (2, 16, 32)
     """
 
-    def __init__(self, hidden_dim, grid_size, pos_embedding="learned", **kwargs):
+    def __init__(
+        self, hidden_dim, grid_size, pos_embedding="learned", dense_dtypes=None, **kwargs
+    ):
         super().__init__(**kwargs)
+        dense_dtypes = dense_dtypes or {}
         _check_choice("pos_embedding", pos_embedding, POSITION_EMBEDDINGS)
         if isinstance(grid_size, int):
             grid_size = (grid_size, grid_size)
@@ -273,7 +294,9 @@ class PatchEncoder(keras.layers.Layer):
         if pos_embedding == "sincos2d":
             # Validates the width now rather than at the first call.
             sincos_2d_table(self.grid_size, self.hidden_dim)
-        self.projection = keras.layers.Dense(self.hidden_dim, name="projection")
+        self.projection = keras.layers.Dense(
+            self.hidden_dim, name="projection", dtype=dense_dtypes.get("projection")
+        )
 
     def build(self, input_shape):
         rows, cols = self.grid_size
@@ -332,6 +355,7 @@ class PatchEncoder(keras.layers.Layer):
             "hidden_dim": self.hidden_dim,
             "grid_size": self.grid_size,
             "pos_embedding": self.pos_embedding,
+            **_dense_dtypes_entry(self, ("projection",)),
         }
 
 
@@ -465,6 +489,8 @@ class TransformerBlock(keras.layers.Layer):
         layer_norm_epsilon: 1e-6 as in the official code.
         gelu_approximate: False for exact (erf) GELU as timm and HF, True for the
             tanh form of the official JAX code.
+        dense_dtypes: policies of the quantized Dense sublayers by name (written
+            by `get_config` after `model.quantize`); None builds them with the default policy.
 
     Example:
 
@@ -477,6 +503,8 @@ class TransformerBlock(keras.layers.Layer):
     (2, 4, 17, 17)
     """
 
+    DENSE_LAYERS = ("qkv", "attention_output", "mlp_fc1", "mlp_fc2")
+
     def __init__(
         self,
         num_heads,
@@ -486,9 +514,11 @@ class TransformerBlock(keras.layers.Layer):
         drop_path_rate=0.0,
         layer_norm_epsilon=1e-6,
         gelu_approximate=False,
+        dense_dtypes=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.dense_dtypes = dict(dense_dtypes or {})
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = float(dropout_rate)
@@ -502,7 +532,7 @@ class TransformerBlock(keras.layers.Layer):
         self.attention_dropout = keras.layers.Dropout(attention_dropout_rate)
         self.dropout = keras.layers.Dropout(dropout_rate)
         self.drop_path = DropPath(drop_path_rate)
-        self.mlp_fc1 = keras.layers.Dense(mlp_dim, name="mlp_fc1")
+        self.mlp_fc1 = self._dense(mlp_dim, "mlp_fc1")
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -511,14 +541,17 @@ class TransformerBlock(keras.layers.Layer):
                 f"hidden_dim {width} is not divisible by num_heads {self.num_heads}."
             )
         self.head_dim = width // self.num_heads
-        self.qkv = keras.layers.Dense(3 * width, name="qkv")
-        self.attention_output = keras.layers.Dense(width, name="attention_output")
-        self.mlp_fc2 = keras.layers.Dense(width, name="mlp_fc2")
+        self.qkv = self._dense(3 * width, "qkv")
+        self.attention_output = self._dense(width, "attention_output")
+        self.mlp_fc2 = self._dense(width, "mlp_fc2")
         token_shape = tuple(input_shape)
         for layer in (self.norm1, self.norm2, self.qkv, self.attention_output):
             layer.build(token_shape)
         self.mlp_fc1.build(token_shape)
         self.mlp_fc2.build((*token_shape[:-1], self.mlp_dim))
+
+    def _dense(self, units, name):
+        return keras.layers.Dense(units, name=name, dtype=self.dense_dtypes.get(name))
 
     def _attend(self, x, training, return_attention):
         length, width = ops.shape(x)[1], x.shape[-1]
@@ -584,4 +617,5 @@ class TransformerBlock(keras.layers.Layer):
             "drop_path_rate": self.drop_path_rate,
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "gelu_approximate": self.gelu_approximate,
+            **_dense_dtypes_entry(self, self.DENSE_LAYERS),
         }
