@@ -45,7 +45,9 @@ class TrainConfig:
     converted); `head_bias_init` (None: -10 with the sigmoid loss, else 0); `init_from`:
     weights to start from (a run folder, a `.keras` file or any checkpoint
     `keras_vit.load_pretrained` reads; resampled to the new resolution, head reset on
-    a class mismatch), `interpolation` for that resampling.
+    a class mismatch), `interpolation` for that resampling; `lora_rank`: fine-tune
+    LoRA factors of that rank on the attention and MLP kernels, and the head, the rest
+    frozen (`keras_vit.training.lora`; saved models hold the merged kernels).
 
     Data: `data` and `eval_data` (`"digits"`, `"tfds:NAME[:SPLIT]"`, a folder; eval
     defaults to the source's test split; `evaluate=False` skips evaluation); `classes`
@@ -97,6 +99,7 @@ class TrainConfig:
     head_bias_init: Optional[float] = None
     init_from: Optional[str] = None
     interpolation: Optional[str] = None
+    lora_rank: Optional[int] = None
     data: str = "digits"
     eval_data: Optional[str] = None
     classes: Optional[str] = None
@@ -552,6 +555,15 @@ def train(config, *, callbacks=(), verbose="auto"):
             vit = _build_model(config, train_source.num_classes)
             if config.init_from:
                 logger.info(runs.load_weights(vit, config.init_from, interpolation=config.interpolation))
+            if config.lora_rank:
+                from keras_vit.training.lora import enable_lora
+
+                counts = enable_lora(vit, config.lora_rank)
+                logger.info(
+                    "LoRA rank %d on %d Dense layers: %d of %d parameters trainable (%.1f%%).",
+                    config.lora_rank, counts["layers"], counts["trainable"], counts["total"],
+                    100 * counts["trainable"] / counts["total"],
+                )
             model, objective = _objective(config, vit, train_source.num_classes)
             schedule = WarmupDecay(
                 config.learning_rate,
