@@ -102,11 +102,11 @@ def test_engine_lora_run_reports_counts_and_keeps_the_base(tmp_path, caplog):
     base = tmp_path / "base"
     assert cli.main(["pretrain", "--recipe", "demo", "--out", str(base),
                      "--set", "epochs=2", "--set", "tensorboard=False",
-                     "--set", "classes='0-4'"]) == 0
+                     "--set", "classes=0-4"]) == 0
     pretrained = runs.load_model(str(base))
     config = cli.apply_overrides(cli.load_recipe("demo"), [
-        f"init_from='{base}'", "lora_rank=4", "classes='5-9'", "epochs=2",
-        "tensorboard=False", f"out='{tmp_path / 'lora'}'",
+        f"init_from={base}", "lora_rank=4", "classes=5-9", "epochs=2",
+        "tensorboard=False", f"out={tmp_path / 'lora'}",
     ])
     with caplog.at_level(logging.INFO, logger="keras_vit"):
         result = train(config, verbose=0)
@@ -124,3 +124,37 @@ def test_engine_lora_run_reports_counts_and_keeps_the_base(tmp_path, caplog):
     served = runs.load_model(str(tmp_path / "lora"))
     assert not any(getattr(layer, "lora_enabled", False) for layer in served._flatten_layers())
     assert result.metrics["top1"] > 0.5
+
+
+@pytest.mark.slow
+def test_lora_run_killed_mid_epoch_resumes_to_the_same_weights(tmp_path):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from test_training import RESUMABLE, ROOT, TINY_RUN
+
+    from keras_vit.training import runs
+
+    config = json.dumps(dict(TINY_RUN, lora_rank=2, epochs=2, steps_per_epoch=6,
+                             backup_every=2, deterministic=True))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+    def start(out, *kill):
+        return subprocess.Popen([sys.executable, "-c", textwrap.dedent(RESUMABLE), config,
+                                 str(out), *kill], env=env, stderr=subprocess.PIPE, text=True)
+
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    first, second = start(straight), start(killed, "1:5")  # killed after step 5 of epoch 2
+    assert first.wait(timeout=900) == 0, first.stderr.read()[-3000:]
+    assert second.wait(timeout=900) == -signal.SIGKILL, second.stderr.read()[-3000:]
+    resumed = start(killed)
+    assert resumed.wait(timeout=900) == 0, resumed.stderr.read()[-3000:]
+    expected = keras.saving.load_model(straight / runs.MODEL).get_weights()
+    got = keras.saving.load_model(killed / runs.MODEL).get_weights()
+    assert len(got) == len(expected)
+    for a, b in zip(expected, got):
+        np.testing.assert_array_equal(a, b)
