@@ -338,17 +338,57 @@ def _export_arguments(parser):
         help="default: sigmoid for a run trained with the sigmoid loss, else softmax",
     )
     _add_crop_argument(parser)
+    parser.add_argument(
+        "--format", choices=("saved_model", "onnx", "tflite"), default="saved_model",
+        help="saved_model (default; --out is a folder), onnx or tflite (--out is the file; "
+        "these take float pixels in [-1, 1] at the model's size and return logits)",
+    )
+    parser.add_argument(
+        "--quantize", choices=("dynamic-int8",),
+        help="tflite only: int8 weights (the converter's dynamic-range quantization)",
+    )
+
+
+def _export_file(args, model, labels, metadata, crop_fraction):
+    """`--format onnx` or `tflite`: writes the file, runs it in its own runtime against
+    Keras, and prints what the client must feed it."""
+    if args.format == "onnx":
+        from keras_vit.export.onnx import check_onnx, export_onnx
+
+        record = export_onnx(
+            model, args.out, crop_fraction=crop_fraction, labels=labels, metadata=metadata
+        )
+        difference, runtime = check_onnx(model, args.out), "onnxruntime"
+    else:
+        from keras_vit.export.tflite import check_tflite, export_tflite
+
+        record = export_tflite(
+            model, args.out, quantize=args.quantize, crop_fraction=crop_fraction,
+            labels=labels, metadata=metadata,
+        )
+        difference = check_tflite(model, args.out, quantized=args.quantize is not None)
+        runtime = "the LiteRT interpreter"
+    print(f"{args.format.upper()} ({os.path.getsize(args.out)} bytes"
+          f"{', ' + args.quantize if args.quantize else ''}): {args.out}")
+    print(f"Input {record['input']['name']} float32 {record['input']['shape']}: "
+          f"{record['preprocessing']}.")
+    print(f"Checked with {runtime} against Keras on 3 random images: max |difference| "
+          f"{difference:.2g}.")
 
 
 @command(
     "export",
-    "export a SavedModel for serving: images in, probabilities and top-k out",
+    "export for serving: a SavedModel (images in, probabilities and top-k out), ONNX or TFLite",
     _export_arguments,
 )
 def export(args):
     from keras_vit.export.saved_model import export_saved_model
     from keras_vit.training.runs import output_activation, resolve_from
 
+    if args.quantize and args.format != "tflite":
+        print(f"--quantize {args.quantize} applies to --format tflite only; for an int8 "
+              "Keras model, use model.quantize('int8') (see README, Exports).", file=sys.stderr)
+        return 2
     model, config = _load_run_model(args.source)
     labels = None
     if args.labels:
@@ -360,6 +400,9 @@ def export(args):
         train_config=config and config.to_dict(),
     )
     crop_fraction = _crop_fraction(args, config)
+    if args.format != "saved_model":
+        _export_file(args, model, labels, metadata, crop_fraction)
+        return 0
     export_saved_model(
         model, args.out, labels=labels, top_k=args.top_k, activation=activation,
         crop_fraction=crop_fraction, metadata=metadata,

@@ -235,3 +235,22 @@ def test_patches_rejects_indivisible_size_and_wrong_channels():
 def test_transformer_block_rejects_width_not_divisible_by_heads():
     with pytest.raises(ValueError, match="hidden_dim 30 is not divisible by num_heads 4"):
         L.TransformerBlock(4, 8).build((None, 5, 30))
+
+
+def test_int8_model_round_trips_through_a_keras_file(tmp_path):
+    # The Dense layers inside PatchEncoder and TransformerBlock are rebuilt from their
+    # owner's config, which must say that they were quantized.
+    from conftest import randomise_weights, tiny_vit
+
+    model = tiny_vit()
+    randomise_weights(model, seed=1)
+    model.quantize("int8")
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    model.save(tmp_path / "int8.keras")
+    loaded = keras.saving.load_model(tmp_path / "int8.keras")
+    for name in ("qkv", "attention_output", "mlp_fc1", "mlp_fc2"):
+        assert getattr(loaded.get_layer("encoderblock_1"), name).quantization_mode == "int8"
+    assert loaded.get_layer("patch_encoder").projection.quantization_mode == "int8"
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(loaded(images)), keras.ops.convert_to_numpy(model(images))
+    )

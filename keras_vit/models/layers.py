@@ -5,6 +5,7 @@ backends. Weight layouts are chosen so that the official checkpoints map onto
 them by reshapes alone (see `keras_vit.weights.pretrained`).
 """
 
+import contextlib
 import functools
 import math
 
@@ -15,6 +16,22 @@ from keras_vit.utils.checks import check_choice, check_in_range, check_positive_
 from keras_vit.utils.serialization import serializable
 
 POSITION_EMBEDDINGS = ("learned", "learned2d", "sincos2d", "none")
+
+
+def _dense_dtypes_entry(layer, names):
+    """`{"dense_dtypes": ...}` for the config of a layer whose Dense sublayers `names`
+    were quantized, else `{}` (float layers keep their config).
+
+    Keras rebuilds a layer's sublayers from the layer's own config when it loads a
+    `.keras` file, so a sublayer that `model.quantize(...)` quantized must be created
+    with its quantized dtype policy to take its int8 kernel and scale back.
+    """
+    dtypes = {
+        name: keras.dtype_policies.serialize(getattr(layer, name).dtype_policy)
+        for name in names
+        if layer.built and getattr(layer, name).quantization_mode is not None
+    }
+    return {"dense_dtypes": dtypes} if dtypes else {}
 
 
 def sincos_2d_table(grid_size, width, temperature=10000.0):
@@ -113,6 +130,38 @@ def _fused_attention_is_faster():
     return False
 
 
+_EXPORT_TRACING = []
+
+
+@contextlib.contextmanager
+def tracing_for_export():
+    """Within it, layers trace the forms that every exporter follows.
+
+    Exporters (jax2onnx, tf2onnx, torch.onnx, the LiteRT converter) each accept
+    a subset of the backends' operations; a layer whose fastest form falls outside
+    one of them traces an equal form built from basic operations instead, inside
+    this context only, so training and inference keep their fast paths.
+
+    Example:
+
+    >>> with tracing_for_export():
+    ...     is_tracing_for_export()
+    True
+    >>> is_tracing_for_export()
+    False
+    """
+    _EXPORT_TRACING.append(True)
+    try:
+        yield
+    finally:
+        _EXPORT_TRACING.pop()
+
+
+def is_tracing_for_export():
+    """Whether the caller runs inside `tracing_for_export()`."""
+    return bool(_EXPORT_TRACING)
+
+
 QUERY_BLOCK = 64
 
 
@@ -204,6 +253,8 @@ class PatchEncoder(keras.layers.Layer):
         pos_embedding: `"learned"` (the paper's 1-D table, default), `"learned2d"`
             (row and column tables of D/2 each, concatenated), `"sincos2d"`
             (fixed), or `"none"`.
+        dense_dtypes: `{"projection": policy}` once quantized (written
+            by `get_config` after `model.quantize`); None builds it with the default policy.
 
     The position table covers the patches only; the class token's row lives in
     `ClassToken`, so resolution changes resample a pure patch grid.
@@ -215,8 +266,11 @@ class PatchEncoder(keras.layers.Layer):
     (2, 16, 32)
     """
 
-    def __init__(self, hidden_dim, grid_size, pos_embedding="learned", **kwargs):
+    def __init__(
+        self, hidden_dim, grid_size, pos_embedding="learned", dense_dtypes=None, **kwargs
+    ):
         super().__init__(**kwargs)
+        dense_dtypes = dense_dtypes or {}
         check_choice("pos_embedding", pos_embedding, POSITION_EMBEDDINGS)
         if isinstance(grid_size, int):
             grid_size = (grid_size, grid_size)
@@ -230,7 +284,9 @@ class PatchEncoder(keras.layers.Layer):
         if pos_embedding == "sincos2d":
             # Validates the width now rather than at the first call.
             sincos_2d_table(self.grid_size, self.hidden_dim)
-        self.projection = keras.layers.Dense(self.hidden_dim, name="projection")
+        self.projection = keras.layers.Dense(
+            self.hidden_dim, name="projection", dtype=dense_dtypes.get("projection")
+        )
 
     def build(self, input_shape):
         rows, cols = self.grid_size
@@ -289,6 +345,7 @@ class PatchEncoder(keras.layers.Layer):
             "hidden_dim": self.hidden_dim,
             "grid_size": self.grid_size,
             "pos_embedding": self.pos_embedding,
+            **_dense_dtypes_entry(self, ("projection",)),
         }
 
 
@@ -421,6 +478,8 @@ class TransformerBlock(keras.layers.Layer):
         layer_norm_epsilon: 1e-6 as in the official code.
         gelu_approximate: False for exact (erf) GELU as timm and HF, True for the
             tanh form of the official JAX code.
+        dense_dtypes: policies of the quantized Dense sublayers by name (written
+            by `get_config` after `model.quantize`); None builds them with the default policy.
 
     Example:
 
@@ -438,6 +497,7 @@ class TransformerBlock(keras.layers.Layer):
     # columns: what tensor parallelism splits (keras_vit.training.jax_distribution).
     # The names are the sublayers' names, hence their weights' paths.
     PROJECTION_PAIRS = (("qkv", "attention_output"), ("mlp_fc1", "mlp_fc2"))
+    DENSE_LAYERS = tuple(name for pair in PROJECTION_PAIRS for name in pair)
 
     def __init__(
         self,
@@ -448,9 +508,11 @@ class TransformerBlock(keras.layers.Layer):
         drop_path_rate=0.0,
         layer_norm_epsilon=1e-6,
         gelu_approximate=False,
+        dense_dtypes=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.dense_dtypes = dict(dense_dtypes or {})
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = float(dropout_rate)
@@ -464,7 +526,7 @@ class TransformerBlock(keras.layers.Layer):
         self.attention_dropout = keras.layers.Dropout(attention_dropout_rate)
         self.dropout = keras.layers.Dropout(dropout_rate)
         self.drop_path = DropPath(drop_path_rate)
-        self.mlp_fc1 = keras.layers.Dense(mlp_dim, name="mlp_fc1")
+        self.mlp_fc1 = self._dense(mlp_dim, "mlp_fc1")
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -473,9 +535,9 @@ class TransformerBlock(keras.layers.Layer):
                 f"hidden_dim {width} is not divisible by num_heads {self.num_heads}."
             )
         self.head_dim = width // self.num_heads
-        self.qkv = keras.layers.Dense(3 * width, name="qkv")
-        self.attention_output = keras.layers.Dense(width, name="attention_output")
-        self.mlp_fc2 = keras.layers.Dense(width, name="mlp_fc2")
+        self.qkv = self._dense(3 * width, "qkv")
+        self.attention_output = self._dense(width, "attention_output")
+        self.mlp_fc2 = self._dense(width, "mlp_fc2")
         token_shape = tuple(input_shape)
         for layer in (self.norm1, self.norm2, self.qkv, self.attention_output):
             layer.build(token_shape)
@@ -486,6 +548,9 @@ class TransformerBlock(keras.layers.Layer):
         """The block's `Dense` layers, in `PROJECTION_PAIRS` order: `qkv`,
         `attention_output`, `mlp_fc1`, `mlp_fc2` (the block must be built)."""
         return (self.qkv, self.attention_output, self.mlp_fc1, self.mlp_fc2)
+
+    def _dense(self, units, name):
+        return keras.layers.Dense(units, name=name, dtype=self.dense_dtypes.get(name))
 
     def _attend(self, x, training, return_attention):
         length, width = ops.shape(x)[1], x.shape[-1]
@@ -551,4 +616,5 @@ class TransformerBlock(keras.layers.Layer):
             "drop_path_rate": self.drop_path_rate,
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "gelu_approximate": self.gelu_approximate,
+            **_dense_dtypes_entry(self, self.DENSE_LAYERS),
         }

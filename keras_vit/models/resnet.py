@@ -10,6 +10,7 @@ import dataclasses
 import keras
 from keras import ops
 
+from keras_vit.models.layers import is_tracing_for_export
 from keras_vit.utils.serialization import serializable
 
 GROUPS = 32
@@ -53,6 +54,50 @@ class StdConv2D(keras.layers.Conv2D):
 
     def convolution_op(self, inputs, kernel):
         return super().convolution_op(inputs, standardize_kernel(kernel))
+
+
+@serializable
+class MaxPool2D(keras.layers.MaxPooling2D):
+    """`MaxPooling2D` that exports everywhere.
+
+    Under `keras_vit.models.layers.tracing_for_export()` it takes the maximum of
+    the strided slices of the padded input, one per window offset, which equals the
+    pooling exactly; jax2onnx turns JAX's NHWC window reduction into a 4-D ONNX
+    MaxPool that onnxruntime refuses.
+
+    Example:
+
+    >>> from keras_vit.models.layers import tracing_for_export
+    >>> x = keras.random.normal((1, 7, 6, 2))
+    >>> pool = MaxPool2D(3, strides=2, padding="same")
+    >>> with tracing_for_export():
+    ...     sliced = pool(x)
+    >>> bool(keras.ops.all(sliced == pool(x)))
+    True
+    """
+
+    def call(self, inputs):
+        if not is_tracing_for_export() or self.data_format != "channels_last":
+            return super().call(inputs)
+        (pool_h, pool_w), (stride_h, stride_w) = self.pool_size, self.strides
+        _, height, width, _ = inputs.shape
+        out_h, out_w, _ = self.compute_output_shape(inputs.shape)[1:]
+        pads = []
+        for size, out, pool, stride in (
+            (height, out_h, pool_h, stride_h), (width, out_w, pool_w, stride_w)
+        ):
+            total = max((out - 1) * stride + pool - size, 0) if self.padding == "same" else 0
+            pads.append((total // 2, total - total // 2))
+        # Every window holds at least one input value, so the padding never wins.
+        x = ops.pad(inputs, [(0, 0), *pads, (0, 0)], constant_values=float("-inf"))
+        result = None
+        for i in range(pool_h):
+            for j in range(pool_w):
+                rows = slice(i, i + (out_h - 1) * stride_h + 1, stride_h)
+                cols = slice(j, j + (out_w - 1) * stride_w + 1, stride_w)
+                window = x[:, rows, cols, :]
+                result = window if result is None else ops.maximum(result, window)
+        return result
 
 
 def _build_pair(conv, norm, input_shape):
@@ -183,7 +228,7 @@ def resnet_trunk(images, stage_units, width=64):
     root_conv = StdConv2D(width, 7, strides=2, name="conv_root")
     root_norm = _group_norm("gn_root")
     x = keras.layers.ReLU(name="relu_root")(root_norm(root_conv(images)))
-    x = keras.layers.MaxPooling2D(3, strides=2, padding="same", name="root_pool")(x)
+    x = MaxPool2D(3, strides=2, padding="same", name="root_pool")(x)
     stages = []
     for stage, units in enumerate(stage_units):
         stages.append([])

@@ -45,7 +45,9 @@ class ModelConfig:
     converted); `head_bias_init` (None: -10 with the sigmoid loss, else 0); `init_from`:
     weights to start from (a run folder, a `.keras` file or any checkpoint
     `keras_vit.load_pretrained` reads; resampled to the new resolution, head reset on a
-    class mismatch), `interpolation` for that resampling.
+    class mismatch), `interpolation` for that resampling; `lora_rank`: fine-tune LoRA
+    factors of that rank on the attention and MLP kernels, and the head, the rest frozen
+    (`keras_vit.training.lora`; saved models hold the merged kernels).
     """
 
     variant: str = "B/16"
@@ -55,12 +57,14 @@ class ModelConfig:
     head_bias_init: Optional[float] = None
     init_from: Optional[str] = None
     interpolation: Optional[str] = None
+    lora_rank: Optional[int] = None
 
     def __post_init__(self):
         self.kwargs = dict(self.kwargs)
 
     def validate(self):
         check_positive_int("model.image_size", self.image_size)
+        check_positive_int("model.lora_rank", self.lora_rank, optional=True)
         if self.variant != "custom":
             from keras_vit.models.vit import parse_variant
 

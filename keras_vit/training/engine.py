@@ -429,6 +429,15 @@ def build_and_compile(config, num_classes, plan, strategy, policy, jit):
                         vit, config.model.init_from, interpolation=config.model.interpolation
                     )
                 )
+            if config.model.lora_rank:
+                from keras_vit.training.lora import enable_lora
+
+                counts = enable_lora(vit, config.model.lora_rank)
+                logger.info(
+                    "LoRA rank %d on %d Dense layers: %d of %d parameters trainable (%.1f%%).",
+                    config.model.lora_rank, counts["layers"], counts["trainable"],
+                    counts["total"], 100 * counts["trainable"] / counts["total"],
+                )
             model, objective = _objective(config, vit, num_classes)
             model.compile(
                 optimizer=_make_optimizer(config, model, plan),

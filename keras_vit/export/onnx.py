@@ -1,0 +1,127 @@
+"""ONNX export from any backend: float pixels in [-1, 1] at the model's size in, outputs out.
+
+TensorFlow and JAX models go through Keras' own `model.export(format="onnx")`
+(tf2onnx, jax2onnx). Under PyTorch, Keras' exporter traces a variable batch size with
+TorchScript, which cannot follow Keras' own LayerNormalization (its normalised
+shape is read from the traced input); this module exports those models with
+`torch.onnx.export(dynamo=True)` and a symbolic batch dimension instead. Either way
+the layers trace under `keras_vit.models.layers.tracing_for_export()`, and the file
+carries the eval preprocessing in its metadata (key `keras_vit`).
+"""
+
+import json
+import os
+
+import keras
+
+from keras_vit.export.records import compare_with_keras, export_record, image_input_size
+from keras_vit.models.layers import tracing_for_export
+
+INPUT_NAME = "images"
+METADATA_KEY = "keras_vit"
+
+
+def _export_torch(model, path, opset, height, width, channels):
+    import torch
+
+    model.eval()
+    batch = torch.export.Dim("batch")
+    # A Keras model's forward takes *args, hence the tuple around the image's shapes.
+    program = torch.onnx.export(
+        model,
+        (torch.zeros((2, height, width, channels)),),
+        dynamo=True,
+        dynamic_shapes=(({0: batch},),),
+        input_names=[INPUT_NAME],
+        opset_version=opset,
+        verbose=False,
+    )
+    program.optimize()
+    program.save(path)
+
+
+def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, metadata=None):
+    """Writes a model as an ONNX file with a variable batch size.
+
+    The input `images` is float32 `(batch, height, width, channels)` at the model's
+    size, scaled to [-1, 1] as `keras_vit.preprocess` does; the output is what the
+    model returns (logits, or features with `include_top=False`). The file's
+    metadata property `keras_vit` holds a JSON record of the input size, the eval
+    preprocessing a client must apply, the labels and `metadata`.
+
+    Args:
+        model: a model built by `keras_vit.ViT` under any backend, float32.
+        path: the `.onnx` file to write.
+        opset: ONNX opset version; None takes the exporter's default.
+        crop_fraction: the eval crop the preprocessing record states (None: the
+            whole image is resized, as the official checkpoints were evaluated).
+        labels: optional class names, in class-index order, stored in the record.
+        metadata: optional JSON-serialisable dict stored in the record.
+
+    Returns:
+        The record stored in the file.
+
+    Example:
+
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
+    ...                       num_heads=4, mlp_dim=64, num_classes=3)
+    >>> record = export_onnx(model, "/tmp/vit.onnx")
+    >>> record["input"]["shape"]
+    ['batch', 32, 32, 3]
+    """
+    import onnx
+
+    record = export_record(
+        model, "ONNX export", INPUT_NAME, crop_fraction=crop_fraction, labels=labels,
+        metadata=metadata,
+    )
+    height, width, channels = image_input_size(model, "ONNX export")
+    policy = keras.backend.standardize_dtype(model.compute_dtype)
+    if policy != "float32":
+        raise ValueError(
+            f"ONNX export needs a float32 model, got compute dtype {policy!r}: rebuild it "
+            "under keras.config.set_dtype_policy('float32') and load its weights."
+        )
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with tracing_for_export():
+        if keras.backend.backend() == "torch":
+            _export_torch(model, path, opset, height, width, channels)
+        else:
+            spec = keras.InputSpec(shape=(None, height, width, channels), dtype="float32",
+                                   name=INPUT_NAME)
+            model.export(path, format="onnx", verbose=False, input_signature=[spec],
+                         opset_version=opset)
+    proto = onnx.load(path)
+    del proto.metadata_props[:]
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = METADATA_KEY, json.dumps(record)
+    onnx.save(proto, path)
+    return record
+
+
+def read_onnx_record(path):
+    """The `keras_vit` record `export_onnx` stored in an ONNX file (None if absent)."""
+    import onnx
+
+    proto = onnx.load(os.fspath(path), load_external_data=False)
+    for entry in proto.metadata_props:
+        if entry.key == METADATA_KEY:
+            return json.loads(entry.value)
+    return None
+
+
+def check_onnx(model, path, batch_size=3, seed=0):
+    """Runs an ONNX file with onnxruntime and the model with Keras on the same images.
+
+    Returns the largest absolute difference; raises a `ValueError` naming it when it
+    exceeds `keras_vit.export.records.TOLERANCE` (see `compare_with_keras`).
+    """
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(os.fspath(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return compare_with_keras(
+        model, lambda images: session.run(None, {name: images})[0], "onnxruntime",
+        batch_size=batch_size, seed=seed,
+    )

@@ -1,0 +1,119 @@
+"""LiteRT (TFLite) export: float pixels in [-1, 1] at the model's size in, outputs out.
+
+TensorFlow-only: Keras' `model.export(format="litert")` converts the model with
+TensorFlow's LiteRT converter. `quantize="dynamic-int8"` stores the weights of the
+matrix products as int8 (the converter's dynamic-range quantization: activations stay
+float and are quantized on the fly). The record of `keras_vit.export.records` is
+written beside the file as `<file>.json`.
+"""
+
+import json
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_vit.export.records import (
+    TOLERANCE,
+    compare_with_keras,
+    export_record,
+    image_input_size,
+)
+from keras_vit.models.layers import tracing_for_export
+
+INPUT_NAME = "images"
+QUANTIZATIONS = (None, "dynamic-int8")
+
+
+def export_tflite(
+    model, path, *, quantize=None, crop_fraction=None, labels=None, metadata=None
+):
+    """Writes a float32 model as a LiteRT (`.tflite`) file with a variable batch size.
+
+    Args:
+        model: a float32 model built by `keras_vit.ViT` under the TensorFlow backend.
+        path: the `.tflite` file to write; the record goes to `path + ".json"`.
+        quantize: None (float32 weights) or `"dynamic-int8"` (int8 weights).
+        crop_fraction, labels, metadata: stored in the record, as `export_onnx` does.
+
+    Returns:
+        The record written beside the file.
+
+    Example:
+
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
+    ...                       num_heads=4, mlp_dim=64, num_classes=3)
+    >>> record = export_tflite(model, "/tmp/vit.tflite", quantize="dynamic-int8")
+    >>> record["quantize"]
+    'dynamic-int8'
+    """
+    if keras.backend.backend() != "tensorflow":
+        raise RuntimeError(
+            f"LiteRT export needs the TensorFlow backend, but Keras runs on "
+            f"{keras.backend.backend()!r}: save the model (model.save('model.keras')) and "
+            "export it from a process started with KERAS_BACKEND=tensorflow."
+        )
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(
+            f"Unknown quantize {quantize!r}: expected None (float32) or 'dynamic-int8'."
+        )
+    record = export_record(
+        model, "LiteRT export", INPUT_NAME, crop_fraction=crop_fraction, labels=labels,
+        metadata=metadata,
+    )
+    if any(layer.quantization_mode for layer in model._flatten_layers()):
+        raise ValueError(
+            f"Model {model.name!r} is quantized with model.quantize(): LiteRT takes no int8 "
+            "activations from Keras; export the float model with quantize='dynamic-int8'."
+        )
+    record["quantize"] = quantize
+    height, width, channels = image_input_size(model, "LiteRT export")
+    spec = keras.InputSpec(shape=(None, height, width, channels), dtype="float32",
+                           name=INPUT_NAME)
+    options = {"optimizations": [tf.lite.Optimize.DEFAULT]} if quantize else {}
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with tracing_for_export():
+        model.export(path, format="litert", verbose=False, input_signature=[spec], **options)
+    with open(path + ".json", "w") as f:
+        json.dump(record, f, indent=2)
+    return record
+
+
+def run_tflite(path, images):
+    """Runs a `.tflite` file on a float32 batch with the LiteRT interpreter.
+
+    The interpreter comes from `ai_edge_litert` where it is installed, else from
+    TensorFlow (`tf.lite.Interpreter`).
+
+    Example:
+
+    >>> images = np.zeros((2, 32, 32, 3), "float32")
+    >>> run_tflite("/tmp/vit.tflite", images).shape
+    (2, 3)
+    """
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        Interpreter = tf.lite.Interpreter
+    interpreter = Interpreter(model_path=os.fspath(path))
+    (source,) = interpreter.get_input_details()
+    interpreter.resize_tensor_input(source["index"], images.shape)
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(source["index"], np.asarray(images, np.float32))
+    interpreter.invoke()
+    (result,) = interpreter.get_output_details()
+    return interpreter.get_tensor(result["index"])
+
+
+def check_tflite(model, path, quantized=False, batch_size=3, seed=0):
+    """Runs a `.tflite` file with the LiteRT interpreter and the model with Keras.
+
+    Returns the largest absolute difference; for a float file (not `quantized`) raises
+    a `ValueError` naming it when it exceeds `keras_vit.export.records.TOLERANCE`.
+    """
+    return compare_with_keras(
+        model, lambda images: run_tflite(path, images), "The LiteRT interpreter",
+        batch_size=batch_size, seed=seed, tolerance=None if quantized else TOLERANCE,
+    )

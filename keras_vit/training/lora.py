@@ -1,0 +1,86 @@
+"""LoRA fine-tuning: low-rank updates of the attention and MLP kernels, the rest frozen.
+
+Keras' `Dense.enable_lora(rank)` adds factors `A` (in x rank) and `B` (rank x out, zero
+at first) to a frozen kernel `W`, so the layer computes `x (W + A B * alpha / rank)`.
+Saving a Dense layer (`.keras`, and so a run's `model.keras` and checkpoints) stores
+the merged kernel, so what a run saves, and what `keras-vit export` serves, is the
+plain architecture. Backend-agnostic (`keras` only).
+"""
+
+import keras
+
+from keras_vit.models.layers import TransformerBlock
+
+# The Dense layers of every TransformerBlock that get factors.
+TARGETS = TransformerBlock.DENSE_LAYERS
+
+
+def enable_lora(model, rank, *, train_norms=False):
+    """Adds rank-`rank` LoRA factors to the attention and MLP kernels and freezes the rest.
+
+    What stays trainable: the factors, the `head` (a new task's classifier) and, with
+    `train_norms`, the LayerNorm scales and offsets. The biases of the factored layers
+    and every other weight (patch embedding, positions, class token) are frozen.
+
+    Args:
+        model: a built keras-vit model (`keras_vit.ViT`).
+        rank: the rank of the factors, a positive int.
+        train_norms: also train the LayerNorms.
+
+    Returns:
+        A dict: `trainable` and `total` parameter counts and `layers` (how many Dense
+        layers got factors).
+
+    Example:
+
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
+    ...                       num_heads=4, mlp_dim=64, num_classes=3)
+    >>> enable_lora(model, 4)
+    {'trainable': 3171, 'total': 27075, 'layers': 8}
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"LoRA rank must be a positive int, got {rank!r}.")
+    blocks = [layer for layer in model._flatten_layers() if isinstance(layer, TransformerBlock)]
+    if not blocks:
+        raise ValueError(
+            f"Model {model.name!r} has no TransformerBlock: LoRA applies to keras-vit models."
+        )
+    widths = [min(block.qkv.kernel.shape) for block in blocks]
+    if rank >= min(widths):
+        raise ValueError(
+            f"LoRA rank {rank} is not below the width of the kernels ({min(widths)}): "
+            "a factorisation that large is full fine-tuning; use a smaller rank."
+        )
+    factored = [getattr(block, name) for block in blocks for name in TARGETS]
+    if any(layer.lora_enabled for layer in factored):
+        raise ValueError(f"Model {model.name!r} already has LoRA factors.")
+    for layer in factored:
+        layer.enable_lora(rank)
+    trainable = {id(v) for layer in factored for v in (layer.lora_kernel_a, layer.lora_kernel_b)}
+    trainable |= {id(v) for v in _head_weights(model)}
+    if train_norms:
+        trainable |= {
+            id(v) for layer in model._flatten_layers()
+            if isinstance(layer, keras.layers.LayerNormalization) for v in layer.weights
+        }
+    for variable in model.weights:
+        variable.trainable = id(variable) in trainable
+    return {
+        "trainable": sum(int(_size(v)) for v in model.trainable_weights),
+        "total": sum(int(_size(v)) for v in model.weights),
+        "layers": len(factored),
+    }
+
+
+def _head_weights(model):
+    try:
+        return model.get_layer("head").weights
+    except ValueError:
+        return []  # A headless encoder (include_top=False) trains its factors only.
+
+
+def _size(variable):
+    count = 1
+    for dim in variable.shape:
+        count *= dim
+    return count
