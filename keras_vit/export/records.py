@@ -21,6 +21,8 @@ def image_input_size(model, what):
 
     Example:
 
+    >>> import keras_vit
+
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
     ...                       num_heads=4, mlp_dim=64, num_classes=3)
     >>> image_input_size(model, "ONNX export")
@@ -46,6 +48,8 @@ def export_record(model, what, input_name, *, crop_fraction=None, labels=None, m
     them from an image, as the run's evaluation did.
 
     Example:
+
+    >>> import keras_vit
 
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
     ...                       num_heads=4, mlp_dim=64, num_classes=3)
@@ -93,6 +97,8 @@ def compare_with_keras(model, run, runtime, *, batch_size=3, seed=0, tolerance=T
             times the largest output (at least 1); None never raises.
 
     Example:
+
+    >>> import keras_vit
 
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
     ...                       num_heads=4, mlp_dim=64, num_classes=3)

@@ -219,6 +219,8 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         name: model name (default `"vit"` or `"vit-{variant}"`).
         dtype: the dtype policy of the layers (default: the global policy); the head
             computes in float32 under every policy.
+        quantized: `{layer path: mode}` of layers to quantize (`model.quantize`) once
+            built; what `get_config` records for a quantized model.
 
     Example:
 
@@ -259,6 +261,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         data_format=None,
         name=None,
         dtype=None,
+        quantized=None,
         **kwargs,
     ):
         data_format = data_format or keras.config.image_data_format()
@@ -330,6 +333,11 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             keras.config.set_dtype_policy(previous)
         self._arguments = arguments
         self._parts = parts
+        # A quantized model (`model.quantize(...)`) is rebuilt float, then quantized
+        # again layer by layer, so that `load_model` finds the variables it saved.
+        quantized = dict(quantized or {})
+        for mode in sorted(set(quantized.values())):
+            self.quantize(mode, filters=lambda layer, mode=mode: quantized.get(layer.path) == mode)
 
     @property
     def parts(self):
@@ -346,7 +354,17 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             "trainable": self.trainable,
             "dtype": keras.dtype_policies.serialize(self.dtype_policy),
             **self._arguments,
+            **self._quantized_entry(),
         }
+
+    def _quantized_entry(self):
+        """`{"quantized": {layer path: mode}}` once layers were quantized, else `{}`."""
+        quantized = {
+            layer.path: layer.quantization_mode
+            for layer in keras_compat.sublayers(self)
+            if layer is not self and getattr(layer, "quantization_mode", None)
+        }
+        return {"quantized": quantized} if quantized else {}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
