@@ -158,6 +158,11 @@ def _train_arguments(parser):
         "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
         help="override a config key (repeatable), e.g. --set schedule.epochs=3",
     )
+    parser.add_argument(
+        "--restart", action="store_true",
+        help="start over: delete what an earlier run wrote in --out (an unfinished run "
+        "resumes, a finished one is left as it is, without it)",
+    )
 
 
 def _configure(args, command_name, default_recipe):
@@ -178,10 +183,10 @@ def _configure(args, command_name, default_recipe):
     return apply_overrides(config, args.assignments).validate()
 
 
-def _train(config):
+def _train(config, restart=False):
     from keras_vit.training.engine import train
 
-    result = train(config)
+    result = train(config, restart=restart)
     summary = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items())
     print(f"Evaluation: {summary or 'no evaluation data'}")
     print(f"Model: {os.path.join(result.out, 'model.keras')}")
@@ -190,7 +195,7 @@ def _train(config):
 
 @command("pretrain", "train a ViT from scratch (recipe 'pretrain' by default)", _train_arguments)
 def pretrain(args):
-    return _train(_configure(args, "pretrain", "pretrain"))
+    return _train(_configure(args, "pretrain", "pretrain"), args.restart)
 
 
 @command(
@@ -204,7 +209,7 @@ def finetune(args):
         raise ValueError(
             "finetune needs weights: pass --from CKPT (or --set model.init_from=...)."
         )
-    return _train(config)
+    return _train(config, args.restart)
 
 
 # --- few-shot evaluation and the demo ----------------------------------------------
