@@ -361,12 +361,12 @@ def export(args):
         train_config=config and config.to_dict(),
     )
     crop_fraction = _crop_fraction(args, config)
-    export_saved_model(
+    record = export_saved_model(
         model, args.out, labels=labels, top_k=args.top_k, activation=activation,
         crop_fraction=crop_fraction, metadata=metadata,
     )
     crop = "whole image" if crop_fraction is None else f"central crop {crop_fraction}"
-    print(f"SavedModel ({activation}, top {args.top_k}, {crop}): {args.out}")
+    print(f"SavedModel ({activation}, top {record['top_k']}, {crop}): {args.out}")
     return 0
 
 
@@ -499,9 +499,34 @@ def main(argv=None):
         logger.setLevel(logging.INFO)
     try:
         return COMMANDS[args.command][2](args)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"keras-vit {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    except FloatingPointError as error:
-        print(f"keras-vit {args.command}: {error}", file=sys.stderr)
-        return 1
+    except Exception as error:  # One line, never a traceback, unless asked for one.
+        if os.environ.get("KERAS_VIT_DEBUG", "0") not in ("", "0"):
+            raise
+        print(f"keras-vit {args.command}: error: {describe_error(error)}", file=sys.stderr)
+        # 1: a run failed under way (a NaN loss, keras_vit.training.engine.TrainingFailed);
+        # 2: anything else, bad input.
+        return getattr(error, "exit_code", 1 if isinstance(error, FloatingPointError) else 2)
+
+
+def describe_error(error):
+    """One line for `error`: its message, and what to do where the message does not say.
+
+    Example:
+
+    >>> describe_error(PermissionError(13, "Permission denied", "/runs/x"))
+    "Permission denied: '/runs/x' (check the path: a folder written to must be writable, with free space; a file read must exist)."
+    """
+    message = " ".join(str(getattr(error, "message", None) or error).split())
+    hint = "check the path: a folder written to must be writable, with free space; a file read must exist"
+    file_system = type(error).__module__.startswith("tensorflow")  # tf.io.gfile's errors
+    if isinstance(error, OSError) and not isinstance(error, FileNotFoundError) and error.strerror:
+        where = f": {error.filename!r}" if error.filename else ""
+        return f"{error.strerror}{where} ({hint})."
+    if file_system:
+        return f"{message} ({hint})."
+    if isinstance(error, (ValueError, OSError, FloatingPointError)) or "keras_vit" in type(error).__module__:
+        return message or type(error).__name__
+    return (
+        f"{type(error).__name__}: {message} (unexpected: KERAS_VIT_DEBUG=1 shows the "
+        "traceback for a bug report)."
+    )

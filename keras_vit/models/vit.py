@@ -1,5 +1,7 @@
 """The functional Vision Transformer model and its paper variants."""
 
+import numbers
+
 import keras
 from keras import ops
 
@@ -81,6 +83,40 @@ class VisionTransformer(keras.Model):
             if not tf.distribute.has_strategy():
                 return True
         return super()._resolve_auto_jit_compile()
+
+
+SIZE_ARGUMENTS = ("patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim")
+RATE_ARGUMENTS = ("dropout_rate", "attention_dropout_rate", "drop_path_rate")
+
+
+def check_arguments(arguments):
+    """Raises `ValueError` naming the first entry of `arguments` (keyword arguments of
+    `ViT`) that `ViT` does not take, or whose value is not of the kind it needs.
+
+    Example:
+
+    >>> check_arguments(dict(num_layers=2, dropout_rate=0.1))
+    >>> check_arguments(dict(num_layers="abc"))
+    Traceback (most recent call last):
+    ...
+    ValueError: num_layers must be a positive integer, got 'abc'.
+    """
+    import inspect
+
+    known = [name for name in inspect.signature(ViT).parameters if name != "variant"]
+    for name, value in arguments.items():
+        if name not in known:
+            raise ValueError(f"ViT takes no argument {name!r}; its arguments: {', '.join(known)}.")
+        if value is None:
+            continue
+        if name in SIZE_ARGUMENTS and (
+            isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
+        ):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if name in RATE_ARGUMENTS and (
+            isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1
+        ):
+            raise ValueError(f"{name} must be a number in [0, 1), got {value!r}.")
 
 
 def _pair(size, name):
@@ -173,6 +209,10 @@ def ViT(
             f"Without a variant, ViT needs {', '.join(missing)}; or pass a variant, "
             f"one of {', '.join(VARIANTS)}."
         )
+    check_arguments(
+        dict(arch, dropout_rate=dropout_rate, attention_dropout_rate=attention_dropout_rate,
+             drop_path_rate=drop_path_rate)
+    )
     vit_layers._check_choice("classifier", classifier, ("token", "gap"))
     vit_layers._check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
     height, width = _pair(image_size, "image_size")

@@ -113,6 +113,16 @@ class MaskedPatchTraining(
     """
 
 
+class TrainingFailed(RuntimeError):
+    """A run stopped by a failure once training was under way (a full disk, ...).
+
+    Its message says what failed and that rerunning resumes; the `keras-vit` command
+    exits with `exit_code` 1 on it (2 for bad input).
+    """
+
+    exit_code = 1
+
+
 @dataclasses.dataclass
 class TrainResult:
     """What `train` returns: the trained model, the history of every epoch (across
@@ -500,17 +510,28 @@ def fit(config, model, pipelines, plan, initial_epoch, callbacks, verbose):
     naming the last good checkpoint when the loss is not finite."""
     train_data, eval_data = pipelines
     start = time.time()
-    model.fit(
-        train_data,
-        epochs=plan.epochs,
-        steps_per_epoch=plan.micro_batches_per_epoch,
-        initial_epoch=initial_epoch,
-        validation_data=eval_data or None,
-        validation_freq=config.evaluation.every_epochs,
-        callbacks=callbacks,
-        shuffle=False,  # The stream is shuffled (and seeded) by the pipeline.
-        verbose=verbose,
-    )
+    try:
+        model.fit(
+            train_data,
+            epochs=plan.epochs,
+            steps_per_epoch=plan.micro_batches_per_epoch,
+            initial_epoch=initial_epoch,
+            validation_data=eval_data or None,
+            validation_freq=config.evaluation.every_epochs,
+            callbacks=callbacks,
+            shuffle=False,  # The stream is shuffled (and seeded) by the pipeline.
+            verbose=verbose,
+        )
+    except (OSError, tf.errors.OpError) as error:
+        reason = error.message if isinstance(error, tf.errors.OpError) else error
+        if isinstance(error, OSError) and error.strerror:
+            reason = f"{error.strerror}: {error.filename!r}" if error.filename else error.strerror
+        done = TrainingBackup.saved_position(os.path.join(config.out, runs.BACKUP))
+        raise TrainingFailed(
+            f"Training stopped: {' '.join(str(reason).split())}. Once that is fixed, the same "
+            f"command resumes the run from its backup (epoch {done[0] + 1}, micro-batch "
+            f"{done[1]})."
+        ) from error
     seconds = time.time() - start
     (epoch_log,) = [c for c in callbacks if isinstance(c, EpochLog)]
     history = epoch_log.history()

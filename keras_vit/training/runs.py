@@ -15,10 +15,12 @@ Every file is written atomically (`keras_vit.utils.files`). A run is *finished* 
 """
 
 import contextlib
+import io
 import json
 import os
 import socket
 import tempfile
+import zipfile
 
 import keras
 import tensorflow as tf
@@ -188,6 +190,34 @@ def run_config(source):
     return None
 
 
+def read_keras(path):
+    """`keras.saving.load_model(path, compile=False)`, with a truncated or corrupt file
+    reported as such (Keras says "File not found" for any file that is not a zip).
+
+    Example:
+
+    >>> path = os.path.join(tempfile.mkdtemp(), "cut.keras")
+    >>> with open(path, "wb") as f:
+    ...     _ = f.write(b"PK\\x03\\x04 cut short")
+    >>> read_keras(path)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: ...cut.keras is not a complete .keras file (14 bytes, truncated or corrupt)...
+    """
+    if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
+        if "://" in path:  # GFile cannot seek from the end, as zipfile does
+            with tf.io.gfile.GFile(path, "rb") as f:
+                complete = zipfile.is_zipfile(io.BytesIO(f.read()))
+        else:
+            complete = zipfile.is_zipfile(path)
+        if not complete:
+            raise ValueError(
+                f"{path} is not a complete .keras file ({tf.io.gfile.stat(path).length} bytes, "
+                "truncated or corrupt); use another checkpoint of the run, or save the model again."
+            )
+    return keras.saving.load_model(path, compile=False)
+
+
 def load_model(source):
     """Loads the Keras model a `--from` argument names (a run folder or a `.keras` file).
 
@@ -206,7 +236,7 @@ def load_model(source):
             f"{source!r} holds weights only; build the model (keras_vit.ViT) and load them "
             "with keras_vit.load_pretrained, or pass a run folder or a .keras file."
         )
-    return keras.saving.load_model(path, compile=False)
+    return read_keras(path)
 
 
 def load_weights(model, source, *, interpolation=None):
@@ -231,7 +261,7 @@ def load_weights(model, source, *, interpolation=None):
     """
     path = resolve_from(source)
     if path.endswith(".keras"):
-        saved = keras.saving.load_model(path, compile=False)
+        saved = read_keras(path)
         mine = {v.path: v for v in model.weights}
         theirs = {v.path: v for v in saved.weights}
         same = mine.keys() == theirs.keys() and all(
