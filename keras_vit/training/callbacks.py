@@ -68,6 +68,7 @@ class TrainingBackup(keras.callbacks.Callback):
         self.every = every
         self.path = os.path.join(directory, self.FILE)
         self._epoch = 0
+        self._passed = 0
         self._metrics_to_restore = None
 
     @classmethod
@@ -129,6 +130,7 @@ class TrainingBackup(keras.callbacks.Callback):
         self._epoch = epoch
         if step:
             model.pass_steps(step)
+            self._passed = step
             if [a.shape for a in saved["metrics"]] == [tuple(v.shape) for v in groups["metrics"]]:
                 self._metrics_to_restore = saved["metrics"]
             else:  # Metrics not built yet (a model outside a strategy scope).
@@ -146,6 +148,9 @@ class TrainingBackup(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         step = batch + 1
         steps = self.params.get("steps")
+        if step <= self._passed:  # passed over on resuming: the backup holds this state
+            return
+        self._passed = 0
         if self.every and step % self.every == 0 and step != steps and _finite(logs):
             self._save(self._epoch, step)
 
