@@ -25,16 +25,18 @@ from keras_vit.training.callbacks import TrainingBackup, read_metrics_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
-    "model_kwargs.hidden_dim=16", "model_kwargs.num_layers=1", "model_kwargs.num_heads=2",
-    "model_kwargs.mlp_dim=32", "epochs=4", "steps_per_epoch=4",
-    "backup_every=2", "jit_compile=off", "deterministic=true", "seed=3",
+    "model.kwargs.hidden_dim=16", "model.kwargs.num_layers=1", "model.kwargs.num_heads=2",
+    "model.kwargs.mlp_dim=32", "schedule.epochs=4", "schedule.micro_batches_per_epoch=4",
+    "checkpointing.backup_every_micro_batches=2", "distribution.jit_compile=off",
+    "distribution.deterministic=true", "seed=3",
 ]
-# Batches of 128 (steps_per_epoch counts them), 1437 training digits: the first pass over
-# the data ends in epoch 3 (0-based 2), epoch 4 is all in the second pass.
+# Micro-batches of 128, 1437 training digits: the first pass over the data ends in epoch
+# 3 (0-based 2), epoch 4 is all in the second pass.
 VARIANTS = dict(
-    supervised=["batch_size=128", "evaluate=true"],
+    supervised=["data.batch_size=128", "evaluation.enabled=true"],
     mpp_accumulating=[
-        "objective=mpp", "batch_size=256", "accumulation_steps=2", "evaluate=false"
+        "optimization.objective=mpp", "data.batch_size=256",
+        "optimization.micro_batches_per_update=2", "evaluation.enabled=false",
     ],
 )
 
