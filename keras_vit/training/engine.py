@@ -235,7 +235,7 @@ def hold_folder(config, written, restart):
     tf.io.gfile.makedirs(config.out)
     folder = os.path.dirname(written(runs.LOCK))  # other workers: their own temporary one
     with runs.hold(folder):
-        for path in remove_temporaries(folder):
+        for path in remove_temporaries(folder, skip=(multiworker.WORKER_TEMP,)):
             logger.info("Removed %s, left by a run killed while writing it.", path)
         if restart and written(runs.LOCK) == os.path.join(config.out, runs.LOCK):
             runs.clear(config.out)

@@ -132,11 +132,12 @@ def atomic_write(path, data):
                 f.write(data)
 
 
-def remove_temporaries(folder):
+def remove_temporaries(folder, skip=()):
     """Deletes the temporary files that killed writers left under `folder`; returns them.
 
     Only safe while no other process writes there (a run calls it holding its folder's
-    lock, `keras_vit.training.runs.hold`).
+    lock, `keras_vit.training.runs.hold`); sub-folders whose names start with one of
+    `skip` are left alone (other processes' own folders).
 
     Example:
 
@@ -149,7 +150,8 @@ def remove_temporaries(folder):
     if _is_url(folder):
         return []
     removed = []
-    for root, _, names in os.walk(folder):
+    for root, folders, names in os.walk(folder):
+        folders[:] = [f for f in folders if not f.startswith(tuple(skip))]
         for name in names:
             if name.startswith(TEMP_PREFIX):
                 path = os.path.join(root, name)
