@@ -522,6 +522,8 @@ def describe_error(error):
     if isinstance(error, OSError) and not isinstance(error, FileNotFoundError) and error.strerror:
         where = f": {error.filename!r}" if error.filename else ""
         return f"{error.strerror}{where} ({hint})."
+    if file_system and ("://" in message or "HTTP" in message):
+        return f"{message} (check the URL and the network connection)."
     if file_system:
         return f"{message} ({hint})."
     if isinstance(error, (ValueError, OSError, FloatingPointError)) or "keras_vit" in type(error).__module__:

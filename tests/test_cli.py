@@ -313,6 +313,15 @@ def test_a_failure_during_training_is_one_line_with_exit_code_1(tmp_path, capsys
     assert "the same command resumes the run from its backup (epoch 1, micro-batch 0)" in line
 
 
+def test_missing_weights_are_one_line_before_anything_is_written(tmp_path, capsys):
+    out = tmp_path / "run"
+    _one_line_error(
+        capsys, 2, f"model.init_from (--from) {str(tmp_path / 'nowhere.npz')!r} does not exist.",
+        ["finetune", "--recipe", "demo", "--from", str(tmp_path / "nowhere.npz"), "--out", str(out)],
+    )
+    assert not out.exists()
+
+
 def test_truncated_keras_file_is_reported_as_such(tmp_path, capsys):
     tiny_vit().save(tmp_path / "model.keras")
     data = (tmp_path / "model.keras").read_bytes()

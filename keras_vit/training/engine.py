@@ -164,6 +164,9 @@ def check_run(config):
         )
     init_from = config.model.init_from
     if init_from:
+        # Before anything is written: a missing file or an unreachable URL is bad input.
+        if not tf.io.gfile.exists(runs.resolve_from(init_from)):
+            raise FileNotFoundError(f"model.init_from (--from) {init_from!r} does not exist.")
         weights = os.path.abspath(runs.resolve_from(init_from))
         if weights.startswith(os.path.abspath(config.out) + os.sep):
             raise ValueError(
