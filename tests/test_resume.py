@@ -118,9 +118,10 @@ def _events(folder):
 
 
 def _files(folder):
+    """Every file's bytes, but the lock's (it names the last process that held the folder)."""
     return {
         str(path.relative_to(folder)): path.read_bytes()
-        for path in sorted(folder.rglob("*")) if path.is_file()
+        for path in sorted(folder.rglob("*")) if path.is_file() and path.name != runs.LOCK
     }
 
 
