@@ -165,6 +165,11 @@ def _train_arguments(parser):
         "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
         help="override a config key (repeatable), e.g. --set schedule.epochs=3",
     )
+    parser.add_argument(
+        "--restart", action="store_true",
+        help="start over: delete what an earlier run wrote in --out (an unfinished run "
+        "resumes, a finished one is left as it is, without it)",
+    )
 
 
 def _configure(args, command_name, default_recipe):
@@ -185,10 +190,10 @@ def _configure(args, command_name, default_recipe):
     return apply_overrides(config, args.assignments).validate()
 
 
-def _train(config):
+def _train(config, restart=False):
     from keras_vit.training.engine import train
 
-    result = train(config)
+    result = train(config, restart=restart)
     summary = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items())
     print(f"Evaluation: {summary or 'no evaluation data'}")
     print(f"Model: {os.path.join(result.out, 'model.keras')}")
@@ -197,7 +202,7 @@ def _train(config):
 
 @command("pretrain", "train a ViT from scratch (recipe 'pretrain' by default)", _train_arguments)
 def pretrain(args):
-    return _train(_configure(args, "pretrain", "pretrain"))
+    return _train(_configure(args, "pretrain", "pretrain"), args.restart)
 
 
 @command(
@@ -211,7 +216,7 @@ def finetune(args):
         raise ValueError(
             "finetune needs weights: pass --from CKPT (or --set model.init_from=...)."
         )
-    return _train(config)
+    return _train(config, args.restart)
 
 
 # --- few-shot evaluation and the demo ----------------------------------------------
@@ -403,12 +408,12 @@ def export(args):
     if args.format != "saved_model":
         _export_file(args, model, labels, metadata, crop_fraction)
         return 0
-    export_saved_model(
+    record = export_saved_model(
         model, args.out, labels=labels, top_k=args.top_k, activation=activation,
         crop_fraction=crop_fraction, metadata=metadata,
     )
     crop = "whole image" if crop_fraction is None else f"central crop {crop_fraction}"
-    print(f"SavedModel ({activation}, top {args.top_k}, {crop}): {args.out}")
+    print(f"SavedModel ({activation}, top {record['top_k']}, {crop}): {args.out}")
     return 0
 
 
@@ -654,9 +659,36 @@ def main(argv=None):
     start_backend()
     try:
         return COMMANDS[args.command][2](args)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"keras-vit {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    except FloatingPointError as error:
-        print(f"keras-vit {args.command}: {error}", file=sys.stderr)
-        return 1
+    except Exception as error:  # One line, never a traceback, unless asked for one.
+        if os.environ.get("KERAS_VIT_DEBUG", "0") not in ("", "0"):
+            raise
+        print(f"keras-vit {args.command}: error: {describe_error(error)}", file=sys.stderr)
+        # 1: a run failed under way (a NaN loss, keras_vit.training.engine.TrainingFailed);
+        # 2: anything else, bad input.
+        return getattr(error, "exit_code", 1 if isinstance(error, FloatingPointError) else 2)
+
+
+def describe_error(error):
+    """One line for `error`: its message, and what to do where the message does not say.
+
+    Example:
+
+    >>> describe_error(PermissionError(13, "Permission denied", "/runs/x"))
+    "Permission denied: '/runs/x' (check the path: a folder written to must be writable, with free space; a file read must exist)."
+    """
+    message = " ".join(str(getattr(error, "message", None) or error).split())
+    hint = "check the path: a folder written to must be writable, with free space; a file read must exist"
+    file_system = type(error).__module__.startswith("tensorflow")  # tf.io.gfile's errors
+    if isinstance(error, OSError) and not isinstance(error, FileNotFoundError) and error.strerror:
+        where = f": {error.filename!r}" if error.filename else ""
+        return f"{error.strerror}{where} ({hint})."
+    if file_system and ("://" in message or "HTTP" in message):
+        return f"{message} (check the URL and the network connection)."
+    if file_system:
+        return f"{message} ({hint})."
+    if isinstance(error, (ValueError, OSError, FloatingPointError)) or "keras_vit" in type(error).__module__:
+        return message or type(error).__name__
+    return (
+        f"{type(error).__name__}: {message} (unexpected: KERAS_VIT_DEBUG=1 shows the "
+        "traceback for a bug report)."
+    )

@@ -254,6 +254,29 @@ def test_big_vision_npz_logits_match_transformers(hf, shared_model, tmp_path, sc
     assert max_logit_diff(shared_model, hf) < 1e-4
 
 
+def test_big_vision_table_of_a_non_square_grid_loads_with_the_models_grid(tmp_path):
+    # 16x40 px, patch 8: a 2x5 grid of 10 = 3*3 + 1 patches, which alone reads as a 3x3
+    # grid after a class-token row. The model's grid says which it is.
+    config = dict(CONFIG, image_size=(16, 40))
+    model = randomise(ViTForImageClassification(ViTConfig(num_labels=10, **config)), seed=2)
+    images = np.random.default_rng(1).uniform(-1, 1, (2, 16, 40, 3)).astype("float32")
+    with torch.no_grad():
+        expected = model(pixel_values=torch.from_numpy(images.transpose(0, 3, 1, 2))).logits.numpy()
+    model.save_pretrained(tmp_path / "hf")
+    files = load_file(tmp_path / "hf" / "model.safetensors")
+    arrays = big_vision_from_official(official_from_hf(files), False, "params/")
+    assert arrays["params/pos_embedding"].shape == (1, 10, WIDTH)
+    vit = tiny_vit(image_size=(16, 40))
+    report = keras_vit.load_pretrained(vit, write_npz(tmp_path, arrays, "bv.npz"))
+    assert not [m for m in report.messages if "resampled" in m]
+    np.testing.assert_allclose(as_numpy(vit(images)), expected, atol=1e-4)
+    # 12 rows fit the 2x5 grid neither with nor without a class-token row, and neither
+    # reading is a square grid: refused, not guessed.
+    arrays["params/pos_embedding"] = np.zeros((1, 12, WIDTH), "float32")
+    with pytest.raises(ValueError, match="patch grid of the 12 position embeddings"):
+        keras_vit.load_pretrained(vit, write_npz(tmp_path, arrays, "bv12.npz"))
+
+
 def test_url_sources_read_and_write_through_tf_gfile(hf, shared_model):
     # gs:// goes through tf.io.gfile; TensorFlow's in-memory ram:// file system takes
     # the same code path without a network.
@@ -446,13 +469,20 @@ def test_position_table_without_a_patch_grid_is_an_error(saved, shared_model, tm
         keras_vit.load_pretrained(shared_model, write_npz(tmp_path, tensors))
 
 
-def test_strict_false_loads_what_fits_and_reports_the_rest(saved, tmp_path):
+def test_strict_false_loads_what_fits_and_reports_the_rest(saved, tmp_path, caplog):
     tensors = dict(saved[1])
     tensors["embedding/bias"] = np.zeros(31, "float32")
     tensors["extra/kernel"] = np.zeros((2, 3), "float32")
     model = tiny_vit(num_layers=3)
     bias_before = as_numpy(model.get_layer("patch_encoder").projection.bias)
-    report = keras_vit.load_pretrained(model, write_npz(tmp_path, tensors), strict=False)
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        report = keras_vit.load_pretrained(model, write_npz(tmp_path, tensors), strict=False)
+    # One logged line says what was left out.
+    (line,) = [r.getMessage() for r in caplog.records if "strict=False" in r.getMessage()]
+    assert f"loaded {len(tensors) - 2} tensors" in line
+    assert f"{len(report.missing)} missing from the checkpoint" in line
+    assert "1 unexpected, ignored (extra/kernel)" in line
+    assert "1 mis-shaped, skipped (embedding/bias)" in line
     assert report.unexpected == ["extra/kernel"]
     assert report.mismatched == [("embedding/bias", (31,), (32,))]
     assert sorted(report.missing) == sorted(

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+import os
 
 import keras
 import numpy as np
@@ -315,3 +316,127 @@ def test_demo_command_runs_all_stages_and_reports_them(tmp_path, capsys, caplog)
     pretrained, finetuned = (runs.load_model(str(out / stage)) for stage in ("pretrain", "finetune"))
     assert finetuned.input_shape[1] == demo.finetune.model.image_size != pretrained.input_shape[1]
     assert finetuned.output_shape == pretrained.output_shape == (None, 5)
+
+
+# --- bad input and failures: one line each, exit code 2 (1 once training is under way) ---
+
+TINY = [
+    "--set", "model.kwargs.hidden_dim=16", "--set", "model.kwargs.num_layers=1",
+    "--set", "model.kwargs.num_heads=2", "--set", "model.kwargs.mlp_dim=32",
+    "--set", "schedule.epochs=2", "--set", "schedule.micro_batches_per_epoch=2",
+    "--set", "evaluation.enabled=false", "--set", "distribution.jit_compile=off",
+]
+
+
+def _one_line_error(capsys, code, expected, argv):
+    assert cli.main(argv) == code
+    stderr = capsys.readouterr().err
+    error = [line for line in stderr.splitlines() if ": error: " in line]
+    assert len(error) == 1 and "Traceback" not in stderr, stderr
+    assert expected in error[0], error[0]
+    return error[0]
+
+
+@pytest.mark.parametrize(
+    "assignment, message",
+    [
+        ("model.kwargs.num_layers=abc", "num_layers must be a positive integer, got 'abc'."),
+        ("model.kwargs.num_layer=2", "ViT takes no argument 'num_layer'; its arguments: image_size"),
+        ("model.kwargs.dropout_rate=1.5", "dropout_rate must be in [0, 1), got 1.5."),
+        ("model.kwargs.image_size=32", "model.kwargs.image_size is set by the run: set model.image_size"),
+    ],
+)
+def test_bad_model_kwargs_are_one_line(capsys, assignment, message):
+    _one_line_error(capsys, 2, message, ["pretrain", "--recipe", "demo", "--set", assignment])
+
+
+def test_unusable_out_folders_are_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    line = _one_line_error(
+        capsys, 2, "is not a directory (check the path: a folder written to must be writable",
+        ["pretrain", "--recipe", "demo", "--out", str(tmp_path / "file" / "run"), *TINY],
+    )
+    assert str(tmp_path / "file") in line
+    if os.geteuid() != 0:  # root writes anywhere
+        (tmp_path / "locked").mkdir(mode=0o555)
+        _one_line_error(
+            capsys, 2, "Permission denied",
+            ["pretrain", "--recipe", "demo", "--out", str(tmp_path / "locked" / "run"), *TINY],
+        )
+
+
+def test_a_failure_during_training_is_one_line_with_exit_code_1(tmp_path, capsys):
+    # The checkpoints folder cannot be made (a file holds its name): the first epoch's
+    # checkpoint write fails once training is under way.
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / runs.CHECKPOINTS).write_text("")
+    line = _one_line_error(
+        capsys, 1, "Training stopped:", ["pretrain", "--recipe", "demo", "--out", str(out), *TINY]
+    )
+    assert "the same command resumes the run from its backup (epoch 1, micro-batch 0)" in line
+
+
+def test_missing_weights_are_one_line_before_anything_is_written(tmp_path, capsys):
+    out = tmp_path / "run"
+    _one_line_error(
+        capsys, 2, f"model.init_from (--from) {str(tmp_path / 'nowhere.npz')!r} does not exist.",
+        ["finetune", "--recipe", "demo", "--from", str(tmp_path / "nowhere.npz"), "--out", str(out)],
+    )
+    assert not out.exists()
+
+
+def test_truncated_keras_file_is_reported_as_such(tmp_path, capsys):
+    tiny_vit().save(tmp_path / "model.keras")
+    data = (tmp_path / "model.keras").read_bytes()
+    (tmp_path / "model.keras").write_bytes(data[: len(data) // 2])
+    line = _one_line_error(
+        capsys, 2, "is not a complete .keras file",
+        ["export", "--from", str(tmp_path / "model.keras"), "--out", str(tmp_path / "served")],
+    )
+    assert "truncated or corrupt" in line and "File not found" not in line
+
+
+def test_debug_variable_shows_the_traceback(monkeypatch):
+    monkeypatch.setenv("KERAS_VIT_DEBUG", "1")
+    with pytest.raises(ValueError, match="Unknown config key 'schedule.epochz'"):
+        cli.main(["pretrain", "--recipe", "demo", "--set", "schedule.epochz=3"])
+
+
+def test_a_held_run_folder_is_refused_naming_its_holder(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    with runs.hold(str(out)):
+        _one_line_error(
+            capsys, 2, f"is in use by another run (pid {os.getpid()} on ",
+            ["pretrain", "--recipe", "demo", "--out", str(out), *TINY],
+        )
+    assert not list(out.glob("*.json"))  # the refused run wrote nothing
+
+
+def test_short_run_shortens_warmup_finished_run_is_kept_and_restart_starts_over(
+    tmp_path, capsys, caplog
+):
+    # The demo recipe warms up over 40 updates; this run makes 4.
+    out = tmp_path / "run"
+    argv = ["pretrain", "--recipe", "demo", "--out", str(out), *TINY]
+    with caplog.at_level("INFO", logger="keras_vit"):
+        assert cli.main(argv) == 0
+    assert ("schedule.warmup_updates 40 does not fit the run's 4 optimizer updates: warming up "
+            "over 2") in caplog.text
+    assert json.loads((out / runs.METRICS_JSON).read_text())["warmup_updates"] == 2
+    files = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != runs.LOCK}
+    weights = runs.load_model(str(out)).get_weights()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="keras_vit"):
+        assert cli.main(argv) == 0  # finished: nothing retrained, nothing rewritten
+    assert "holds this finished run: nothing to do" in caplog.text
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != runs.LOCK} == files
+    # Another config is not taken for this run.
+    _one_line_error(capsys, 2, "holds a finished run whose config differs in ['schedule.learning_rate']",
+                    [*argv, "--set", "schedule.learning_rate=0.1"])
+    (out / runs.CHECKPOINTS / "epoch_0001.keras").unlink()
+    assert cli.main([*argv, "--restart"]) == 0
+    assert (out / runs.CHECKPOINTS / "epoch_0001.keras").exists()  # trained again
+    for a, b in zip(weights, runs.load_model(str(out)).get_weights()):
+        np.testing.assert_array_equal(a, b)

@@ -74,6 +74,42 @@ def test_augmented_stream_is_static_in_range_and_restartable(folder):
         np.testing.assert_array_equal(b, d)
 
 
+def test_stream_order_is_a_function_of_seed_and_position():
+    # Ten records, passes of ten: positions 0-9 are pass 0, 10-19 pass 1, ...
+    from keras_vit.data.pipelines import ordered_stream
+
+    records = tf.data.Dataset.range(10)
+    stream = ordered_stream(records, 10, shuffle_buffer=10, seed=7)
+    first = [(int(p), int(r)) for p, r in stream.take(40)]
+    assert [p for p, _ in first] == list(range(40))
+    passes = [[r for _, r in first[i:i + 10]] for i in range(0, 40, 10)]
+    assert all(sorted(p) == list(range(10)) for p in passes)  # each pass is a permutation
+    assert len({tuple(p) for p in passes}) == 4  # reshuffled every pass
+    # A second iterator over the same dataset (Keras opens more than one) and a stream
+    # started at any position, in the first pass or after it, give the same records.
+    assert [(int(p), int(r)) for p, r in stream.take(40)] == first
+    for start in (3, 10, 17, 31):
+        restarted = ordered_stream(records, 10, shuffle_buffer=10, seed=7, start=start)
+        assert [(int(p), int(r)) for p, r in restarted.take(40 - start)] == first[start:]
+    other = ordered_stream(records, 10, shuffle_buffer=10, seed=8)
+    assert [int(r) for _, r in other.take(10)] != passes[0]
+
+
+def test_training_batches_restart_exactly_across_passes(folder):
+    source = data.load_source(str(folder))  # 6 images: a pass ends every 1.5 batches
+
+    def stream(start):
+        return data.train_dataset(source, 16, 4, seed=1, start_batch=start)
+
+    uninterrupted = stream(0)
+    list(uninterrupted.take(2))  # an iterator opened before, as Keras does
+    full = list(uninterrupted.take(8))
+    for start in (1, 3, 6):
+        for (a, b), (c, d) in zip(full[start:], stream(start).take(8 - start)):
+            np.testing.assert_array_equal(a, c)
+            np.testing.assert_array_equal(b, d)
+
+
 def test_inception_crop_windows_follow_the_paper():
     # Area 5%-100% of the image, aspect ratio 3/4-4/3 (up to pixel rounding).
     shape = tf.constant([300, 400, 3])

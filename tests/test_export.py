@@ -288,7 +288,7 @@ def test_export_folder_carries_the_model_config(run):
     "model_kwargs, kwargs, message",
     [
         ({}, dict(labels=["cat", "dog"]), r"Got 2 labels for a model with 10 classes"),
-        ({}, dict(top_k=11), r"top_k must be an int between 1 and the number of classes \(10\), got 11"),
+        ({}, dict(top_k=0), r"top_k must be a positive int, got 0"),
         ({}, dict(activation="relu"), r"Unknown activation 'relu': expected one of 'softmax', 'sigmoid'"),
         (dict(include_top=False), {}, r"a `head` layer .* output shapes \[\(None, 32\)\] and no head"),
         ({}, dict(metadata={"seed": np.int64(0)}), r"metadata must be JSON-serialisable, got \{'seed'"),
@@ -299,3 +299,18 @@ def test_bad_export_arguments_raise_clear_errors(tmp_path, model_kwargs, kwargs,
     with pytest.raises(ValueError, match=message):
         export_saved_model(tiny_vit(**model_kwargs), tmp_path / "out", **kwargs)
     assert not (tmp_path / "out").exists()
+
+
+def test_export_command_default_top_k_fits_a_three_class_model(tmp_path, capsys, caplog):
+    # `keras-vit export` asks for the top 5 by default; a 3-class model returns all 3.
+    from keras_vit import cli
+
+    tiny_vit(num_classes=3).save(tmp_path / "three.keras")
+    with caplog.at_level("INFO", logger="keras_vit"):
+        assert cli.main(["export", "--from", str(tmp_path / "three.keras"), "--out", str(tmp_path / "served")]) == 0
+    assert "top_k 5 is more than the model's 3 classes: returning all 3" in caplog.text
+    assert "top 3" in capsys.readouterr().out
+    served = tf.saved_model.load(str(tmp_path / "served")).signatures["serving_default"]
+    out = served(images=tf.zeros((2, 32, 32, 3), tf.uint8))
+    assert out["top_k_indices"].shape.as_list() == [2, 3]
+    assert sorted(out["top_k_indices"].numpy()[0]) == [0, 1, 2]

@@ -283,32 +283,56 @@ def test_run_killed_mid_epoch_resumes_to_the_same_weights(tmp_path, objective):
         np.testing.assert_array_equal(a, b)
 
 
+class Poison(keras.callbacks.Callback):
+    """Makes the weights NaN after the first step of epoch `epoch` (from 0)."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.at = (epoch, 0)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self.epoch, batch) == self.at:
+            head = self.model.get_layer("head").kernel
+            head.assign(np.full(head.shape, np.nan, "float32"))
+
+
 def test_nan_loss_stops_and_keeps_the_last_good_state(tmp_path):
     from keras_vit.training.callbacks import TrainingBackup
     from keras_vit.training.engine import TrainConfig, train
 
-    class Poison(keras.callbacks.Callback):
-        """Makes the weights NaN after the first step of the second epoch."""
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
-
-        def on_train_batch_end(self, batch, logs=None):
-            if (self.epoch, batch) == (1, 0):
-                head = self.model.get_layer("head").kernel
-                head.assign(np.full(head.shape, np.nan, "float32"))
-
     config = TrainConfig(
         **tiny_run(schedule=dict(epochs=3, micro_batches_per_epoch=3)), out=str(tmp_path)
     )
-    with pytest.raises(FloatingPointError, match="Last good checkpoint: .*epoch_0001.keras"):
-        train(config, callbacks=[Poison()], verbose=0)
+    backup = tmp_path / runs.BACKUP / TrainingBackup.FILE
+    with pytest.raises(
+        FloatingPointError,
+        match=f"in epoch 2. Last good checkpoint: .*epoch_0001.keras; the backup {backup} holds",
+    ):
+        train(config, callbacks=[Poison(1)], verbose=0)
     assert runs.latest_checkpoint(str(tmp_path)).endswith("epoch_0001.keras")
     kept = keras.saving.load_model(runs.latest_checkpoint(str(tmp_path)))
     assert all(np.isfinite(w).all() for w in kept.get_weights())
     assert not (tmp_path / runs.MODEL).exists()
     # The backup still holds the end of epoch 1, from where a fixed run can resume.
     assert TrainingBackup.saved_position(str(tmp_path / runs.BACKUP)) == (1, 0)
+
+
+def test_nan_loss_in_the_first_epoch_names_no_backup(tmp_path):
+    from keras_vit.training.engine import TrainConfig, train
+
+    config = TrainConfig(
+        **tiny_run(schedule=dict(epochs=2, micro_batches_per_epoch=2)), out=str(tmp_path)
+    )
+    with pytest.raises(
+        FloatingPointError,
+        match="in epoch 1. Last good checkpoint: none; no backup was written yet: lower the "
+        "learning rate and start over",
+    ):
+        train(config, callbacks=[Poison(0)], verbose=0)
+    assert not (tmp_path / runs.BACKUP).exists()
 
 
 def test_a_version_0_1_run_is_resumed_only_by_its_own_settings(caplog):

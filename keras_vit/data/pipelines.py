@@ -47,6 +47,46 @@ def shard(dataset, input_context):
     )
 
 
+def ordered_stream(records, size, shuffle_buffer, seed, start=0):
+    """`records` repeated endlessly, each pass shuffled, as `(position, record)` from `start`.
+
+    Pass `e` is shuffled with a seed drawn from `(seed, e)` alone, so the stream is a pure
+    function of the seed: every iterator opened over it, in this process or after a
+    restart, yields the same records at the same positions. (`shuffle`'s
+    `reshuffle_each_iteration` draws each new iterator's order from a counter instead,
+    so the order depended on how many iterators had been opened before.)
+
+    Args:
+        records: a `tf.data.Dataset` of exactly `size` elements.
+        size: its number of elements (one pass).
+        shuffle_buffer: the shuffle buffer of each pass.
+        seed: the stream's seed.
+        start: the first position yielded.
+
+    Example:
+
+    >>> stream = ordered_stream(tf.data.Dataset.range(5), 5, 5, seed=0, start=3)
+    >>> [int(position) for position, _ in stream.take(4)]
+    [3, 4, 5, 6]
+    """
+    first_pass, offset = divmod(int(start), int(size))
+
+    def one_pass(index):
+        # `shuffle` takes a tensor seed, but its helper compares the graph-level seed with
+        # 0 in Python first: fixing this function graph's own seed (it applies nowhere
+        # else) keeps that comparison off the tensor and the order out of the global
+        # seed's reach.
+        tf.random.set_seed(1)
+        pass_seed = tf.random.stateless_uniform(
+            [], tf.stack([tf.constant(seed, tf.int64), index]), minval=1, maxval=2**31 - 1,
+            dtype=tf.int64,
+        )
+        shuffled = records.shuffle(shuffle_buffer, seed=pass_seed, reshuffle_each_iteration=False)
+        return shuffled.enumerate(start=index * size)
+
+    return tf.data.Dataset.counter(first_pass).flat_map(one_pass).skip(offset)
+
+
 def train_dataset(
     source,
     image_size,
@@ -119,12 +159,7 @@ def train_dataset(
     if cache:
         records = records.map(lambda key, label: (read(key), label)).cache()
         read = tf.identity
-    stream = (
-        records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        .repeat()
-        .enumerate()
-        .skip(start_batch * batch_size)
-    )
+    stream = ordered_stream(records, source.size, shuffle_buffer, seed, start_batch * batch_size)
     stream, pipelines = shard(stream, input_context)
     if batch_size % pipelines:
         raise ValueError(

@@ -5,6 +5,7 @@ eval preprocessing, so a client sends uint8 pixels or encoded JPEG/PNG files.
 """
 
 import json
+import logging
 import os
 
 import keras
@@ -14,6 +15,8 @@ from keras_vit import __version__
 from keras_vit.data import check_crop_fraction, eval_resize
 from keras_vit.models.vit import preprocess, vit_parts
 from keras_vit.utils.checks import check_choice
+
+logger = logging.getLogger("keras_vit")
 
 ACTIVATIONS = ("softmax", "sigmoid")
 # `assets.extra/` is the SavedModel folder for files that serving systems carry along
@@ -180,7 +183,8 @@ def export_saved_model(
         model: a classifier built by `keras_vit.ViT` (with `include_top=True`).
         path: the SavedModel folder to write.
         labels: optional class names, one per class in index order.
-        top_k: how many of the most probable classes to return.
+        top_k: how many of the most probable classes to return (at most all of them:
+            a larger value is lowered to the number of classes, with a logged note).
         activation: `"softmax"`, or `"sigmoid"` for models trained with sigmoid
             cross-entropy (independent per-class probabilities).
         crop_fraction: `None` resizes whole images (the official checkpoints'
@@ -208,11 +212,12 @@ def export_saved_model(
     labels = _check_labels(labels, num_classes)
     check_choice("activation", activation, ACTIVATIONS)
     check_crop_fraction(crop_fraction, (height, width))
-    if not isinstance(top_k, int) or not 1 <= top_k <= num_classes:
-        raise ValueError(
-            f"top_k must be an int between 1 and the number of classes ({num_classes}), "
-            f"got {top_k!r}."
-        )
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k must be a positive int, got {top_k!r}.")
+    if top_k > num_classes:
+        logger.info("top_k %d is more than the model's %d classes: returning all %d.",
+                    top_k, num_classes, num_classes)
+        top_k = num_classes
     record = {
         "keras_vit_version": __version__,
         "keras_version": keras.__version__,

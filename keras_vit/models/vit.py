@@ -8,13 +8,15 @@ module that works on a model's weights or intermediate outputs.
 import dataclasses
 from typing import Optional
 
+import inspect
+
 import keras
 from keras import ops
 
 from keras_vit.models import layers as vit_layers
 from keras_vit.models import resnet
 from keras_vit.utils import keras_compat
-from keras_vit.utils.checks import check_choice
+from keras_vit.utils.checks import check_choice, check_in_range, check_positive_int
 from keras_vit.utils.serialization import serializable
 
 # name: (hidden_dim, mlp_dim, num_heads, num_layers), vit_jax configs/models.py.
@@ -173,6 +175,37 @@ def vit_parts(model):
     return parts
 
 
+SIZE_ARGUMENTS = ("patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim")
+RATE_ARGUMENTS = ("dropout_rate", "attention_dropout_rate", "drop_path_rate")
+
+
+def check_arguments(arguments):
+    """Raises `ValueError` naming the first entry of `arguments` (keyword arguments of
+    `ViT`) that `ViT` does not take, or whose value is not of the kind it needs.
+
+    Example:
+
+    >>> check_arguments(dict(num_layers=2, dropout_rate=0.1))
+    >>> check_arguments(dict(num_layers="abc"))
+    Traceback (most recent call last):
+    ...
+    ValueError: num_layers must be a positive integer, got 'abc'.
+    """
+    known = [
+        name for name in inspect.signature(VisionTransformer.__init__).parameters
+        if name not in ("self", "variant", "kwargs")
+    ]
+    for name, value in arguments.items():
+        if name not in known:
+            raise ValueError(f"ViT takes no argument {name!r}; its arguments: {', '.join(known)}.")
+        if value is None:
+            continue
+        if name in SIZE_ARGUMENTS:
+            check_positive_int(name, value)
+        if name in RATE_ARGUMENTS:
+            check_in_range(name, value, "[0, 1)")
+
+
 def _pair(size, name):
     pair = (size, size) if isinstance(size, int) else tuple(size)
     if len(pair) != 2 or not all(isinstance(s, int) and s > 0 for s in pair):
@@ -289,6 +322,10 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
                 f"Without a variant, ViT needs {', '.join(missing)}; or pass a variant, "
                 f"one of {', '.join(VARIANTS)}."
             )
+        check_arguments(
+            dict(arch, dropout_rate=dropout_rate, attention_dropout_rate=attention_dropout_rate,
+                 drop_path_rate=drop_path_rate)
+        )
         check_choice("classifier", classifier, ("token", "gap"))
         check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
         height, width = _pair(image_size, "image_size")

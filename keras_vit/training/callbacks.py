@@ -1,9 +1,14 @@
-"""Callbacks of the training engine: full-state backups for resuming, model checkpoints."""
+"""Callbacks of the training engine: full-state backups for resuming, model checkpoints,
+each epoch's metrics (metrics.csv, TensorBoard). Every file is written atomically
+(`keras_vit.utils.files`)."""
 
+import csv
 import io
 import logging
 import math
 import os
+import shutil
+import tempfile
 
 import keras
 import numpy as np
@@ -12,6 +17,7 @@ import tensorflow as tf
 from keras_vit.training.multiworker import chief_writes, is_chief
 from keras_vit.utils import keras_compat
 from keras_vit.utils.checks import check_positive_int
+from keras_vit.utils.files import atomic_path, atomic_write
 
 logger = logging.getLogger("keras_vit")
 
@@ -19,14 +25,6 @@ logger = logging.getLogger("keras_vit")
 def _finite(logs):
     loss = (logs or {}).get("loss")
     return loss is None or math.isfinite(float(loss))
-
-
-def _write_atomically(path, data):
-    """Writes bytes so that a reader sees the old file or the new one, never a part."""
-    tmp = f"{path}.tmp"
-    with tf.io.gfile.GFile(tmp, "wb") as f:
-        f.write(data)
-    tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
 class TrainingBackup(keras.callbacks.Callback):
@@ -44,8 +42,9 @@ class TrainingBackup(keras.callbacks.Callback):
       instead of training on them again; the input pipeline must start at the saved
       position too (`keras_vit.data.train_dataset(start_batch=...)`, see
       `saved_position`);
-    - a state whose loss is not finite is never backed up, and the backup is kept
-      when training stops early, so a NaN leaves the last good state on disk.
+    - a state whose loss is not finite is never backed up, and the backup outlives
+      `fit`: the engine removes it (`remove`) only once the run's final files are in
+      place, so a NaN, or a kill at any moment, leaves the last good state on disk.
 
     With several workers (`MultiWorkerMirroredStrategy`) every worker restores from
     `directory`, which only the chief writes (see `keras_vit.training.multiworker.write_path`).
@@ -71,6 +70,7 @@ class TrainingBackup(keras.callbacks.Callback):
         self.every = every
         self.path = os.path.join(directory, self.FILE)
         self._epoch = 0
+        self._passed = 0
         self._metrics_to_restore = None
 
     @classmethod
@@ -100,7 +100,7 @@ class TrainingBackup(keras.callbacks.Callback):
         np.savez(buffer, **arrays)
         with chief_writes(self.path, self.model.distribute_strategy) as path:
             tf.io.gfile.makedirs(os.path.dirname(path))
-            _write_atomically(path, buffer.getvalue())
+            atomic_write(path, buffer.getvalue())
 
     def on_train_begin(self, logs=None):
         if not tf.io.gfile.exists(self.path):
@@ -132,6 +132,7 @@ class TrainingBackup(keras.callbacks.Callback):
         self._epoch = epoch
         if step:
             model.pass_steps(step)
+            self._passed = step
             if [a.shape for a in saved["metrics"]] == [tuple(v.shape) for v in groups["metrics"]]:
                 self._metrics_to_restore = saved["metrics"]
             else:  # Metrics not built yet (a model outside a strategy scope).
@@ -149,6 +150,9 @@ class TrainingBackup(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         step = batch + 1
         steps = self.params.get("steps")
+        if step <= self._passed:  # passed over on resuming: the backup holds this state
+            return
+        self._passed = 0
         if self.every and step % self.every == 0 and step != steps and _finite(logs):
             self._save(self._epoch, step)
 
@@ -156,12 +160,12 @@ class TrainingBackup(keras.callbacks.Callback):
         if _finite(logs):
             self._save(epoch + 1, 0)
 
-    def on_train_end(self, logs=None):
-        finished = self._epoch + 1 >= self.params.get("epochs", 0) and _finite(logs)
-        if not is_chief(self.model.distribute_strategy):
-            return
-        if finished and not self.model.stop_training and tf.io.gfile.exists(self.path):
-            tf.io.gfile.remove(self.path)
+    @classmethod
+    def remove(cls, directory):
+        """Deletes the backup in `directory` (the run it belongs to is complete)."""
+        path = os.path.join(directory, cls.FILE)
+        if tf.io.gfile.exists(path):
+            tf.io.gfile.remove(path)
 
 
 class EpochCheckpoints(keras.callbacks.Callback):
@@ -189,6 +193,7 @@ class EpochCheckpoints(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         # A resumed run also prunes the checkpoints written before the restart.
+        self.saved = []
         if tf.io.gfile.isdir(self.directory):
             self.saved = sorted(
                 os.path.join(self.directory, name)
@@ -206,15 +211,121 @@ class EpochCheckpoints(keras.callbacks.Callback):
         path = os.path.join(self.directory, f"epoch_{epoch + 1:04d}.keras")
         strategy = self.model.distribute_strategy
         with chief_writes(path, strategy) as target:
-            folder = os.path.dirname(target)
-            tf.io.gfile.makedirs(folder)
-            tmp = os.path.join(folder, f"partial_{epoch + 1:04d}.keras")
-            self.network.save(tmp)
-            tf.io.gfile.rename(tmp, target, overwrite=True)
+            tf.io.gfile.makedirs(os.path.dirname(target))
+            with atomic_path(target) as temporary:
+                self.network.save(temporary)
         if not is_chief(strategy):
             return
-        self.saved.append(path)
+        # A rerun of an epoch replaces its file: count it once.
+        self.saved = sorted(set(self.saved) | {path})
         while len(self.saved) > self.keep:
             old = self.saved.pop(0)
             if tf.io.gfile.exists(old):
                 tf.io.gfile.remove(old)
+
+
+class EpochLog(keras.callbacks.Callback):
+    """Writes each epoch's metrics exactly once: a row of `metrics.csv` and TensorBoard scalars.
+
+    A run that resumes at epoch `initial_epoch` repeats the epochs from there, so the rows
+    and scalars of those epochs that a killed run wrote are replaced, not added to:
+
+    - `metrics.csv` (`epoch` from 0, then the logs' keys, as `keras.callbacks.CSVLogger`
+      writes it) is rewritten whole after each epoch: the rows of the epochs before
+      `initial_epoch` already in the file, then this run's;
+    - TensorBoard gets one events file per epoch (and per split: `train/` and, for the
+      `val_` logs, `validation/`, tags `epoch_NAME` as `keras.callbacks.TensorBoard`
+      writes them), `events.out.tfevents.NNNNNN.keras-vit`, which a rerun of the epoch
+      replaces.
+
+    Both are written before the epoch's backup (`TrainingBackup` comes after it in the
+    callbacks), so no epoch the backup counts as done can lack them. `history()` gives
+    the whole run's history, across restarts.
+
+    Args:
+        csv_path: the `metrics.csv` to write.
+        logs_dir: the TensorBoard folder, or None for none.
+        initial_epoch: the epoch this run starts at (0 for a new run).
+
+    Example:
+
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> log = EpochLog(os.path.join(folder, "metrics.csv"))
+    >>> log.on_train_begin()
+    >>> log.on_epoch_end(0, {"loss": 2.5, "val_loss": 2.75})
+    >>> open(os.path.join(folder, "metrics.csv")).read().splitlines()
+    ['epoch,loss,val_loss', '0,2.5,2.75']
+    >>> log.history()
+    {'loss': [2.5], 'val_loss': [2.75]}
+    """
+
+    def __init__(self, csv_path, logs_dir=None, initial_epoch=0):
+        super().__init__()
+        self.csv_path = csv_path
+        self.logs_dir = logs_dir
+        self.initial_epoch = int(initial_epoch)
+        self.rows = []
+
+    def on_train_begin(self, logs=None):
+        self.rows = [row for row in read_metrics_csv(self.csv_path) if row["epoch"] < self.initial_epoch]
+
+    def on_epoch_end(self, epoch, logs=None):
+        values = {key: float(value) for key, value in (logs or {}).items()}
+        self.rows = [row for row in self.rows if row["epoch"] < epoch] + [dict(epoch=epoch, **values)]
+        keys = sorted({key for row in self.rows for key in row} - {"epoch"})
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(["epoch", *keys])
+        for row in self.rows:
+            writer.writerow([row["epoch"], *(repr(row[k]) if k in row else "" for k in keys)])
+        atomic_write(self.csv_path, text.getvalue())
+        if self.logs_dir:
+            splits = dict(
+                train={k: v for k, v in values.items() if not k.startswith("val_")},
+                validation={k[4:]: v for k, v in values.items() if k.startswith("val_")},
+            )
+            for split, scalars in splits.items():
+                if scalars:
+                    _write_scalars(os.path.join(self.logs_dir, split), epoch, scalars)
+
+    def history(self):
+        """`{metric: [value per epoch]}` over every epoch logged, as `History.history`."""
+        keys = sorted({key for row in self.rows for key in row} - {"epoch"})
+        return {key: [row.get(key, math.nan) for row in self.rows] for key in keys}
+
+
+def read_metrics_csv(path):
+    """The rows of a run's `metrics.csv` as dicts (`epoch` an int, values floats); [] if none.
+
+    Example:
+
+    >>> read_metrics_csv("/tmp/no-such-run/metrics.csv")
+    []
+    """
+    if not tf.io.gfile.exists(path):
+        return []
+    with tf.io.gfile.GFile(path) as f:
+        rows = list(csv.DictReader(io.StringIO(f.read())))
+    return [
+        {key: int(value) if key == "epoch" else float(value) for key, value in row.items() if value != ""}
+        for row in rows
+    ]
+
+
+def _write_scalars(folder, epoch, scalars):
+    """`scalars` at step `epoch` as one events file of its own, replacing any earlier one."""
+    scratch = tempfile.mkdtemp(prefix="keras_vit_events_")
+    try:
+        writer = tf.summary.create_file_writer(scratch)
+        with writer.as_default():
+            for name, value in sorted(scalars.items()):
+                tf.summary.scalar(f"epoch_{name}", value, step=epoch)
+        writer.close()
+        (name,) = os.listdir(scratch)
+        with open(os.path.join(scratch, name), "rb") as f:
+            data = f.read()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    tf.io.gfile.makedirs(folder)
+    atomic_write(os.path.join(folder, f"events.out.tfevents.{epoch:06d}.keras-vit"), data)

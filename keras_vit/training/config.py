@@ -63,12 +63,20 @@ class ModelConfig:
         self.kwargs = dict(self.kwargs)
 
     def validate(self):
+        from keras_vit.models.vit import check_arguments, parse_variant
+
         check_positive_int("model.image_size", self.image_size)
         check_positive_int("model.lora_rank", self.lora_rank, optional=True)
         if self.variant != "custom":
-            from keras_vit.models.vit import parse_variant
-
             parse_variant(self.variant)
+        for name in ("image_size", "channels", "head_bias_init", "num_classes", "include_top"):
+            if name in self.kwargs:
+                raise ValueError(
+                    f"model.kwargs.{name} is set by the run: "
+                    + (f"set model.{name} instead." if hasattr(self, name)
+                       else "from the data and the objective.")
+                )
+        check_arguments(self.kwargs)
 
 
 @dataclasses.dataclass

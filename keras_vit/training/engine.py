@@ -7,6 +7,7 @@ callbacks, fit, and write the final model and metrics to the run's output folder
 `keras_vit.training.runs`). TensorFlow backend only (tf.data and tf.distribute).
 """
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -23,12 +24,13 @@ from keras_vit import data as vit_data
 from keras_vit.models import mpp as vit_mpp
 from keras_vit.models.vit import ViT, vit_parts
 from keras_vit.training import distribute, multiworker, runs
-from keras_vit.training.callbacks import EpochCheckpoints, TrainingBackup
+from keras_vit.training.callbacks import EpochCheckpoints, EpochLog, TrainingBackup
 from keras_vit.training.config import TrainConfig  # noqa: F401  (keras_vit.training.engine.TrainConfig)
 from keras_vit.training.losses import SigmoidCrossEntropy
 from keras_vit.training.optimizers import make_optimizer
 from keras_vit.training.schedules import WarmupDecay
 from keras_vit.utils.serialization import serializable
+from keras_vit.utils.files import atomic_path, atomic_write, remove_temporaries
 
 logger = logging.getLogger("keras_vit")
 
@@ -124,9 +126,20 @@ class MaskedPatchTraining(
     """
 
 
+class TrainingFailed(RuntimeError):
+    """A run stopped by a failure once training was under way (a full disk, ...).
+
+    Its message says what failed and that rerunning resumes; the `keras-vit` command
+    exits with `exit_code` 1 on it (2 for bad input).
+    """
+
+    exit_code = 1
+
+
 @dataclasses.dataclass
 class TrainResult:
-    """What `train` returns: the trained model, Keras' history and the final metrics."""
+    """What `train` returns: the trained model, the history of every epoch (across
+    restarts) and the final metrics."""
 
     model: keras.Model
     history: dict
@@ -145,11 +158,13 @@ class Sources:
 
 @dataclasses.dataclass
 class Plan:
-    """The run's length: `epochs` of `micro_batches_per_epoch`, `updates` optimizer updates."""
+    """The run's length: `epochs` of `micro_batches_per_epoch`, `updates` optimizer
+    updates, the first `warmup_updates` of them warming up."""
 
     epochs: int
     micro_batches_per_epoch: int
     updates: int
+    warmup_updates: int
 
 
 def check_run(config):
@@ -162,6 +177,9 @@ def check_run(config):
         )
     init_from = config.model.init_from
     if init_from:
+        # Before anything is written: a missing file or an unreachable URL is bad input.
+        if not tf.io.gfile.exists(runs.resolve_from(init_from)):
+            raise FileNotFoundError(f"model.init_from (--from) {init_from!r} does not exist.")
         weights = os.path.abspath(runs.resolve_from(init_from))
         if weights.startswith(os.path.abspath(config.out) + os.sep):
             raise ValueError(
@@ -176,8 +194,9 @@ RESUME_MAY_CHANGE = (
 )
 
 
-def check_resumable(config, out):
-    """A backup may only be resumed by the configuration that wrote it."""
+def check_resumable(config, out, what="an unfinished"):
+    """A run folder's backup may only be resumed (and a finished run only be reported
+    finished) for the configuration that wrote it; `what` names the run in the error."""
     path = os.path.join(out, runs.CONFIG)
     if not tf.io.gfile.exists(path):
         return
@@ -191,15 +210,16 @@ def check_resumable(config, out):
     changed = sorted(k for k in current if k not in RESUME_MAY_CHANGE and saved[k] != current[k])
     if changed:
         raise ValueError(
-            f"{out} holds an unfinished run whose config differs in {changed}; resume it with "
-            f"the same settings, or pick another output folder (or delete {out}/{runs.BACKUP})."
+            f"{out} holds {what} run whose config differs in {changed}; run it with the same "
+            "settings, start it over (--restart, or train(restart=True)), or pick another "
+            "output folder."
         )
 
 
 def resume_position(config):
     """`(epoch, micro_batch)` where the run's backup left it; `(0, 0)` for a new run."""
     position = TrainingBackup.saved_position(os.path.join(config.out, runs.BACKUP))
-    if position != (0, 0):
+    if runs.status(config.out) == "unfinished":
         check_resumable(config, config.out)
     return position
 
@@ -219,13 +239,43 @@ def output_path(config, strategy, name):
 
 
 def _write_json(path, value):
-    with tf.io.gfile.GFile(path, "w") as f:
-        json.dump(value, f, indent=2, default=float)
+    atomic_write(path, json.dumps(value, indent=2, default=float))
+
+
+@contextlib.contextmanager
+def hold_folder(config, written, restart):
+    """Holds the run folder (`runs.hold`: one run at a time) while the body runs, after
+    deleting the temporary files of killed writers and, with `restart`, what an earlier
+    run wrote. Yields the `TrainResult` of the finished run the folder holds (same
+    config required), or None when there is a run to do."""
+    tf.io.gfile.makedirs(config.out)
+    folder = os.path.dirname(written(runs.LOCK))  # other workers: their own temporary one
+    with runs.hold(folder):
+        for path in remove_temporaries(folder, skip=(multiworker.WORKER_TEMP,)):
+            logger.info("Removed %s, left by a run killed while writing it.", path)
+        if restart and written(runs.LOCK) == os.path.join(config.out, runs.LOCK):
+            runs.clear(config.out)
+        elif runs.status(config.out) == "finished":
+            check_resumable(config, config.out, "a finished")
+            logger.info(
+                "%s holds this finished run: nothing to do (--restart, or train(restart=True), "
+                "trains it again).", config.out,
+            )
+            yield finished_result(config.out)
+            return
+        yield None
+
+
+def finished_result(out):
+    """The `TrainResult` of the finished run in `out`, read back from its files."""
+    with tf.io.gfile.GFile(os.path.join(out, runs.METRICS_JSON)) as f:
+        metrics = json.load(f)
+    model = runs.read_keras(os.path.join(out, runs.MODEL))
+    return TrainResult(model=model, history=metrics["history"], metrics=metrics["final"], out=out)
 
 
 def write_config(config, written):
-    """Creates the run folder and writes the run's `config.json`."""
-    tf.io.gfile.makedirs(config.out)
+    """Writes the run's `config.json`."""
     _write_json(written(runs.CONFIG), config.to_dict())
 
 
@@ -272,8 +322,7 @@ def load_sources(config, written):
         eval_source = eval_source and vit_data.select_classes(eval_source, config.data.classes)
     skipped = train_source.skipped + (eval_source.skipped if eval_source else [])
     if skipped:
-        with tf.io.gfile.GFile(written("skipped_files.txt"), "w") as f:
-            f.write("\n".join(skipped) + "\n")
+        atomic_write(written("skipped_files.txt"), "\n".join(skipped) + "\n")
     return Sources(train=train_source, eval=eval_source, skipped=skipped)
 
 
@@ -295,12 +344,21 @@ def plan_run(config, train_source):
     else:
         epochs = schedule.epochs
     updates = epochs * per_epoch // per_update
-    if schedule.warmup_updates >= updates:
+    if updates < 1:
         raise ValueError(
-            f"schedule.warmup_updates {schedule.warmup_updates} must be fewer than the run's "
-            f"{updates} optimizer updates."
+            f"The run makes no optimizer update: {epochs} epochs of {per_epoch} micro-batches, "
+            f"{per_update} per update; train longer or accumulate fewer micro-batches."
         )
-    return Plan(epochs=epochs, micro_batches_per_epoch=per_epoch, updates=updates)
+    warmup = schedule.warmup_updates
+    if warmup >= updates:  # As Keras' CosineDecay, timm and HF's Trainer, train anyway.
+        logger.warning(
+            "schedule.warmup_updates %d does not fit the run's %d optimizer updates: warming "
+            "up over %d (half the run) instead.", warmup, updates, updates // 2,
+        )
+        warmup = updates // 2
+    return Plan(
+        epochs=epochs, micro_batches_per_epoch=per_epoch, updates=updates, warmup_updates=warmup
+    )
 
 
 def make_pipelines(config, sources, plan, strategy, position):
@@ -398,7 +456,7 @@ def _make_optimizer(config, model, plan):
     learning_rate = WarmupDecay(
         schedule.learning_rate,
         total_steps=plan.updates,
-        warmup_steps=schedule.warmup_updates,
+        warmup_steps=plan.warmup_updates,
         decay=schedule.decay,
         end_learning_rate=schedule.end_learning_rate,
         accumulation_steps=optimization.micro_batches_per_update,
@@ -450,82 +508,114 @@ def build_and_compile(config, num_classes, plan, strategy, policy, jit):
     return vit, model
 
 
-def make_callbacks(config, vit, written, resuming):
-    """The engine's callbacks: backup, checkpoints, NaN stop, CSV log, TensorBoard."""
+def make_callbacks(config, vit, written, initial_epoch):
+    """The engine's callbacks: checkpoints, metrics (CSV, TensorBoard), backup, NaN stop.
+
+    At an epoch's end the checkpoint and the metrics are written before the backup that
+    counts the epoch as done: a kill in between repeats the epoch, which replaces them."""
     checkpointing = config.checkpointing
-    callbacks = [
-        TrainingBackup(
-            os.path.join(config.out, runs.BACKUP), every=checkpointing.backup_every_micro_batches
-        ),
-        EpochCheckpoints(
-            vit, os.path.join(config.out, runs.CHECKPOINTS), keep=checkpointing.keep_checkpoints
-        ),
-        keras.callbacks.TerminateOnNaN(),
-        keras.callbacks.CSVLogger(written(runs.METRICS_CSV), append=resuming),
-    ]
+    logs_dir = None
     if checkpointing.tensorboard:
         try:
             import tensorboard  # noqa: F401  (tf.summary writes nothing without it)
 
-            callbacks.append(keras.callbacks.TensorBoard(written(runs.LOGS), write_graph=False))
+            logs_dir = written(runs.LOGS)
         except ImportError:
             logger.warning("TensorBoard is not installed (pip install tensorboard): no logs/.")
-    return callbacks
+    return [
+        EpochCheckpoints(
+            vit, os.path.join(config.out, runs.CHECKPOINTS), keep=checkpointing.keep_checkpoints
+        ),
+        EpochLog(written(runs.METRICS_CSV), logs_dir, initial_epoch=initial_epoch),
+        TrainingBackup(
+            os.path.join(config.out, runs.BACKUP), every=checkpointing.backup_every_micro_batches
+        ),
+        keras.callbacks.TerminateOnNaN(),
+    ]
 
 
 def fit(config, model, pipelines, plan, initial_epoch, callbacks, verbose):
-    """`model.fit` over the plan; returns its history dict and the seconds it took.
-    Raises `FloatingPointError` naming the last good checkpoint when the loss is not
-    finite."""
+    """`model.fit` over the plan; returns the history of every epoch of the run (across
+    restarts, from its `EpochLog`) and the seconds it took. Raises `FloatingPointError`
+    naming the last good checkpoint when the loss is not finite."""
     train_data, eval_data = pipelines
     start = time.time()
-    history = model.fit(
-        train_data,
-        epochs=plan.epochs,
-        steps_per_epoch=plan.micro_batches_per_epoch,
-        initial_epoch=initial_epoch,
-        validation_data=eval_data or None,
-        validation_freq=config.evaluation.every_epochs,
-        callbacks=callbacks,
-        shuffle=False,  # The stream is shuffled (and seeded) by the pipeline.
-        verbose=verbose,
-    )
+    try:
+        model.fit(
+            train_data,
+            epochs=plan.epochs,
+            steps_per_epoch=plan.micro_batches_per_epoch,
+            initial_epoch=initial_epoch,
+            validation_data=eval_data or None,
+            validation_freq=config.evaluation.every_epochs,
+            callbacks=callbacks,
+            shuffle=False,  # The stream is shuffled (and seeded) by the pipeline.
+            verbose=verbose,
+        )
+    except (OSError, tf.errors.OpError) as error:
+        reason = error.message if isinstance(error, tf.errors.OpError) else error
+        if isinstance(error, OSError) and error.strerror:
+            reason = f"{error.strerror}: {error.filename!r}" if error.filename else error.strerror
+        done = TrainingBackup.saved_position(os.path.join(config.out, runs.BACKUP))
+        raise TrainingFailed(
+            f"Training stopped: {' '.join(str(reason).split())}. Once that is fixed, the same "
+            f"command resumes the run from its backup (epoch {done[0] + 1}, micro-batch "
+            f"{done[1]})."
+        ) from error
     seconds = time.time() - start
-    losses = history.history.get("loss", [])
+    (epoch_log,) = [c for c in callbacks if isinstance(c, EpochLog)]
+    history = epoch_log.history()
+    losses = history.get("loss", [])
     if losses and not np.isfinite(losses[-1]):
         last_good = runs.latest_checkpoint(config.out)
-        raise FloatingPointError(
-            f"Training stopped: the loss became {losses[-1]} in epoch "
-            f"{len(losses) + initial_epoch}. Last good checkpoint: {last_good or 'none'}; the "
-            f"backup in {os.path.join(config.out, runs.BACKUP)} holds the last good training state."
+        backup = os.path.join(config.out, runs.BACKUP, TrainingBackup.FILE)
+        state = (
+            f"the backup {backup} holds the last good training state"
+            if tf.io.gfile.exists(backup)
+            else "no backup was written yet: lower the learning rate and start over (--restart)"
         )
-    return history.history, seconds
+        raise FloatingPointError(
+            f"Training stopped: the loss became {losses[-1]} in epoch {len(losses)}. "
+            f"Last good checkpoint: {last_good or 'none'}; {state}."
+        )
+    return history, seconds
 
 
 def write_results(model, vit, eval_data, written, record):
     """Saves the final model, evaluates it, writes `metrics.json` (`record` plus the
-    final metrics); returns the final metrics."""
-    vit.save(written(runs.MODEL))
+    final metrics); returns the final metrics. Only then is the backup removed: the
+    run is finished once these files are in place."""
+    with atomic_path(written(runs.MODEL)) as path:
+        vit.save(path)
     final = model.evaluate(eval_data, verbose=0, return_dict=True) if eval_data else {}
     _write_json(written(runs.METRICS_JSON), dict(final=final, **record))
+    if multiworker.is_chief(model.distribute_strategy):
+        TrainingBackup.remove(os.path.join(os.path.dirname(written(runs.MODEL)), runs.BACKUP))
     return final
 
 
-def train(config, *, callbacks=(), verbose="auto"):
+def train(config, *, callbacks=(), verbose="auto", restart=False):
     """Trains a ViT as `config` says, writing the run under `config.out`.
 
     With `optimization.objective="mpp"` the model trained is `MaskedPatchTraining` around
     a headless ViT, and that encoder is what the run saves (`model.keras`, checkpoints),
     ready for fine-tuning or few-shot evaluation with `--from`.
 
-    A run whose output folder holds an unfinished backup resumes from it (same config
-    required). Returns a `TrainResult`; raises `FloatingPointError` (naming the last good
+    The run holds its output folder (`keras_vit.training.runs.hold`: a second run into
+    it is refused). A folder with an unfinished run's backup resumes it exactly where
+    it was, however it was stopped (same config required); a finished run is not
+    trained again: its result is read back (same config required) unless `restart`,
+    which deletes what the run wrote and starts over. Every file is written atomically,
+    each epoch's metrics once (see `keras_vit.training.callbacks`). A
+    `schedule.warmup_updates` that does not fit the run is shortened to half of it
+    (logged). Returns a `TrainResult`; raises `FloatingPointError` (naming the last good
     checkpoint) when the loss becomes NaN or infinite.
 
     Args:
         config: a `TrainConfig`.
         callbacks: more Keras callbacks for `fit`.
         verbose: `fit`'s verbosity (progress bar: 1).
+        restart: start over, even if `config.out` holds an unfinished or finished run.
 
     Example:
 
@@ -539,18 +629,28 @@ def train(config, *, callbacks=(), verbose="auto"):
     >>> result = train(config, verbose=0)
     >>> sorted(result.metrics)
     ['loss', 'top1', 'top5']
+    >>> train(config, verbose=0).metrics == result.metrics  # finished: read back
+    True
     """
     check_run(config)
-    position = resume_position(config)
     strategy = make_strategy(config)
     written = functools.partial(output_path, config, strategy)
+    with hold_folder(config, written, restart) as finished:
+        if finished:
+            return finished
+        return _run(config, strategy, written, callbacks, verbose)
+
+
+def _run(config, strategy, written, callbacks, verbose):
+    """The steps of `train` in the run folder it holds."""
+    position = resume_position(config)
     write_config(config, written)
     policy, jit = precision_and_xla(config, strategy)
     sources = load_sources(config, written)
     plan = plan_run(config, sources.train)
     pipelines = make_pipelines(config, sources, plan, strategy, position)
     vit, model = build_and_compile(config, sources.train.num_classes, plan, strategy, policy, jit)
-    engine_callbacks = make_callbacks(config, vit, written, resuming=position != (0, 0))
+    engine_callbacks = make_callbacks(config, vit, written, initial_epoch=position[0])
     history, seconds = fit(
         config, model, pipelines, plan, position[0], engine_callbacks + list(callbacks), verbose
     )
@@ -561,6 +661,7 @@ def train(config, *, callbacks=(), verbose="auto"):
             epochs=plan.epochs,
             steps_per_epoch=plan.micro_batches_per_epoch,
             optimizer_updates=plan.updates,
+            warmup_updates=plan.warmup_updates,
             train_examples=sources.train.size,
             eval_examples=sources.eval.size if sources.eval else 0,
             skipped_files=sources.skipped,

@@ -17,6 +17,10 @@ from keras_vit.utils import keras_compat
 from keras_vit.utils.serialization import serializable
 
 
+# Other workers write their copies of the run's files into `workertemp_{task_id}`.
+WORKER_TEMP = "workertemp_"
+
+
 def in_multi_worker_mode(strategy):
     """Whether `strategy` is a `MultiWorkerMirroredStrategy` spanning several workers.
 
@@ -61,7 +65,7 @@ def write_path(path, strategy=None):
     if is_chief(strategy):
         return path
     folder, name = os.path.split(path)
-    temp = os.path.join(folder, f"workertemp_{strategy.cluster_resolver.task_id}")
+    temp = os.path.join(folder, f"{WORKER_TEMP}{strategy.cluster_resolver.task_id}")
     tf.io.gfile.makedirs(temp)
     return os.path.join(temp, name)
 

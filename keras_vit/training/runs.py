@@ -6,18 +6,32 @@ OUT/model.keras             the final model
 OUT/checkpoints/epoch_NNNN.keras
 OUT/backup/state.npz        full training state while the run is unfinished
 OUT/metrics.csv             one row per epoch; OUT/metrics.json: history + final eval
-OUT/logs/                   TensorBoard
+OUT/logs/                   TensorBoard (one events file per epoch)
+OUT/.lock                   held by the run writing the folder (`hold`)
 ```
+
+Every file is written atomically (`keras_vit.utils.files`). A run is *finished* once its
+`metrics.json` is written and its backup removed (`status`).
 """
 
+import contextlib
+import io
 import json
 import os
+import socket
 import tempfile
+import zipfile
 
 import keras
 import tensorflow as tf
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; runs are then not kept apart.
+    fcntl = None
+
 from keras_vit import data as vit_data
+from keras_vit.training.callbacks import TrainingBackup
 from keras_vit.training.config import TrainConfig
 from keras_vit.weights.download import resolve_weights
 from keras_vit.weights.pretrained import load_pretrained, save_npz
@@ -29,6 +43,85 @@ BACKUP = "backup"
 METRICS_CSV = "metrics.csv"
 METRICS_JSON = "metrics.json"
 LOGS = "logs"
+LOCK = ".lock"
+
+
+class RunFolderBusy(RuntimeError):
+    """Another process holds the run folder (see `hold`)."""
+
+
+@contextlib.contextmanager
+def hold(folder):
+    """Holds the run folder `folder` for this process while the body runs.
+
+    One run at a time may write a folder: the lock is an advisory `flock` on
+    `folder/.lock`, which the operating system releases when its process ends, however
+    it ends, so a killed run never leaves its folder locked. A second holder is refused
+    with `RunFolderBusy` naming the first (its pid and host). Folders on other
+    filesystems (`gs://`) and systems without `fcntl` are not locked.
+
+    Example:
+
+    >>> folder = tempfile.mkdtemp()
+    >>> with hold(folder):
+    ...     with hold(folder):
+    ...         pass  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    keras_vit.training.runs.RunFolderBusy: ... is in use by another run (pid ...
+    """
+    if fcntl is None or "://" in str(folder):
+        yield
+        return
+    descriptor = os.open(os.path.join(folder, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 200, 0).decode(errors="replace").strip()
+            raise RunFolderBusy(
+                f"{folder} is in use by another run ({holder or 'a process starting up'}); "
+                "wait for it to end, or pick another output folder."
+            ) from None
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        yield
+    finally:
+        os.close(descriptor)
+
+
+def status(folder):
+    """`"new"` (nothing to resume), `"unfinished"` (a backup to resume) or `"finished"`.
+
+    Example:
+
+    >>> status("/tmp/no-such-run")
+    'new'
+    """
+    if tf.io.gfile.exists(os.path.join(folder, BACKUP, TrainingBackup.FILE)):
+        return "unfinished"
+    if tf.io.gfile.exists(os.path.join(folder, METRICS_JSON)) and tf.io.gfile.exists(
+        os.path.join(folder, MODEL)
+    ):
+        return "finished"
+    return "new"
+
+
+def clear(folder):
+    """Deletes what a run wrote in `folder` (to start it over); other files stay.
+
+    The backup goes first and `metrics.json` second, so a kill part-way leaves a
+    folder that reads as new or as finished, never as a run to resume.
+    """
+    for name in (os.path.join(BACKUP, TrainingBackup.FILE), METRICS_JSON, MODEL, METRICS_CSV,
+                 CONFIG, "skipped_files.txt"):
+        path = os.path.join(folder, name)
+        if tf.io.gfile.exists(path):
+            tf.io.gfile.remove(path)
+    for name in (CHECKPOINTS, LOGS, BACKUP):
+        path = os.path.join(folder, name)
+        if tf.io.gfile.isdir(path):
+            tf.io.gfile.rmtree(path)
 
 
 def latest_checkpoint(run_dir):
@@ -149,6 +242,34 @@ def eval_source(config, spec=None):
     return spec, source
 
 
+def read_keras(path):
+    """`keras.saving.load_model(path, compile=False)`, with a truncated or corrupt file
+    reported as such (Keras says "File not found" for any file that is not a zip).
+
+    Example:
+
+    >>> path = os.path.join(tempfile.mkdtemp(), "cut.keras")
+    >>> with open(path, "wb") as f:
+    ...     _ = f.write(b"PK\\x03\\x04 cut short")
+    >>> read_keras(path)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: ...cut.keras is not a complete .keras file (14 bytes, truncated or corrupt)...
+    """
+    if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
+        if "://" in path:  # GFile cannot seek from the end, as zipfile does
+            with tf.io.gfile.GFile(path, "rb") as f:
+                complete = zipfile.is_zipfile(io.BytesIO(f.read()))
+        else:
+            complete = zipfile.is_zipfile(path)
+        if not complete:
+            raise ValueError(
+                f"{path} is not a complete .keras file ({tf.io.gfile.stat(path).length} bytes, "
+                "truncated or corrupt); use another checkpoint of the run, or save the model again."
+            )
+    return keras.saving.load_model(path, compile=False)
+
+
 def load_model(source):
     """Loads the Keras model a `--from` argument names (a run folder or a `.keras` file).
 
@@ -167,7 +288,7 @@ def load_model(source):
             f"{source!r} holds weights only; build the model (keras_vit.ViT) and load them "
             "with keras_vit.load_pretrained, or pass a run folder or a .keras file."
         )
-    return keras.saving.load_model(path, compile=False)
+    return read_keras(path)
 
 
 def load_weights(model, source, *, interpolation=None):
@@ -192,7 +313,7 @@ def load_weights(model, source, *, interpolation=None):
     """
     path = resolve_from(source)
     if path.endswith(".keras"):
-        saved = keras.saving.load_model(path, compile=False)
+        saved = read_keras(path)
         mine = {v.path: v for v in model.weights}
         theirs = {v.path: v for v in saved.weights}
         same = mine.keys() == theirs.keys() and all(

@@ -270,7 +270,20 @@ _BIG_VISION_RENAMES = {
 }
 
 
-def _from_big_vision(params, origin, notes):
+def _holds_class_row(rows, grid):
+    """Whether a big_vision class-token model's position table of `rows` rows starts
+    with a class-token row. big_vision adds the table before prepending the class token
+    (no such row); files from before 2022 hold it first. The model's patch grid
+    (`(rows, cols)` or None) decides when one reading fits it; otherwise the reading
+    whose patch count is square, as released checkpoints are."""
+    if grid is not None:
+        patches = grid[0] * grid[1]
+        if rows in (patches, patches + 1):
+            return rows == patches + 1
+    return math.isqrt(rows - 1) ** 2 + 1 == rows and math.isqrt(rows) ** 2 != rows
+
+
+def _from_big_vision(params, origin, notes, grid=None):
     out, out_origin = {}, {}
     for key, value in params.items():
         scanned = re.fullmatch(r"Transformer/encoderblock/(.+)", key)
@@ -290,10 +303,7 @@ def _from_big_vision(params, origin, notes):
         if name not in out:
             continue
         table, source = out.pop(name), out_origin.pop(name)
-        rows = table.shape[1]
-        # big_vision adds the table before prepending cls (no cls row); files from
-        # before 2022 still hold the cls row first, which their length gives away.
-        if "cls" in out and math.isqrt(rows - 1) ** 2 + 1 != rows:
+        if "cls" in out and not _holds_class_row(table.shape[1], grid):
             table = np.concatenate([np.zeros_like(table[:, :1]), table], axis=1)
             notes.append(
                 "big_vision adds no position embedding to the class token: its position "
@@ -312,7 +322,7 @@ def _unknown_layout(source, keys):
     )
 
 
-def _from_npz(arrays, source):
+def _from_npz(arrays, source, grid=None):
     prefix = next((p for p in _NPZ_PREFIXES if any(k.startswith(p) for k in arrays)), "")
     params = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
     origin = {k[len(prefix):]: k for k in arrays if k.startswith(prefix)}
@@ -330,7 +340,7 @@ def _from_npz(arrays, source):
         for k in params
     )
     if big_vision:
-        params, origin = _from_big_vision(params, origin, notes)
+        params, origin = _from_big_vision(params, origin, notes, grid)
     if "embedding/kernel" not in params and not any(
         k.startswith("Transformer/encoderblock_") for k in params
     ):
@@ -338,7 +348,7 @@ def _from_npz(arrays, source):
     return ("big_vision" if big_vision else "vit_jax"), params, origin, notes
 
 
-def read_official(source, heads):
+def read_official(source, heads, grid=None):
     """Reads a checkpoint file or HF directory in the official layout.
 
     Args:
@@ -346,6 +356,8 @@ def read_official(source, heads):
             holding `model.safetensors` (or a sharded `model.safetensors.index.json`).
         heads: attention heads, to split the fused (D, D) projections of HF and timm
             into the official (D, heads, head_dim) kernels.
+        grid: the patch grid `(rows, cols)` of the model the weights are for, which
+            tells whether a big_vision position table holds a class-token row.
 
     Returns:
         `(format, params, origin, notes)`: the format name (`"vit_jax"`,
@@ -356,7 +368,7 @@ def read_official(source, heads):
     for path in _checkpoint_files(source):
         arrays.update(_read_arrays(path))
     if any("/" in key for key in arrays):
-        return _from_npz(arrays, source)
+        return _from_npz(arrays, source, grid)
     if "patch_embed.proj.weight" in arrays:
         return ("timm", *_from_torch_layout(arrays, _TIMM_RULES, [], heads), [])
     if any(re.match(r"(vit\.)?embeddings\.patch_embeddings\.", key) for key in arrays):

@@ -356,6 +356,25 @@ def _problems(report, origin, model_shapes, checkpoint_shapes):
     return "\n".join(lines)
 
 
+def _skipped(report):
+    """One line on what a `strict=False` load left out."""
+
+    def listed(keys):
+        keys = [str(key) for key in keys]
+        return ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+
+    parts = [
+        f"{len(keys)} {what} ({listed(keys)})"
+        for what, keys in (
+            ("missing from the checkpoint, left as they were", report.missing),
+            ("unexpected, ignored", report.unexpected),
+            ("mis-shaped, skipped", [key for key, _, _ in report.mismatched]),
+        )
+        if keys
+    ]
+    return f"strict=False: loaded {len(report.loaded)} tensors; " + "; ".join(parts) + "."
+
+
 def load_pretrained(model, source, *, strict=True, interpolation=None):
     """Loads pretrained ViT weights into a `keras_vit.ViT` model.
 
@@ -381,7 +400,8 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
         model: a `keras_vit.ViT` model; its `classifier` must match the checkpoint's.
         source: path or URL of the checkpoint file, or of an HF model directory.
         strict: if True, any missing, unexpected or mis-shaped tensor raises one
-            `ValueError` that lists them all; if False, what fits is loaded.
+            `ValueError` that lists them all; if False, what fits is loaded and one
+            logged warning (also in the report's messages) says what was not.
         interpolation: `"bilinear_align_corners"` or `"bicubic_antialias"` to override
             the default resampling method.
 
@@ -407,7 +427,7 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
         posembed.check_interpolation(interpolation)
     source = resolve_weights(os.fspath(source))
     layout = _ModelLayout(model)
-    fmt, params, origin, notes = read_official(source, layout.heads)
+    fmt, params, origin, notes = read_official(source, layout.heads, layout.encoder.grid_size)
     report = LoadReport(source, fmt)
     for note in notes:
         report._note(note)
@@ -458,8 +478,10 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
             report.loaded.append(key)
     report.unexpected.extend(sorted(params))
 
-    if strict and (report.missing or report.unexpected or report.mismatched):
-        raise ValueError(_problems(report, origin, model_shapes, checkpoint_shapes))
+    if report.missing or report.unexpected or report.mismatched:
+        if strict:
+            raise ValueError(_problems(report, origin, model_shapes, checkpoint_shapes))
+        report._note(_skipped(report), logging.WARNING)
     layout.assign({**current, **values}, set(values))
     for variable, value in position:
         variable.assign(np.asarray(value, dtype=variable.dtype))

@@ -1,0 +1,160 @@
+"""Crash-safe files: write under a temporary name, then rename into place.
+
+A reader, or a run started again after a crash, finds either the previous version of a
+file or the new one, never a part. Temporary files are named `.tmp-PID-NAME` beside
+their target (the same folder, so the rename is atomic; the name keeps its extension,
+which `keras.Model.save` requires); a process killed while writing leaves one behind,
+which `remove_temporaries` deletes (a run does so when it takes its folder).
+
+Local paths are flushed to disk (`fsync`) before the rename; other paths (`gs://`, ...)
+go through `tf.io.gfile`.
+
+Test hook: with `KERAS_VIT_TEST_KILL_AT="PATTERN:N"` in the environment, the process
+SIGKILLs itself while writing the `N`-th file (counting from 1, in this process) whose
+name matches the `fnmatch` pattern `PATTERN`, after half of that file's temporary copy
+has been written. It lets tests kill a real run in the middle of a real write
+(tests/test_resume.py); it has no other use.
+"""
+
+import contextlib
+import fnmatch
+import os
+import signal
+
+TEMP_PREFIX = ".tmp-"
+KILL_AT = "KERAS_VIT_TEST_KILL_AT"
+_writes = {}
+
+
+def _is_url(path):
+    return "://" in str(path)
+
+
+def temporary_name(path):
+    """The temporary name `path` is written under before it is renamed into place.
+
+    Example:
+
+    >>> temporary_name("/run/model.keras").startswith("/run/.tmp-")
+    True
+    """
+    folder, name = os.path.split(str(path))
+    return os.path.join(folder, f"{TEMP_PREFIX}{os.getpid()}-{name}")
+
+
+def _kill_if_asked(path, temporary):
+    """The test hook (see the module docstring): dies after truncating `temporary` to half."""
+    spec = os.environ.get(KILL_AT)
+    if not spec:
+        return
+    pattern, _, count = spec.rpartition(":")
+    name = os.path.basename(str(path))
+    if not fnmatch.fnmatch(name, pattern):
+        return
+    _writes[pattern] = _writes.get(pattern, 0) + 1
+    if _writes[pattern] != int(count):
+        return
+    if not _is_url(temporary):
+        size = os.path.getsize(temporary)
+        with open(temporary, "r+b") as f:
+            f.truncate(size // 2)
+            os.fsync(f.fileno())
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _replace(temporary, path):
+    if _is_url(path):
+        import tensorflow as tf
+
+        tf.io.gfile.rename(temporary, path, overwrite=True)
+    else:
+        with open(temporary, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+
+
+def _remove(path):
+    if _is_url(path):
+        import tensorflow as tf
+
+        if tf.io.gfile.exists(path):
+            tf.io.gfile.remove(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+@contextlib.contextmanager
+def atomic_path(path):
+    """Yields a temporary path to write; on success it replaces `path` in one rename.
+
+    If the body raises, the temporary file is removed and `path` is left as it was.
+
+    Example:
+
+    >>> import tempfile
+    >>> target = os.path.join(tempfile.mkdtemp(), "notes.txt")
+    >>> with atomic_path(target) as temporary:
+    ...     with open(temporary, "w") as f:
+    ...         _ = f.write("all or nothing")
+    >>> open(target).read(), os.listdir(os.path.dirname(target))
+    ('all or nothing', ['notes.txt'])
+    """
+    temporary = temporary_name(path)
+    try:
+        yield temporary
+        _kill_if_asked(path, temporary)
+        _replace(temporary, path)
+    finally:
+        _remove(temporary)
+
+
+def atomic_write(path, data):
+    """Writes `data` (bytes or str) to `path` atomically (see `atomic_path`).
+
+    Example:
+
+    >>> import tempfile
+    >>> target = os.path.join(tempfile.mkdtemp(), "config.json")
+    >>> atomic_write(target, '{"epochs": 3}')
+    >>> open(target).read()
+    '{"epochs": 3}'
+    """
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    with atomic_path(path) as temporary:
+        if _is_url(temporary):
+            import tensorflow as tf
+
+            with tf.io.gfile.GFile(temporary, "wb") as f:
+                f.write(data)
+        else:
+            with open(temporary, "wb") as f:
+                f.write(data)
+
+
+def remove_temporaries(folder, skip=()):
+    """Deletes the temporary files that killed writers left under `folder`; returns them.
+
+    Only safe while no other process writes there (a run calls it holding its folder's
+    lock, `keras_vit.training.runs.hold`); sub-folders whose names start with one of
+    `skip` are left alone (other processes' own folders).
+
+    Example:
+
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> open(temporary_name(os.path.join(folder, "model.keras")), "w").close()
+    >>> [os.path.basename(p)[:5] for p in remove_temporaries(folder)], os.listdir(folder)
+    (['.tmp-'], [])
+    """
+    if _is_url(folder):
+        return []
+    removed = []
+    for root, folders, names in os.walk(folder):
+        folders[:] = [f for f in folders if not f.startswith(tuple(skip))]
+        for name in names:
+            if name.startswith(TEMP_PREFIX):
+                path = os.path.join(root, name)
+                os.remove(path)
+                removed.append(path)
+    return removed
