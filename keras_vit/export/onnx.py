@@ -64,7 +64,6 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
     Example:
 
     >>> import keras_vit
-
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
     ...                       num_heads=4, mlp_dim=64, num_classes=3)
     >>> record = export_onnx(model, "/tmp/vit.onnx")

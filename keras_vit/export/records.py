@@ -22,7 +22,6 @@ def image_input_size(model, what):
     Example:
 
     >>> import keras_vit
-
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
     ...                       num_heads=4, mlp_dim=64, num_classes=3)
     >>> image_input_size(model, "ONNX export")
@@ -50,7 +49,6 @@ def export_record(model, what, input_name, *, crop_fraction=None, labels=None, m
     Example:
 
     >>> import keras_vit
-
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
     ...                       num_heads=4, mlp_dim=64, num_classes=3)
     >>> export_record(model, "ONNX export", "images")["input"]["shape"]
@@ -99,7 +97,6 @@ def compare_with_keras(model, run, runtime, *, batch_size=3, seed=0, tolerance=T
     Example:
 
     >>> import keras_vit
-
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
     ...                       num_heads=4, mlp_dim=64, num_classes=3)
     >>> compare_with_keras(model, lambda x: model.predict(x, verbose=0), "Keras")

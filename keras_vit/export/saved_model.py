@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from keras_vit import __version__
 from keras_vit.data import check_crop_fraction, eval_resize
+from keras_vit.export.records import image_input_size
 from keras_vit.models.vit import preprocess, vit_parts
 from keras_vit.utils.checks import check_choice
 
@@ -33,19 +34,6 @@ def _check_backend():
             "from a process started with KERAS_BACKEND=tensorflow (or jax): "
             "`keras_vit.export_saved_model(keras.saving.load_model('model.keras'), path)`."
         )
-
-
-def _input_size(model):
-    if not isinstance(model, keras.Model):
-        raise TypeError(f"export_saved_model needs a keras.Model, got {type(model).__name__}.")
-    shape = tuple(model.inputs[0].shape) if len(model.inputs) == 1 else None
-    if shape is None or len(shape) != 4 or not all(isinstance(d, int) for d in shape[1:]):
-        shapes = [tuple(x.shape) for x in model.inputs]
-        raise ValueError(
-            "export_saved_model needs a model with one image input of fixed size "
-            f"(batch, height, width, channels), got input shapes {shapes}."
-        )
-    return shape[1:]
 
 
 def _num_classes(model):
@@ -207,7 +195,7 @@ def export_saved_model(
     [1, 2]
     """
     _check_backend()
-    height, width, channels = _input_size(model)
+    height, width, channels = image_input_size(model, "export_saved_model")
     num_classes = _num_classes(model)
     labels = _check_labels(labels, num_classes)
     check_choice("activation", activation, ACTIVATIONS)

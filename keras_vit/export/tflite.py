@@ -43,7 +43,6 @@ def export_tflite(
     Example:
 
     >>> import keras_vit
-
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
     ...                       num_heads=4, mlp_dim=64, num_classes=3)
     >>> record = export_tflite(model, "/tmp/vit.tflite", quantize="dynamic-int8")

@@ -367,12 +367,15 @@ def make_pipelines(config, sources, plan, strategy, position):
     data, model = config.data, config.model
     epoch0, step0 = position
 
+    # What both pipelines take alike: image size, micro-batch, channels, caching.
+    shared = dict(
+        image_size=model.image_size, batch_size=config.micro_batch_size,
+        channels=model.channels, cache=data.cache,
+    )
+
     def make_train(input_context=None):
         return vit_data.train_dataset(
             sources.train,
-            model.image_size,
-            config.micro_batch_size,
-            channels=model.channels,
             seed=config.seed,
             inception_crop=data.inception_crop,
             crop_area=data.crop_area,
@@ -383,20 +386,17 @@ def make_pipelines(config, sources, plan, strategy, position):
             cutmix=data.cutmix,
             layers=data.augmentations,
             shuffle_buffer=data.shuffle_buffer,
-            cache=data.cache,
             start_batch=epoch0 * plan.micro_batches_per_epoch + step0,
             input_context=input_context,
+            **shared,
         )
 
     def make_eval(input_context=None):
         return vit_data.eval_dataset(
             sources.eval,
-            model.image_size,
-            config.micro_batch_size,
-            channels=model.channels,
             crop_fraction=config.evaluation.crop_fraction,
-            cache=data.cache,
             input_context=input_context,
+            **shared,
         )
 
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):

@@ -34,7 +34,6 @@ def enable_lora(model, rank, *, train_norms=False):
     Example:
 
     >>> import keras_vit
-
     >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
     ...                       num_heads=4, mlp_dim=64, num_classes=3)
     >>> enable_lora(model, 4)
