@@ -234,10 +234,11 @@ def matmul_gflops(framework, precision="float32"):
         a = torch.from_numpy(a).to(device, getattr(torch, dtype))
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         run = lambda: (a @ a, sync())
-    return _best_gflops(run)
+    return best_gflops(run)
 
 
-def _best_gflops(run, repeats=3):
+def best_gflops(run, repeats=3):
+    """GFLOP/s of a `MATMUL_SIZE`^3 product `run`, from its fastest of `repeats` calls."""
     run()
     best = min(timed(run) for _ in range(repeats))
     return 2 * MATMUL_SIZE**3 / best / 1e9

@@ -249,7 +249,7 @@ def _fewshot_arguments(parser):
     add_out_argument(parser)
     parser.add_argument(
         "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
-        help="override a config field (repeatable), e.g. --set batch_size=64",
+        help="override a config key (repeatable), e.g. --set data.batch_size=64",
     )
 
 

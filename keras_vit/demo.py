@@ -26,7 +26,6 @@ import os
 import tempfile
 import time
 
-import keras
 import numpy as np
 
 from keras_vit.evaluation import fewshot
@@ -152,7 +151,9 @@ def run_demo(config, *, out=None, verbose=1):
         config.fewshot.classes or "all", ",".join(map(str, config.fewshot.shots)),
         config.fewshot.seeds,
     )
-    random_init = keras.models.clone_model(pretrained.model)  # fresh initialisers
+    # The same architecture with fresh initialisers, rebuilt from its config (a
+    # VisionTransformer; keras.models.clone_model would return a plain Functional).
+    random_init = type(pretrained.model).from_config(pretrained.model.get_config())
     results = {
         "pretrained": fewshot.evaluate_source(pretrained.model, config.fewshot),
         "random init": fewshot.evaluate_source(random_init, config.fewshot),

@@ -4,7 +4,6 @@ import logging
 import os
 import shutil
 
-import keras
 import tensorflow as tf
 
 from keras_vit.utils.checks import check_choice
