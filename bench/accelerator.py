@@ -50,7 +50,6 @@ PLANS = {
         image_size=32, batch=4, rounds=1, steps={"infer": 1, "train": 1}, warmup=1,
     ),
 }
-TRAIN_FLOPS_FACTOR = 3  # forward + backward (two products per forward product)
 
 
 def published_peak_tflops(device):
@@ -68,10 +67,12 @@ def published_peak_tflops(device):
 
 
 def add_utilisation(entries, peak_tflops):
-    """Sets each entry's `mfu`: model FLOP rate over `peak_tflops` (None without a peak)."""
+    """Sets each entry's `mfu`: model FLOP rate over `peak_tflops` (None without a peak).
+
+    An entry's `flops_per_image` already counts a training step's backward pass.
+    """
     for e in entries:
-        factor = TRAIN_FLOPS_FACTOR if e["mode"] == "train" else 1
-        rate = e["median_images_per_s"] * e["flops_per_image"] * factor
+        rate = e["median_images_per_s"] * e["flops_per_image"]
         e["peak_tflops"] = peak_tflops
         e["mfu"] = None if peak_tflops is None else rate / (peak_tflops * 1e12)
 
