@@ -8,6 +8,7 @@ import pytest
 
 from conftest import randomise_weights, tiny_vit
 from keras_vit.training.lora import TARGETS, enable_lora
+from keras_vit.utils.keras_compat import sublayers
 
 
 def _np(x):
@@ -77,7 +78,7 @@ def test_saved_model_holds_the_merged_kernels_in_the_plain_architecture(tmp_path
 
 
 @pytest.mark.parametrize("rank, message", [
-    (0, "LoRA rank must be a positive int, got 0"),
+    (0, "LoRA rank must be a positive integer, got 0"),
     (2.5, "got 2.5"),
     (32, "LoRA rank 32 is not below the width of the kernels \\(32\\)"),
 ])
@@ -124,7 +125,7 @@ def test_engine_lora_run_reports_counts_and_keeps_the_base(tmp_path, caplog):
         _np(pretrained.get_layer("patch_encoder").position),
     )
     served = runs.load_model(str(tmp_path / "lora"))
-    assert not any(getattr(layer, "lora_enabled", False) for layer in served._flatten_layers())
+    assert not any(getattr(layer, "lora_enabled", False) for layer in sublayers(served))
     assert result.metrics["top1"] > 0.4  # twice chance on five classes: it learned
 
 

@@ -7,9 +7,10 @@ the merged kernel, so what a run saves, and what `keras-vit export` serves, is t
 plain architecture. Backend-agnostic (`keras` only).
 """
 
-import keras
 
 from keras_vit.models.layers import TransformerBlock
+from keras_vit.models.vit import vit_parts
+from keras_vit.utils.checks import check_positive_int
 
 # The Dense layers of every TransformerBlock that get factors.
 TARGETS = TransformerBlock.DENSE_LAYERS
@@ -39,13 +40,9 @@ def enable_lora(model, rank, *, train_norms=False):
     >>> enable_lora(model, 4)
     {'trainable': 3171, 'total': 27075, 'layers': 8}
     """
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"LoRA rank must be a positive int, got {rank!r}.")
-    blocks = [layer for layer in model._flatten_layers() if isinstance(layer, TransformerBlock)]
-    if not blocks:
-        raise ValueError(
-            f"Model {model.name!r} has no TransformerBlock: LoRA applies to keras-vit models."
-        )
+    check_positive_int("LoRA rank", rank)
+    parts = vit_parts(model)
+    blocks = parts.blocks
     widths = [min(block.qkv.kernel.shape) for block in blocks]
     if rank >= min(widths):
         raise ValueError(
@@ -58,12 +55,11 @@ def enable_lora(model, rank, *, train_norms=False):
     for layer in factored:
         layer.enable_lora(rank)
     trainable = {id(v) for layer in factored for v in (layer.lora_kernel_a, layer.lora_kernel_b)}
-    trainable |= {id(v) for v in _head_weights(model)}
+    # A headless encoder (include_top=False) trains its factors only.
+    trainable |= {id(v) for v in (parts.head.weights if parts.head is not None else [])}
     if train_norms:
-        trainable |= {
-            id(v) for layer in model._flatten_layers()
-            if isinstance(layer, keras.layers.LayerNormalization) for v in layer.weights
-        }
+        norms = [parts.norm] + [norm for block in blocks for norm in (block.norm1, block.norm2)]
+        trainable |= {id(v) for layer in norms for v in layer.weights}
     for variable in model.weights:
         variable.trainable = id(variable) in trainable
     return {
@@ -71,13 +67,6 @@ def enable_lora(model, rank, *, train_norms=False):
         "total": sum(int(_size(v)) for v in model.weights),
         "layers": len(factored),
     }
-
-
-def _head_weights(model):
-    try:
-        return model.get_layer("head").weights
-    except ValueError:
-        return []  # A headless encoder (include_top=False) trains its factors only.
 
 
 def _size(variable):
