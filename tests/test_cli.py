@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-import os
 
 import keras
 import numpy as np

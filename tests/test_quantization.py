@@ -114,7 +114,7 @@ def test_tflite_float_matches_keras_and_dynamic_int8_agrees(demo_run, tmp_path, 
     record = json.loads(open(str(int8_file) + ".json").read())
     assert record["quantize"] == "dynamic-int8" and record["input"]["shape"] == ["batch", 16, 16, 1]
     assert record["crop_fraction"] == 1.0  # the run's eval_crop_fraction
-    assert record["metadata"]["train_config"]["model"] == "custom"
+    assert record["metadata"]["train_config"]["model"]["variant"] == "custom"
 
 
 def test_tflite_export_refuses_a_keras_int8_model(demo_run, tmp_path):
