@@ -305,13 +305,8 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
                 "keras.ops.transpose(images, (0, 2, 3, 1))."
             )
         arch = parse_variant(variant) if variant is not None else {}
-        overrides = dict(
-            patch_size=patch_size,
-            hidden_dim=hidden_dim,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            mlp_dim=mlp_dim,
-        )
+        sizes = (patch_size, hidden_dim, num_layers, num_heads, mlp_dim)
+        overrides = dict(zip(SIZE_ARGUMENTS, sizes))
         arch.update({k: v for k, v in overrides.items() if v is not None})
         if resnet_stages is not None:
             arch["resnet_stages"] = tuple(resnet_stages)
