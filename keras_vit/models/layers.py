@@ -561,11 +561,13 @@ class TransformerBlock(keras.layers.Layer):
             return self.attention_output(ops.reshape(out, (-1, length, width))), None
         # One transpose of the fused q|k|v, then products batched over (batch, heads).
         q, k, v = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3, axis=0)
-        q = q * ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
-        keys = ops.transpose(k, (0, 1, 3, 2))
+        # The logits are products of float32 factors under every policy: in float16
+        # they overflow (its maximum is 65504) and bfloat16 keeps 8 bits of them, and
+        # keras.ops has no 16-bit product with a float32 result.
+        q = ops.cast(q, "float32") * (1.0 / math.sqrt(self.head_dim))
+        keys = ops.transpose(ops.cast(k, "float32"), (0, 1, 3, 2))
         if explicit:
-            logits = ops.cast(ops.matmul(q, keys), "float32")
-            weights = ops.softmax(logits, axis=-1)
+            weights = ops.softmax(ops.matmul(q, keys), axis=-1)
             dropped = self.attention_dropout(ops.cast(weights, v.dtype), training=training)
             out = ops.matmul(dropped, v)
         else:
@@ -581,9 +583,10 @@ class TransformerBlock(keras.layers.Layer):
 
     @staticmethod
     def _attend_rows(q, keys, v):
-        # Softmax normalised after the product, over (tokens, head_dim) values
-        # rather than (tokens, tokens); the shift cancels, so it needs no gradient.
-        logits = ops.cast(ops.matmul(q, keys), "float32")
+        # Float32 `q` and `keys` give float32 logits. Softmax normalised after the
+        # product, over (tokens, head_dim) values rather than (tokens, tokens); the
+        # shift cancels, so it needs no gradient.
+        logits = ops.matmul(q, keys)
         exp = ops.exp(logits - ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True)))
         out = ops.cast(ops.matmul(ops.cast(exp, v.dtype), v), "float32")
         return ops.cast(out / ops.sum(exp, axis=-1, keepdims=True), v.dtype)

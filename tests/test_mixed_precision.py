@@ -1,0 +1,164 @@
+"""Mixed precision: what must run in float32 does, so 16-bit models stay finite and close
+to their float32 twins (attention logits and softmax, LayerNorm statistics, the loss),
+and training under mixed_float16 scales its loss.
+
+The model and layer tests run on every backend (tests/test_backends.py); the training
+test uses the TensorFlow engine.
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+
+FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504
+# Unit roundoff (half the spacing at 1) of the 16-bit formats.
+UNIT_ROUNDOFF = {"mixed_float16": 2.0**-11, "mixed_bfloat16": 2.0**-8}
+
+# One block, 2 heads of 8: the block's tokens (class token + 4 patches) are few enough
+# to read its logits in numpy.
+TINY = dict(image_size=8, patch_size=4, hidden_dim=16, num_layers=1, num_heads=2,
+            mlp_dim=32, include_top=False, pooling=False)
+HEAD_DIM = 8
+# Every query and key gets the same component `OFFSET` along its first dimension, so
+# every logit holds OFFSET**2 / sqrt(HEAD_DIM) = 70958 > 65504 on top of its own O(1)
+# part: float16 overflows, bfloat16 (spacing 512 there) rounds the O(1) parts away, and
+# the softmax, which the common part does not change, is far from one-hot.
+OFFSET = 448.0
+
+
+def _np(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def _overflowing_model(policy=None):
+    """A `TINY` ViT whose logits in its block overflow float16 (weights from seed 0)."""
+    model = keras_vit.ViT(**TINY, dtype=policy)
+    rng = np.random.default_rng(0)
+    for v in model.weights:
+        v.assign(rng.normal(scale=0.5, size=v.shape).astype("float32"))
+    block = model.parts.blocks[0]
+    block.norm1.gamma.assign(np.ones(16, "float32"))
+    block.norm1.beta.assign(np.zeros(16, "float32"))
+    kernel, bias = _np(block.qkv.kernel), _np(block.qkv.bias)
+    # Columns q | k | v, heads contiguous in each: the first column of each head of q and k.
+    first = [part * 16 + head * HEAD_DIM for part in (0, 1) for head in (0, 1)]
+    kernel[:, :32] *= 0.5  # O(1) logits besides the common part
+    kernel[:, first] = 0.0
+    bias[first] = OFFSET
+    block.qkv.kernel.assign(kernel)
+    block.qkv.bias.assign(bias)
+    return model
+
+
+def _block_inputs(model, images):
+    """The tokens the first block receives."""
+    return keras.Model(model.input, model.parts.dropout.output)(images)
+
+
+def _reference_logits(model, tokens):
+    """The first block's scaled attention logits, in float64 from its float32 weights."""
+    block = model.parts.blocks[0]
+    normed = _np(block.norm1(tokens)).astype("float64")
+    qkv = normed @ _np(block.qkv.kernel).astype("float64") + _np(block.qkv.bias)
+    qkv = qkv.reshape(*qkv.shape[:2], 3, 2, HEAD_DIM)
+    q, k = qkv[:, :, 0].transpose(0, 2, 1, 3), qkv[:, :, 1].transpose(0, 2, 1, 3)
+    return q @ k.transpose(0, 1, 3, 2) / math.sqrt(HEAD_DIM)
+
+
+# Both models compute with float32 logits; they differ by the 16-bit rounding of the
+# activations (unit roundoff u) through a LayerNorm, two Dense layers, the attention and
+# the MLP, and by float32's spacing at the logits' 7e4 (2**-7, so up to 4e-3 of each
+# logit in both). 16 u bounds the resulting error of the outputs relative to their
+# largest (measured about 2 u): 8e-3 for float16, 6e-2 for bfloat16. With logits made in
+# 16 bits float16 gives NaN and bfloat16 an error of about the outputs' size.
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_attention_logits_beyond_float16_stay_finite_and_close(policy):
+    reference = _overflowing_model()
+    mixed = _overflowing_model(policy)
+    images = np.random.default_rng(1).uniform(-1, 1, size=(2, 8, 8, 3)).astype("float32")
+    tokens = _block_inputs(reference, images)
+    logits = _reference_logits(reference, tokens)
+    assert logits.min() > FLOAT16_MAX  # the test can fail
+    # Not one-hot: no row gives more than 85% of its weight to a single key.
+    assert 1.0 / np.exp(logits - logits.max(axis=-1, keepdims=True)).sum(-1).min() < 0.85
+    tolerance = 16 * UNIT_ROUNDOFF[policy]
+    expected = _np(reference(images))
+    scale = np.abs(expected).max()
+    got = _np(mixed(images)).astype("float32")  # the fused path where the backend has one
+    assert np.isfinite(got).all()
+    assert np.abs(got - expected).max() < tolerance * scale
+    # The explicit path, which also returns the attention weights.
+    expected, expected_weights = reference.parts.blocks[0](tokens, return_attention=True)
+    got, weights = mixed.parts.blocks[0](tokens, return_attention=True)
+    got, expected = _np(got).astype("float32"), _np(expected)
+    assert np.isfinite(got).all()
+    assert np.abs(got - expected).max() < tolerance * np.abs(expected).max()
+    np.testing.assert_allclose(
+        _np(weights).astype("float32"), _np(expected_weights), atol=tolerance
+    )
+
+
+def _layer_norm(x, gamma, beta, epsilon):
+    mean = x.mean(-1, keepdims=True)
+    variance = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(variance + epsilon) * gamma + beta
+
+
+# Activations with a mean of 5000 and a spread of 100: in float16 their sum over 16
+# features (8e4) and their squares (2.5e7) overflow, in bfloat16 (spacing 32 at 5000)
+# sums lose the spread, so only float32 statistics keep it. The result is rounded to
+# the 16-bit format once: 4 u of the largest output bounds the error.
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_layer_norm_statistics_are_float32(policy):
+    compute_dtype = policy.replace("mixed_", "")
+    model = keras_vit.ViT(**TINY, dtype=policy)
+    rng = np.random.default_rng(2)
+    for layer in (model.parts.blocks[0].norm1, model.parts.blocks[0].norm2, model.parts.norm):
+        layer.gamma.assign(rng.normal(1.0, 0.5, size=16).astype("float32"))
+        layer.beta.assign(rng.normal(0.0, 0.5, size=16).astype("float32"))
+        x = keras.ops.cast(rng.normal(5000.0, 100.0, size=(3, 5, 16)), compute_dtype)
+        expected = _layer_norm(
+            _np(keras.ops.cast(x, "float32")).astype("float64"),
+            _np(layer.gamma), _np(layer.beta), layer.epsilon,
+        )
+        got = layer(x)
+        assert keras.backend.standardize_dtype(got.dtype) == compute_dtype
+        got = _np(keras.ops.cast(got, "float32"))
+        assert np.abs(got - expected).max() < 4 * UNIT_ROUNDOFF[policy] * np.abs(expected).max()
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the training engine is TensorFlow's")
+def test_mixed_float16_training_scales_the_loss_and_stays_finite(tmp_path):
+    from test_training import tiny_run
+
+    from keras_vit.training.engine import TrainConfig, train
+
+    seen = {}
+
+    class Watch(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            optimizer = self.model.optimizer
+            seen.setdefault("losses", []).append(logs["loss"])
+            seen["optimizer"] = optimizer
+            seen["scale"] = float(_np(optimizer.scale_loss(1.0)))
+            seen["compute_dtype"] = self.model.compute_dtype
+
+    config = TrainConfig(
+        **tiny_run(
+            schedule=dict(epochs=1, micro_batches_per_epoch=4),
+            distribution=dict(precision="mixed_float16", jit_compile="off"),
+        ),
+        out=str(tmp_path),
+    )
+    result = train(config, callbacks=[Watch()], verbose=0)
+    assert seen["compute_dtype"] == "float16"
+    assert isinstance(seen["optimizer"], keras.optimizers.LossScaleOptimizer)
+    # Keras' dynamic loss scale starts at 2**15 and halves on a non-finite gradient.
+    assert 1.0 <= seen["scale"] <= 2.0**15
+    assert len(seen["losses"]) == 4 and np.isfinite(seen["losses"]).all()
+    assert all(np.isfinite(w).all() for w in result.model.get_weights())
+    assert result.model.parts.head.compute_dtype == "float32"
