@@ -71,10 +71,11 @@ def _reference_logits(model, tokens):
 
 # Both models compute with float32 logits; they differ by the 16-bit rounding of the
 # activations (unit roundoff u) through a LayerNorm, two Dense layers, the attention and
-# the MLP, and by float32's spacing at the logits' 7e4 (2**-7, so up to 4e-3 of each
-# logit in both). 16 u bounds the resulting error of the outputs relative to their
-# largest (measured about 2 u): 8e-3 for float16, 6e-2 for bfloat16. With logits made in
-# 16 bits float16 gives NaN and bfloat16 an error of about the outputs' size.
+# the MLP, and by float32's rounding of the logits (sums of products of 2e5, spacing
+# 2**-6 there: about 3e-3 of each scaled logit, in both). 16 u bounds the resulting error
+# of the outputs relative to their largest (measured 1-5 u on the three backends): 8e-3
+# for float16, 6e-2 for bfloat16. With logits made in 16 bits, float16 gives NaN and
+# bfloat16 an error of a third of the outputs' size.
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_attention_logits_beyond_float16_stay_finite_and_close(policy):
     reference = _overflowing_model()
@@ -100,6 +101,30 @@ def test_attention_logits_beyond_float16_stay_finite_and_close(policy):
     np.testing.assert_allclose(
         _np(weights).astype("float32"), _np(expected_weights), atol=tolerance
     )
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() == "tensorflow", reason="TransformerBlock uses no fused kernel there"
+)
+def test_fused_attention_of_float16_beyond_its_range():
+    """The kernel `ops.dot_product_attention` runs (PyTorch's SDPA; on JAX, its XLA
+    attention, what cuDNN falls back to) keeps float16 logits beyond 65504 finite."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.normal(size=(2, 5, 2, HEAD_DIM)) for _ in range(3))
+    q[..., 0] = k[..., 0] = OFFSET  # common part 70958, as in the model above
+    q, k, v = (x.astype("float16") for x in (q, k, v))
+    logits = np.einsum("btnh,bsnh->bnts", q.astype("float64"), k.astype("float64"))
+    logits /= math.sqrt(HEAD_DIM)
+    assert logits.min() > FLOAT16_MAX
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    expected = np.einsum("bnts,bsnh->btnh", weights / weights.sum(-1, keepdims=True), v)
+    got = _np(keras.ops.dot_product_attention(q, k, v)).astype("float64")
+    assert np.isfinite(got).all()
+    # Float32 sums of products of 2e5 round to within 2**-7 (its spacing there is 2**-6),
+    # 3e-3 of each scaled logit and so of each weight, about 6 float16 unit roundoffs
+    # (measured 5.4); 16 of them bound the error relative to the largest output. Float16
+    # logits would be infinite.
+    assert np.abs(got - expected).max() < 16 * UNIT_ROUNDOFF["mixed_float16"] * np.abs(expected).max()
 
 
 def _layer_norm(x, gamma, beta, epsilon):

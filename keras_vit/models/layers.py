@@ -467,7 +467,10 @@ class TransformerBlock(keras.layers.Layer):
     (`keras.ops.dot_product_attention`) where it has one (PyTorch; JAX on GPU and
     TPU) and batched matmuls under XLA on CPU and on TensorFlow, which are faster
     there; `call(..., return_attention=True)` returns `(outputs, weights)` with
-    weights of shape `(batch, heads, tokens, tokens)`.
+    weights of shape `(batch, heads, tokens, tokens)`. Under the mixed policies the
+    attention logits and softmax are float32 on every path (the matmul path forms
+    them from float32 queries and keys; the fused kernels accumulate in float32), as
+    are the LayerNorm statistics (Keras computes them in float32).
 
     Args:
         num_heads: attention heads; must divide the width.

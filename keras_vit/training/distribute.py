@@ -123,7 +123,9 @@ def precision_policy(name, strategy):
 
     `"auto"` means `mixed_bfloat16` on TPU, `mixed_bfloat16` on GPUs that compute in
     bfloat16 (compute capability 8.0 and up), `mixed_float16` on older GPUs, and
-    `float32` on CPU. The model's head and the loss stay float32 in every policy.
+    `float32` on CPU. The model's head, the loss, the attention logits and softmax and
+    the LayerNorm statistics stay float32 in every policy, and under `mixed_float16`
+    Keras' `compile` wraps the optimizer in a `LossScaleOptimizer`.
 
     Example:
 
