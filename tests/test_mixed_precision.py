@@ -1,5 +1,5 @@
 """Mixed precision: what must run in float32 does, so 16-bit models stay finite and close
-to their float32 twins (attention logits and softmax, LayerNorm statistics, the loss),
+to their float32 twins (attention logits and softmax, LayerNorm statistics, the head),
 and training under mixed_float16 scales its loss.
 
 The model and layer tests run on every backend (tests/test_backends.py); the training
@@ -26,7 +26,7 @@ HEAD_DIM = 8
 # Every query and key gets the same component `OFFSET` along its first dimension, so
 # every logit holds OFFSET**2 / sqrt(HEAD_DIM) = 70958 > 65504 on top of its own O(1)
 # part: float16 overflows, bfloat16 (spacing 512 there) rounds the O(1) parts away, and
-# the softmax, which the common part does not change, is far from one-hot.
+# the softmax, which the common part does not change, is not one-hot.
 OFFSET = 448.0
 
 
@@ -124,7 +124,8 @@ def test_fused_attention_of_float16_beyond_its_range():
     # 3e-3 of each scaled logit and so of each weight, about 6 float16 unit roundoffs
     # (measured 5.4); 16 of them bound the error relative to the largest output. Float16
     # logits would be infinite.
-    assert np.abs(got - expected).max() < 16 * UNIT_ROUNDOFF["mixed_float16"] * np.abs(expected).max()
+    tolerance = 16 * UNIT_ROUNDOFF["mixed_float16"]
+    assert np.abs(got - expected).max() < tolerance * np.abs(expected).max()
 
 
 def _layer_norm(x, gamma, beta, epsilon):
@@ -156,7 +157,9 @@ def test_layer_norm_statistics_are_float32(policy):
         assert np.abs(got - expected).max() < 4 * UNIT_ROUNDOFF[policy] * np.abs(expected).max()
 
 
-@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the training engine is TensorFlow's")
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow", reason="the training engine is TensorFlow's"
+)
 @pytest.mark.parametrize("objective", ["supervised", "mpp"])
 def test_mixed_float16_training_scales_the_loss_and_stays_finite(tmp_path, objective):
     from test_training import tiny_run
