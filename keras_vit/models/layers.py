@@ -12,6 +12,7 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.utils import backend_ops
 from keras_vit.utils.checks import check_choice, check_in_range, check_positive_int
 from keras_vit.utils.serialization import serializable
 
@@ -183,6 +184,35 @@ def _query_blocks(length):
 
 
 @serializable
+class Dense(keras.layers.Dense):
+    """`keras.layers.Dense` whose 16-bit products run on the CPU's bfloat16 units.
+
+    Under a `mixed_bfloat16` or `mixed_float16` policy the product accumulates in
+    float32 (`keras_vit.utils.backend_ops.matmul_float32`), the bias is added in
+    float32 and the sum rounded once to the compute dtype; `keras.layers.Dense`
+    would ask for a 16-bit product, which XLA:CPU computes in float32 from converted
+    operands. Float32 layers, LoRA and quantized layers behave exactly as
+    `keras.layers.Dense` (same weights, same names).
+
+    Example:
+
+    >>> layer = Dense(4, dtype="mixed_bfloat16")
+    >>> outputs = layer(keras.ops.ones((2, 3)))
+    >>> tuple(outputs.shape), keras.backend.standardize_dtype(outputs.dtype)
+    ((2, 4), 'bfloat16')
+    """
+
+    def call(self, inputs, training=None):
+        if keras.backend.standardize_dtype(inputs.dtype) not in ("bfloat16", "float16"):
+            return super().call(inputs, training=training)
+        x = backend_ops.matmul_float32(inputs, self.kernel)
+        if self.bias is not None:
+            x = x + ops.cast(self.bias, "float32")
+        x = ops.cast(x, inputs.dtype)
+        return x if self.activation is None else self.activation(x)
+
+
+@serializable
 class Patches(keras.layers.Layer):
     """Cuts images into non-overlapping square patches.
 
@@ -284,7 +314,7 @@ class PatchEncoder(keras.layers.Layer):
         if pos_embedding == "sincos2d":
             # Validates the width now rather than at the first call.
             sincos_2d_table(self.grid_size, self.hidden_dim)
-        self.projection = keras.layers.Dense(
+        self.projection = Dense(
             self.hidden_dim, name="projection", dtype=dense_dtypes.get("projection")
         )
 
@@ -550,7 +580,7 @@ class TransformerBlock(keras.layers.Layer):
         return (self.qkv, self.attention_output, self.mlp_fc1, self.mlp_fc2)
 
     def _dense(self, units, name):
-        return keras.layers.Dense(units, name=name, dtype=self.dense_dtypes.get(name))
+        return Dense(units, name=name, dtype=self.dense_dtypes.get(name))
 
     def _attend(self, x, training, return_attention):
         length, width = ops.shape(x)[1], x.shape[-1]
@@ -564,7 +594,7 @@ class TransformerBlock(keras.layers.Layer):
         q = q * ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
         keys = ops.transpose(k, (0, 1, 3, 2))
         if explicit:
-            logits = ops.cast(ops.matmul(q, keys), "float32")
+            logits = backend_ops.matmul_float32(q, keys)
             weights = ops.softmax(logits, axis=-1)
             dropped = self.attention_dropout(ops.cast(weights, v.dtype), training=training)
             out = ops.matmul(dropped, v)
@@ -583,9 +613,9 @@ class TransformerBlock(keras.layers.Layer):
     def _attend_rows(q, keys, v):
         # Softmax normalised after the product, over (tokens, head_dim) values
         # rather than (tokens, tokens); the shift cancels, so it needs no gradient.
-        logits = ops.cast(ops.matmul(q, keys), "float32")
+        logits = backend_ops.matmul_float32(q, keys)
         exp = ops.exp(logits - ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True)))
-        out = ops.cast(ops.matmul(ops.cast(exp, v.dtype), v), "float32")
+        out = backend_ops.matmul_float32(ops.cast(exp, v.dtype), v)
         return ops.cast(out / ops.sum(exp, axis=-1, keepdims=True), v.dtype)
 
     def _gelu(self, y):
