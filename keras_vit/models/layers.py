@@ -211,6 +211,12 @@ class Dense(keras.layers.Dense):
         x = ops.cast(x, inputs.dtype)
         return x if self.activation is None else self.activation(x)
 
+    def quantize(self, mode=None, type_check=True, config=None):
+        # Keras quantizes subclasses of Dense only when asked not to check the type,
+        # since their `call` may differ; a quantized layer runs Dense's own
+        # `quantized_call`, never this `call`.
+        super().quantize(mode, type_check=False, config=config)
+
 
 @serializable
 class Patches(keras.layers.Layer):
