@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("KERAS_BACKEND", "jax")  # the driver only counts FLOPs
 
-from bench.contenders import CONTENDERS, TORCH_THREADS  # noqa: E402
+from bench.contenders import CONTENDERS, PRECISIONS, TORCH_THREADS  # noqa: E402
 
 REFERENCE = "hf-torch"
 BATCH = 32
@@ -330,12 +330,22 @@ def main(argv=None):
     parser.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--rounds", type=int, help="override the plan's rounds")
+    parser.add_argument(
+        "--precisions", default=",".join(PRECISIONS), help="only the rows in these precisions"
+    )
     args = parser.parse_args(argv)
     contenders = args.contenders.split(",")
     unknown = [c for c in contenders if c not in CONTENDERS]
     if unknown:
         parser.error(f"unknown contenders {unknown}: expected some of {', '.join(CONTENDERS)}")
+    precisions = args.precisions.split(",")
+    unknown = [p for p in precisions if p not in PRECISIONS]
+    if unknown:
+        parser.error(f"unknown precisions {unknown}: expected some of {', '.join(PRECISIONS)}")
     plan = dict(PLANS["quick" if args.quick else "full"])
+    plan["groups"] = [group for group in plan["groups"] if group[1] in precisions]
+    if not plan["groups"]:
+        parser.error(f"the plan has no rows in {', '.join(precisions)}")
     if args.rounds:
         plan["rounds"] = args.rounds
     echo = lambda text: print(text, file=sys.stderr, flush=True)
@@ -359,7 +369,7 @@ def main(argv=None):
     table = format_table(entries, growth, peaks)
     print(table)
     result = dict(
-        command="python bench/models.py" + (" --quick" if args.quick else ""),
+        command=" ".join(["python bench/models.py", *(sys.argv[1:] if argv is None else argv)]),
         started=started.isoformat(timespec="seconds"),
         minutes=(datetime.datetime.now(datetime.timezone.utc) - started).total_seconds() / 60,
         load_average_before=load_before,

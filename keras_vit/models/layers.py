@@ -12,6 +12,7 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.utils import backend_ops
 from keras_vit.utils.checks import check_choice, check_in_range, check_positive_int
 from keras_vit.utils.serialization import serializable
 
@@ -183,6 +184,41 @@ def _query_blocks(length):
 
 
 @serializable
+class Dense(keras.layers.Dense):
+    """`keras.layers.Dense` whose 16-bit products run on the CPU's bfloat16 units.
+
+    Under a `mixed_bfloat16` or `mixed_float16` policy the product accumulates in
+    float32 (`keras_vit.utils.backend_ops.matmul_float32`), the bias is added in
+    float32 and the sum rounded once to the compute dtype; `keras.layers.Dense`
+    would ask for a 16-bit product, which XLA:CPU computes in float32 from converted
+    operands. Float32 layers, LoRA and quantized layers behave exactly as
+    `keras.layers.Dense` (same weights, same names).
+
+    Example:
+
+    >>> layer = Dense(4, dtype="mixed_bfloat16")
+    >>> outputs = layer(keras.ops.ones((2, 3)))
+    >>> tuple(outputs.shape), keras.backend.standardize_dtype(outputs.dtype)
+    ((2, 4), 'bfloat16')
+    """
+
+    def call(self, inputs, training=None):
+        if keras.backend.standardize_dtype(inputs.dtype) not in ("bfloat16", "float16"):
+            return super().call(inputs, training=training)
+        x = backend_ops.matmul_float32(inputs, self.kernel)
+        if self.bias is not None:
+            x = x + ops.cast(self.bias, "float32")
+        x = ops.cast(x, inputs.dtype)
+        return x if self.activation is None else self.activation(x)
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        # Keras quantizes subclasses of Dense only when asked not to check the type,
+        # since their `call` may differ; a quantized layer runs Dense's own
+        # `quantized_call`, never this `call`.
+        super().quantize(mode, type_check=False, config=config)
+
+
+@serializable
 class Patches(keras.layers.Layer):
     """Cuts images into non-overlapping square patches.
 
@@ -284,7 +320,7 @@ class PatchEncoder(keras.layers.Layer):
         if pos_embedding == "sincos2d":
             # Validates the width now rather than at the first call.
             sincos_2d_table(self.grid_size, self.hidden_dim)
-        self.projection = keras.layers.Dense(
+        self.projection = Dense(
             self.hidden_dim, name="projection", dtype=dense_dtypes.get("projection")
         )
 
@@ -468,8 +504,8 @@ class TransformerBlock(keras.layers.Layer):
     TPU) and batched matmuls under XLA on CPU and on TensorFlow, which are faster
     there; `call(..., return_attention=True)` returns `(outputs, weights)` with
     weights of shape `(batch, heads, tokens, tokens)`. Under the mixed policies the
-    attention logits and softmax are float32 on every path (the matmul path forms
-    them from float32 queries and keys; the fused kernels accumulate in float32), as
+    attention logits and softmax are float32 on every path (the matmul path asks for
+    float32 products of the queries and keys; the fused kernels accumulate in float32), as
     are the LayerNorm statistics (Keras computes them in float32).
 
     Args:
@@ -553,7 +589,7 @@ class TransformerBlock(keras.layers.Layer):
         return (self.qkv, self.attention_output, self.mlp_fc1, self.mlp_fc2)
 
     def _dense(self, units, name):
-        return keras.layers.Dense(units, name=name, dtype=self.dense_dtypes.get(name))
+        return Dense(units, name=name, dtype=self.dense_dtypes.get(name))
 
     def _attend(self, x, training, return_attention):
         length, width = ops.shape(x)[1], x.shape[-1]
@@ -564,13 +600,12 @@ class TransformerBlock(keras.layers.Layer):
             return self.attention_output(ops.reshape(out, (-1, length, width))), None
         # One transpose of the fused q|k|v, then products batched over (batch, heads).
         q, k, v = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3, axis=0)
-        # The logits are products of float32 factors under every policy: in float16
-        # they overflow (its maximum is 65504) and bfloat16 keeps 8 bits of them, and
-        # keras.ops has no 16-bit product with a float32 result.
-        q = ops.cast(q, "float32") * (1.0 / math.sqrt(self.head_dim))
-        keys = ops.transpose(ops.cast(k, "float32"), (0, 1, 3, 2))
+        q = q * ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
+        keys = ops.transpose(k, (0, 1, 3, 2))
         if explicit:
-            weights = ops.softmax(ops.matmul(q, keys), axis=-1)
+            # Float32 logits under every policy: float16 products overflow past 65504,
+            # bfloat16 ones keep 8 bits.
+            weights = ops.softmax(backend_ops.matmul_float32(q, keys), axis=-1)
             dropped = self.attention_dropout(ops.cast(weights, v.dtype), training=training)
             out = ops.matmul(dropped, v)
         else:
@@ -586,12 +621,12 @@ class TransformerBlock(keras.layers.Layer):
 
     @staticmethod
     def _attend_rows(q, keys, v):
-        # Float32 `q` and `keys` give float32 logits. Softmax normalised after the
-        # product, over (tokens, head_dim) values rather than (tokens, tokens); the
-        # shift cancels, so it needs no gradient.
-        logits = ops.matmul(q, keys)
+        # Logits in float32 (as in `_attend`). Softmax normalised after the product,
+        # over (tokens, head_dim) values rather than (tokens, tokens); the shift
+        # cancels, so it needs no gradient.
+        logits = backend_ops.matmul_float32(q, keys)
         exp = ops.exp(logits - ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True)))
-        out = ops.cast(ops.matmul(ops.cast(exp, v.dtype), v), "float32")
+        out = backend_ops.matmul_float32(ops.cast(exp, v.dtype), v)
         return ops.cast(out / ops.sum(exp, axis=-1, keepdims=True), v.dtype)
 
     def _gelu(self, y):
