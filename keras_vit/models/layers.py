@@ -185,14 +185,12 @@ def _query_blocks(length):
 
 @serializable
 class Dense(keras.layers.Dense):
-    """`keras.layers.Dense` whose 16-bit products run on the CPU's bfloat16 units.
+    """`keras.layers.Dense` whose 16-bit products reach XLA:CPU's bfloat16 kernels.
 
-    Under a `mixed_bfloat16` or `mixed_float16` policy the product accumulates in
-    float32 (`keras_vit.utils.backend_ops.matmul_float32`), the bias is added in
-    float32 and the sum rounded once to the compute dtype; `keras.layers.Dense`
-    would ask for a 16-bit product, which XLA:CPU computes in float32 from converted
-    operands. Float32 layers, LoRA and quantized layers behave exactly as
-    `keras.layers.Dense` (same weights, same names).
+    Under a `mixed_bfloat16` or `mixed_float16` policy the product is
+    `keras_vit.utils.backend_ops.matmul`: the same numbers as `keras.layers.Dense`,
+    computed on XLA's 16-bit kernels rather than from float32 copies of the operands.
+    Weights, names, LoRA and quantization are those of `keras.layers.Dense`.
 
     Example:
 
@@ -203,12 +201,9 @@ class Dense(keras.layers.Dense):
     """
 
     def call(self, inputs, training=None):
-        if keras.backend.standardize_dtype(inputs.dtype) not in ("bfloat16", "float16"):
-            return super().call(inputs, training=training)
-        x = backend_ops.matmul_float32(inputs, self.kernel)
+        x = backend_ops.matmul(inputs, self.kernel)
         if self.bias is not None:
-            x = x + ops.cast(self.bias, "float32")
-        x = ops.cast(x, inputs.dtype)
+            x = ops.add(x, self.bias)
         return x if self.activation is None else self.activation(x)
 
     def quantize(self, mode=None, type_check=True, config=None):

@@ -1,17 +1,14 @@
-"""The one product keras.ops lacks: 16-bit operands, float32 accumulation and result.
+"""Matrix products of 16-bit operands with float32 accumulation, which keras.ops lacks.
 
 `keras.ops.matmul` returns its operands' dtype. Under a mixed precision policy that is
-bfloat16 or float16, and XLA:CPU (TensorFlow's `jit_compile` and JAX) then computes the
-product by converting both operands to float32: the bfloat16 units of CPUs with
-AVX-512 BF16 or AMX are never used, and a float16 result can overflow. Each backend
-can ask for a float32 result from 16-bit operands instead, each in its own words (JAX's
-`preferred_element_type`, TensorFlow's `BatchMatMulV3(Tout=float32)` under XLA);
-XLA:CPU hands such products to its bfloat16 kernels. Where a backend has no such
-product, the operands are converted to float32 first, which is the same arithmetic:
-products of 16-bit floats are exact in float32.
-
-The gradient is computed the same way (16-bit operands, float32 products), so that
-training gets the bfloat16 kernels too.
+bfloat16 or float16, and XLA:CPU (JAX, and TensorFlow under `jit_compile`) then
+computes the product from float32 copies of both operands: the bfloat16 units of CPUs
+with AVX-512 BF16 or AMX go unused. Both can ask for a float32 result from 16-bit
+operands instead (JAX's `preferred_element_type`, TensorFlow's
+`BatchMatMulV3(Tout=float32)`), which XLA:CPU hands to its bfloat16 kernels, and its
+gradient is computed the same way here. `matmul` gives keras.ops.matmul's result from
+them, `matmul_float32` a float32 one (attention logits: a float16 result overflows,
+a bfloat16 one keeps 8 bits). Elsewhere both are computed as keras.ops computes them.
 """
 
 import keras
@@ -27,27 +24,26 @@ def _xla_compiling_tensorflow():
     return control_flow_util.GraphOrParentsInXlaContext(tf_ops.get_default_graph())
 
 
+def _xla_float32_product_available():
+    """Whether this backend, here, has a float32 product of 16-bit operands that
+    reaches XLA:CPU's bfloat16 kernels."""
+    backend = keras.backend.backend()
+    return backend == "jax" or (backend == "tensorflow" and _xla_compiling_tensorflow())
+
+
 def _product(x1, x2):
     """`x1 @ x2` in float32 for 16-bit operands of equal dtype (batch dims equal)."""
-    backend = keras.backend.backend()
-    dtype = keras.backend.standardize_dtype(x1.dtype)
-    if backend == "jax":
+    if keras.backend.backend() == "jax":
         import jax.numpy as jnp
 
         return jnp.matmul(x1, x2, preferred_element_type=jnp.float32)
-    if backend == "tensorflow" and _xla_compiling_tensorflow():
-        import tensorflow as tf
+    import tensorflow as tf
 
-        return tf.raw_ops.BatchMatMulV3(x=x1, y=x2, Tout=tf.float32)
-    if backend == "torch" and dtype == "bfloat16":
-        # PyTorch's bfloat16 kernels accumulate in float32 and round the result to
-        # bfloat16, whose range is float32's; converting the operands would forgo them.
-        return ops.cast(ops.matmul(x1, x2), "float32")
-    return ops.matmul(ops.cast(x1, "float32"), ops.cast(x2, "float32"))
+    return tf.raw_ops.BatchMatMulV3(x=x1, y=x2, Tout=tf.float32)
 
 
 @ops.custom_gradient
-def _matmul_float32_16bit(x1, x2):
+def _xla_float32_product(x1, x2):
     def grad(*args, upstream=None):
         upstream = ops.cast(args[0] if upstream is None else upstream, x1.dtype)
         dx1 = _product(upstream, ops.swapaxes(x2, -1, -2))
@@ -57,12 +53,29 @@ def _matmul_float32_16bit(x1, x2):
     return _product(x1, x2), grad
 
 
+def _float32_product(x1, x2):
+    """`x1 @ x2` in float32 by XLA's 16-bit kernels, for 16-bit operands of one
+    dtype where `_xla_float32_product_available()`."""
+    x2 = ops.cast(x2, x1.dtype)
+    if len(x2.shape) == 2 and len(x1.shape) > 2:
+        # As one (rows, k) matrix, so the kernel's gradient is a single product too.
+        rows = ops.reshape(x1, (-1, x1.shape[-1]))
+        product = _xla_float32_product(rows, x2)
+        return ops.reshape(product, (*ops.shape(x1)[:-1], x2.shape[-1]))
+    return _xla_float32_product(x1, x2)
+
+
+def _is_16bit(x):
+    return keras.backend.standardize_dtype(x.dtype) in ("bfloat16", "float16")
+
+
 def matmul_float32(x1, x2):
     """`x1 @ x2` accumulated in float32 and returned in float32.
 
-    For float32 operands it is `keras.ops.matmul`. Operands in bfloat16 or float16 (one
-    dtype for both) are multiplied by the backend's 16-bit kernels where it has a float32
-    result for them, and by float32 products of the converted operands elsewhere.
+    Float32 operands give `keras.ops.matmul`. Operands in bfloat16 or float16 (one dtype
+    for both) are multiplied by XLA's 16-bit kernels where it has a float32 result for
+    them (JAX; TensorFlow inside `jit_compile`), and as float32 copies elsewhere: the
+    same numbers, since products of 16-bit floats are exact in float32.
 
     Args:
         x1: `(..., m, k)` tensor; a rank above that of `x2`, with `x2` of rank 2,
@@ -80,13 +93,27 @@ def matmul_float32(x1, x2):
     >>> keras.backend.standardize_dtype(product.dtype), float(product[0, 0, 0])
     ('float32', 4000.0)
     """
-    dtype = keras.backend.standardize_dtype(x1.dtype)
-    if dtype not in ("bfloat16", "float16"):
-        return ops.matmul(ops.cast(x1, "float32"), ops.cast(x2, "float32"))
-    x2 = ops.cast(x2, dtype)
-    if len(x2.shape) == 2 and len(x1.shape) > 2:
-        # As one (rows, k) matrix, so the kernel's gradient is a single product too.
-        rows = ops.reshape(x1, (-1, x1.shape[-1]))
-        product = _matmul_float32_16bit(rows, x2)
-        return ops.reshape(product, (*ops.shape(x1)[:-1], x2.shape[-1]))
-    return _matmul_float32_16bit(x1, x2)
+    if _is_16bit(x1) and _xla_float32_product_available():
+        return _float32_product(x1, x2)
+    return ops.matmul(ops.cast(x1, "float32"), ops.cast(x2, "float32"))
+
+
+def matmul(x1, x2):
+    """`keras.ops.matmul(x1, x2)`, with 16-bit operands on XLA's 16-bit kernels.
+
+    The result is the operands' dtype, rounded once from a float32 accumulation, as
+    `keras.ops.matmul` computes it on every backend; under XLA (JAX; TensorFlow inside
+    `jit_compile`) it comes from the float32 product of `matmul_float32` rather than
+    from float32 copies of the operands. Elsewhere it is `keras.ops.matmul` (PyTorch's
+    and TensorFlow's own kernels already use the CPU's bfloat16 units).
+
+    Example:
+
+    >>> a = keras.ops.ones((2, 3, 4), dtype="bfloat16")
+    >>> b = keras.ops.ones((4, 5), dtype="bfloat16")
+    >>> keras.backend.standardize_dtype(matmul(a, b).dtype)
+    'bfloat16'
+    """
+    if _is_16bit(x1) and _xla_float32_product_available():
+        return ops.cast(_float32_product(x1, x2), x1.dtype)
+    return ops.matmul(x1, x2)
