@@ -18,7 +18,11 @@ import pytest
 from conftest import randomise_weights, tiny_vit
 from keras_vit.export.onnx import check_onnx, export_onnx, read_onnx_record
 from keras_vit.export.records import TOLERANCE
-from keras_vit.models.layers import LayerNorm, is_tracing_for_export, tracing_for_export
+from keras_vit.models.layers import (
+    LayerNormalization,
+    is_tracing_for_export,
+    tracing_for_export,
+)
 
 onnx = pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")
@@ -78,12 +82,12 @@ def test_onnx_matches_keras(kind, tmp_path):
     "axis, scale, center", [(-1, True, True), ((1, 2), True, False), (1, False, True)]
 )
 def test_layer_norm_export_form_is_the_closed_form(axis, scale, center):
-    # The form LayerNorm traces for exporters, against numpy's normalisation. (Its
+    # The form LayerNormalization traces for exporters, against numpy's normalisation. (Its
     # docstring compares it with Keras' own form over the last axis; over middle axes
     # Keras 3.15 on PyTorch hands torch's layer_norm the wrong normalised shape.)
     rng = np.random.default_rng(5)
     x = rng.normal(2.0, 3.0, (2, 3, 4, 5)).astype("float32")
-    norm = LayerNorm(axis=axis, epsilon=1e-6, scale=scale, center=center)
+    norm = LayerNormalization(axis=axis, epsilon=1e-6, scale=scale, center=center)
     norm.build(x.shape)
     for weight in norm.weights:
         weight.assign(rng.normal(size=weight.shape).astype("float32"))

@@ -163,7 +163,7 @@ def is_tracing_for_export():
 
 
 @serializable
-class LayerNorm(keras.layers.LayerNormalization):
+class LayerNormalization(keras.layers.LayerNormalization):
     """`LayerNormalization` that exports everywhere.
 
     Under `tracing_for_export()` it normalises with means, a subtraction and a
@@ -171,11 +171,13 @@ class LayerNorm(keras.layers.LayerNormalization):
     `layer_norm` kernel with the normalised shape read from the input; Keras' ONNX
     exporter traces a variable batch size with TorchScript, which records those sizes
     as values of the traced input and then refuses them as the kernel's shape.
+    It keeps Keras' class name: a `.keras` file stores a model's layers under their
+    class names, so the files written with Keras' layer load into this one.
 
     Example:
 
     >>> x = keras.random.normal((2, 5, 8))
-    >>> norm = LayerNorm(epsilon=1e-6)
+    >>> norm = LayerNormalization(epsilon=1e-6)
     >>> with tracing_for_export():
     ...     traced = norm(x)
     >>> bool(keras.ops.max(keras.ops.abs(traced - norm(x))) < 1e-5)
@@ -559,8 +561,8 @@ class TransformerBlock(keras.layers.Layer):
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.gelu_approximate = bool(gelu_approximate)
 
-        self.norm1 = LayerNorm(epsilon=layer_norm_epsilon, name="norm1")
-        self.norm2 = LayerNorm(epsilon=layer_norm_epsilon, name="norm2")
+        self.norm1 = LayerNormalization(epsilon=layer_norm_epsilon, name="norm1")
+        self.norm2 = LayerNormalization(epsilon=layer_norm_epsilon, name="norm2")
         self.attention_dropout = keras.layers.Dropout(attention_dropout_rate)
         self.dropout = keras.layers.Dropout(dropout_rate)
         self.drop_path = DropPath(drop_path_rate)
