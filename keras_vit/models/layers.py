@@ -629,7 +629,9 @@ class TransformerBlock(keras.layers.Layer):
         return ops.cast(out / ops.sum(exp, axis=-1, keepdims=True), v.dtype)
 
     def _gelu(self, y):
-        if self.gelu_approximate or keras.backend.backend() == "torch":
+        # Exporters map the backend's own GELU to one operation (LiteRT's GELU, ONNX
+        # Gelu or Erf) where the erf below traces as some thirty multiplies and adds.
+        if self.gelu_approximate or keras.backend.backend() == "torch" or is_tracing_for_export():
             return keras.activations.gelu(y, approximate=self.gelu_approximate)
         # Under XLA the erf form beats tf.nn.gelu's and jax.nn.gelu's erfc form
         # (README, Performance). `erf` is built from basic ops because
