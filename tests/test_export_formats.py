@@ -72,6 +72,18 @@ def test_onnx_plain_model_matches_keras(tmp_path):
     assert check_onnx(model, path, batch_size=5) <= TOLERANCE
 
 
+def test_onnx_plain_model_exports_with_keras_alone(tmp_path):
+    # Keras' own export, called as Keras documents it (no tracing_for_export()).
+    model = tiny_vit()
+    randomise_weights(model, seed=1)
+    path = tmp_path / "keras.onnx"
+    spec = keras.InputSpec(shape=(None, 32, 32, 3), dtype="float32")
+    model.export(str(path), format="onnx", verbose=False, input_signature=[spec])
+    images = np.random.default_rng(3).uniform(-1, 1, (3, 32, 32, 3)).astype("float32")
+    np.testing.assert_allclose(_served(path, images), keras.ops.convert_to_numpy(model(images)),
+                               rtol=0, atol=TOLERANCE)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["hybrid", "features"])
 def test_onnx_matches_keras(kind, tmp_path):
@@ -135,7 +147,7 @@ def test_onnx_export_on_backend(backend):
     )
     print(result.stdout[-3000:])
     assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
-    assert "2 passed" in result.stdout
+    assert "3 passed" in result.stdout
 
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the CLI trains on TensorFlow")

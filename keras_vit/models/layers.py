@@ -158,8 +158,19 @@ def tracing_for_export():
 
 
 def is_tracing_for_export():
-    """Whether the caller runs inside `tracing_for_export()`."""
-    return bool(_EXPORT_TRACING)
+    """Whether the caller runs inside `tracing_for_export()` or a TorchScript trace.
+
+    Keras' own ONNX export on PyTorch (`model.export(path, format="onnx")` with a
+    variable batch size) traces the model with TorchScript, so a model exported that
+    way outside the context takes the export forms too.
+    """
+    if _EXPORT_TRACING:
+        return True
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    return torch.jit.is_tracing()
 
 
 @serializable
@@ -629,9 +640,7 @@ class TransformerBlock(keras.layers.Layer):
         return ops.cast(out / ops.sum(exp, axis=-1, keepdims=True), v.dtype)
 
     def _gelu(self, y):
-        # Exporters map the backend's own GELU to one operation (LiteRT's GELU, ONNX
-        # Gelu or Erf) where the erf below traces as some thirty multiplies and adds.
-        if self.gelu_approximate or keras.backend.backend() == "torch" or is_tracing_for_export():
+        if self.gelu_approximate or keras.backend.backend() == "torch":
             return keras.activations.gelu(y, approximate=self.gelu_approximate)
         # Under XLA the erf form beats tf.nn.gelu's and jax.nn.gelu's erfc form
         # (README, Performance). `erf` is built from basic ops because
