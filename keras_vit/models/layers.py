@@ -177,13 +177,19 @@ def is_tracing_for_export():
 class LayerNormalization(keras.layers.LayerNormalization):
     """`LayerNormalization` that exports everywhere.
 
-    Under `tracing_for_export()` it normalises with means, a subtraction and a
+    When `is_tracing_for_export()` it normalises with means, a subtraction and a
     reciprocal square root, in float32 as Keras does. On PyTorch Keras calls the fused
     `layer_norm` kernel with the normalised shape read from the input; Keras' ONNX
     exporter traces a variable batch size with TorchScript, which records those sizes
     as values of the traced input and then refuses them as the kernel's shape.
     It keeps Keras' class name: a `.keras` file stores a model's layers under their
     class names, so the files written with Keras' layer load into this one.
+
+    Args:
+        Those of `keras.layers.LayerNormalization`.
+
+    Returns:
+        The normalised inputs, in the layer's compute dtype.
 
     Example:
 
