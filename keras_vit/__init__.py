@@ -25,7 +25,8 @@ configure_for_backend()
 # the first use of any name (they hold the Keras-registered classes).
 _EXPORTS = {
     "keras_vit.models.layers": (
-        "ClassToken", "DropPath", "PatchEncoder", "Patches", "TokenPooling", "TransformerBlock",
+        "ClassToken", "DropPath", "LayerNormalization", "PatchEncoder", "Patches",
+        "TokenPooling", "TransformerBlock",
     ),
     "keras_vit.models.vit": (
         "VARIANTS", "ViT", "ViTParts", "VisionTransformer", "parse_variant", "preprocess",

@@ -1,8 +1,9 @@
 """ONNX export on every backend, checked with onnxruntime against the Keras model.
 
-The file is exported with a variable batch size and run at batch sizes 3 and 1 (the
-PyTorch exporter traces batch 2, the others a symbolic batch). This file imports no
-TensorFlow, so it reruns unchanged under JAX and PyTorch (the slow tests at the end).
+Every backend exports through Keras' own `model.export(format="onnx")` with a variable
+batch size; the file is run at batch sizes 3 and 1 (Keras' PyTorch exporter traces batch
+1, the others a symbolic batch). This file imports no TensorFlow, so it reruns unchanged
+under JAX and PyTorch (the slow tests at the end).
 """
 
 import os
@@ -17,8 +18,13 @@ import pytest
 from conftest import randomise_weights, tiny_vit
 from keras_vit.export.onnx import check_onnx, export_onnx, read_onnx_record
 from keras_vit.export.records import TOLERANCE
-from keras_vit.models.layers import is_tracing_for_export
+from keras_vit.models.layers import (
+    LayerNormalization,
+    is_tracing_for_export,
+    tracing_for_export,
+)
 
+onnx = pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {
@@ -42,6 +48,9 @@ def _export_and_compare(kind, tmp_path):
     path = tmp_path / f"{kind}.onnx"
     record = export_onnx(model, path, crop_fraction=0.875, metadata={"run": "test"})
     assert not is_tracing_for_export()
+    (source,) = onnx.load(str(path)).graph.input
+    assert source.name == "images"
+    assert source.type.tensor_type.shape.dim[0].dim_param  # a symbolic batch size
     size = model.input_shape[1]
     rng = np.random.default_rng(2)
     for batch in (3, 1):
@@ -63,10 +72,49 @@ def test_onnx_plain_model_matches_keras(tmp_path):
     assert check_onnx(model, path, batch_size=5) <= TOLERANCE
 
 
+def test_onnx_plain_model_exports_with_keras_alone(tmp_path):
+    # Keras' own export, called as Keras documents it (no tracing_for_export()).
+    model = tiny_vit()
+    randomise_weights(model, seed=1)
+    path = tmp_path / "keras.onnx"
+    spec = keras.InputSpec(shape=(None, 32, 32, 3), dtype="float32")
+    model.export(str(path), format="onnx", verbose=False, input_signature=[spec])
+    images = np.random.default_rng(3).uniform(-1, 1, (3, 32, 32, 3)).astype("float32")
+    np.testing.assert_allclose(_served(path, images), keras.ops.convert_to_numpy(model(images)),
+                               rtol=0, atol=TOLERANCE)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["hybrid", "features"])
 def test_onnx_matches_keras(kind, tmp_path):
     _export_and_compare(kind, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "axis, scale, center", [(-1, True, True), ((1, 2), True, False), (1, False, True)]
+)
+def test_layer_norm_export_form_is_the_closed_form(axis, scale, center):
+    # The form LayerNormalization traces for exporters, against numpy's normalisation. (Its
+    # docstring compares it with Keras' own form over the last axis; over middle axes
+    # Keras 3.15 on PyTorch hands torch's layer_norm the wrong normalised shape.)
+    rng = np.random.default_rng(5)
+    x = rng.normal(2.0, 3.0, (2, 3, 4, 5)).astype("float32")
+    norm = LayerNormalization(axis=axis, epsilon=1e-6, scale=scale, center=center)
+    norm.build(x.shape)
+    for weight in norm.weights:
+        weight.assign(rng.normal(size=weight.shape).astype("float32"))
+    axes = tuple(np.atleast_1d(axis))
+    broadcast = [1, 1, 1, 1]
+    for a in axes:
+        broadcast[a] = x.shape[a]
+    expected = (x - x.mean(axes, keepdims=True)) / np.sqrt(x.var(axes, keepdims=True) + 1e-6)
+    if scale:
+        expected = expected * keras.ops.convert_to_numpy(norm.gamma).reshape(broadcast)
+    if center:
+        expected = expected + keras.ops.convert_to_numpy(norm.beta).reshape(broadcast)
+    with tracing_for_export():
+        traced = keras.ops.convert_to_numpy(norm(x))
+    np.testing.assert_allclose(traced, expected, rtol=0, atol=1e-5)
 
 
 def test_check_onnx_names_a_wrong_export(tmp_path):
@@ -99,7 +147,7 @@ def test_onnx_export_on_backend(backend):
     )
     print(result.stdout[-3000:])
     assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
-    assert "2 passed" in result.stdout
+    assert "3 passed" in result.stdout
 
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the CLI trains on TensorFlow")

@@ -1,12 +1,11 @@
 """ONNX export from any backend: float pixels in [-1, 1] at the model's size in, outputs out.
 
-TensorFlow and JAX models go through Keras' own `model.export(format="onnx")`
-(tf2onnx, jax2onnx). Under PyTorch, Keras' exporter traces a variable batch size with
-TorchScript, which cannot follow Keras' own LayerNormalization (its normalised
-shape is read from the traced input); this module exports those models with
-`torch.onnx.export(dynamo=True)` and a symbolic batch dimension instead. Either way
-the layers trace under `keras_vit.models.layers.tracing_for_export()`, and the file
-carries the eval preprocessing in its metadata (key `keras_vit`).
+Every backend goes through Keras' own `model.export(format="onnx")`: tf2onnx under
+TensorFlow, jax2onnx under JAX, and under PyTorch the TorchScript exporter, which
+Keras uses for a variable batch size (it traces batch 1). The layers trace under
+`keras_vit.models.layers.tracing_for_export()` (PyTorch's fused layer norm, for one,
+does not export with a variable batch), and the file carries the eval preprocessing
+in its metadata (key `keras_vit`).
 """
 
 import json
@@ -19,25 +18,6 @@ from keras_vit.models.layers import tracing_for_export
 
 INPUT_NAME = "images"
 METADATA_KEY = "keras_vit"
-
-
-def _export_torch(model, path, opset, height, width, channels):
-    import torch
-
-    model.eval()
-    batch = torch.export.Dim("batch")
-    # A Keras model's forward takes *args, hence the tuple around the image's shapes.
-    program = torch.onnx.export(
-        model,
-        (torch.zeros((2, height, width, channels)),),
-        dynamo=True,
-        dynamic_shapes=(({0: batch},),),
-        input_names=[INPUT_NAME],
-        opset_version=opset,
-        verbose=False,
-    )
-    program.optimize()
-    program.save(path)
 
 
 def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, metadata=None):
@@ -85,14 +65,11 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
         )
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    spec = keras.InputSpec(shape=(None, height, width, channels), dtype="float32",
+                           name=INPUT_NAME)
     with tracing_for_export():
-        if keras.backend.backend() == "torch":
-            _export_torch(model, path, opset, height, width, channels)
-        else:
-            spec = keras.InputSpec(shape=(None, height, width, channels), dtype="float32",
-                                   name=INPUT_NAME)
-            model.export(path, format="onnx", verbose=False, input_signature=[spec],
-                         opset_version=opset)
+        model.export(path, format="onnx", verbose=False, input_signature=[spec],
+                     opset_version=opset)
     proto = onnx.load(path)
     del proto.metadata_props[:]
     entry = proto.metadata_props.add()

@@ -1,9 +1,10 @@
 """LiteRT (TFLite) export: float pixels in [-1, 1] at the model's size in, outputs out.
 
 TensorFlow-only: Keras' `model.export(format="litert")` converts the model with
-TensorFlow's LiteRT converter. `quantize="dynamic-int8"` stores the weights of the
-matrix products as int8 (the converter's dynamic-range quantization: activations stay
-float and are quantized on the fly). The record of `keras_vit.export.records` is
+TensorFlow's LiteRT converter. `quantize="dynamic-int8"` stores the kernels of the
+matrix products as int8, per output channel (the converter's dynamic-range
+quantization: activations stay float and are quantized on the fly); kernels of fewer
+than 1024 elements, the position table, norms and biases stay float32. The record of `keras_vit.export.records` is
 written beside the file as `<file>.json`.
 """
 

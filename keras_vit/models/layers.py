@@ -159,8 +159,65 @@ def tracing_for_export():
 
 
 def is_tracing_for_export():
-    """Whether the caller runs inside `tracing_for_export()`."""
-    return bool(_EXPORT_TRACING)
+    """Whether the caller runs inside `tracing_for_export()` or a TorchScript trace.
+
+    Keras' own ONNX export on PyTorch (`model.export(path, format="onnx")` with a
+    variable batch size) traces the model with TorchScript, so a model exported that
+    way outside the context takes the export forms too.
+    """
+    if _EXPORT_TRACING:
+        return True
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    return torch.jit.is_tracing()
+
+
+@serializable
+class LayerNormalization(keras.layers.LayerNormalization):
+    """`LayerNormalization` that exports everywhere.
+
+    When `is_tracing_for_export()` it normalises with means, a subtraction and a
+    reciprocal square root, in float32 as Keras does. On PyTorch Keras calls the fused
+    `layer_norm` kernel with the normalised shape read from the input; Keras' ONNX
+    exporter traces a variable batch size with TorchScript, which records those sizes
+    as values of the traced input and then refuses them as the kernel's shape.
+    It keeps Keras' class name: a `.keras` file stores a model's layers under their
+    class names, so the files written with Keras' layer load into this one.
+
+    Args:
+        Those of `keras.layers.LayerNormalization`.
+
+    Returns:
+        The normalised inputs, in the layer's compute dtype.
+
+    Example:
+
+    >>> x = keras.random.normal((2, 5, 8))
+    >>> norm = LayerNormalization(epsilon=1e-6)
+    >>> with tracing_for_export():
+    ...     traced = norm(x)
+    >>> bool(keras.ops.max(keras.ops.abs(traced - norm(x))) < 1e-5)
+    True
+    """
+
+    def call(self, inputs):
+        if not is_tracing_for_export() or self.rms_scaling:
+            return super().call(inputs)
+        x = ops.cast(inputs, "float32")
+        rank = len(x.shape)
+        axes = sorted(axis % rank for axis in self.axis)
+        centred = x - ops.mean(x, axis=axes, keepdims=True)
+        variance = ops.mean(ops.square(centred), axis=axes, keepdims=True)
+        x = centred * ops.rsqrt(variance + self.epsilon)
+        for weight, combine in ((self.gamma, ops.multiply), (self.beta, ops.add)):
+            if weight is not None:  # scale=False, center=False leave them out
+                shape = [1] * rank
+                for axis, size in zip(axes, weight.shape):
+                    shape[axis] = size
+                x = combine(x, ops.reshape(ops.cast(weight, "float32"), shape))
+        return ops.cast(x, self.compute_dtype)
 
 
 QUERY_BLOCK = 64
@@ -555,8 +612,8 @@ class TransformerBlock(keras.layers.Layer):
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.gelu_approximate = bool(gelu_approximate)
 
-        self.norm1 = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="norm1")
-        self.norm2 = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="norm2")
+        self.norm1 = LayerNormalization(epsilon=layer_norm_epsilon, name="norm1")
+        self.norm2 = LayerNormalization(epsilon=layer_norm_epsilon, name="norm2")
         self.attention_dropout = keras.layers.Dropout(attention_dropout_rate)
         self.dropout = keras.layers.Dropout(dropout_rate)
         self.drop_path = DropPath(drop_path_rate)

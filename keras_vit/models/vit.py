@@ -504,7 +504,7 @@ def _build_graph(
             )
         )
         x = blocks[-1](x)
-    norm = keras.layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")
+    norm = vit_layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")
     x = norm(x)
     pool = pre_logits = head = None
     if include_top or pooling:
