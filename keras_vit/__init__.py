@@ -97,6 +97,13 @@ def __dir__():
     return sorted([*globals(), *__all__])
 
 
+def _importing_keras_vit_module():
+    return any(
+        name.startswith("keras_vit.") and getattr(module.__spec__, "_initializing", False)
+        for name, module in list(sys.modules.items())
+    )
+
+
 class _LoadAfterKeras(importlib.abc.MetaPathFinder):
     """Registers keras-vit's layers right after Keras is imported, when `import keras`
     comes after `import keras_vit`: a script that only calls `keras.saving.load_model`
@@ -112,7 +119,12 @@ class _LoadAfterKeras(importlib.abc.MetaPathFinder):
 
             def exec_module(module):
                 execute(module)
-                _load()
+                # A keras_vit module that imports Keras is still half-made here, and
+                # importing the rest now would reach it (`from keras_vit.models.vit import
+                # parse_variant` as a script's first line): its own imports then register
+                # what it uses, and the first `keras_vit.<name>` the rest.
+                if not _importing_keras_vit_module():
+                    _load()
 
             spec.loader.exec_module = exec_module
         return spec

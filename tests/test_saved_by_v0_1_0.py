@@ -43,3 +43,22 @@ def test_keras_file_loads_when_keras_is_imported_after_keras_vit():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-1] == "VisionTransformer"
+
+
+def test_a_submodule_imported_first_finds_its_names_and_the_layers_register():
+    """`from keras_vit.models.vit import ...` as a script's first line: vit.py imports
+    Keras, whose import used to register every layer module at once, and one of them
+    imported vit.py while it was half-made (bench/models.py failed so)."""
+    import subprocess
+    import sys
+
+    script = (
+        "from keras_vit.models.vit import parse_variant\n"
+        "import keras, keras_vit\n"
+        "keras_vit.ViT  # the first use of the package imports and registers the rest\n"
+        f"model = keras.saving.load_model({str(FIXTURES / 'run_v0_1_0' / 'model.keras')!r})\n"
+        "print(parse_variant('Ti/16')['hidden_dim'], type(model).__name__)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-2:] == ["192", "VisionTransformer"]
