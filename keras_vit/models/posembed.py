@@ -88,15 +88,30 @@ _WEIGHTS = {
 }
 
 
+def interpolation_weights(size_in, size_out, interpolation, xp=np, dtype="float64"):
+    """The `(size_out, size_in)` weights of `interpolation` along one grid axis.
+
+    Args:
+        size_in, size_out, xp, dtype: as `bilinear_align_corners_weights`.
+        interpolation: one of `INTERPOLATIONS`.
+
+    Example:
+
+    >>> interpolation_weights(3, 1, "bilinear_align_corners").tolist()
+    [[1.0, 0.0, 0.0]]
+    """
+    check_interpolation(interpolation)
+    return _WEIGHTS[interpolation](size_in, size_out, xp, dtype)
+
+
 def _resample(grid, size, interpolation, xp, dtype):
     """`(rows, cols, D)` grid -> `(*size, D)`: the weights applied along each axis.
 
     Broadcast products and sums rather than matrix products, so that weights of 0
     and 1 reproduce the grid exactly also where matmuls round (TF32 on GPUs).
     """
-    weights = _WEIGHTS[interpolation]
-    rows = weights(grid.shape[0], size[0], xp, dtype)
-    cols = weights(grid.shape[1], size[1], xp, dtype)
+    rows = interpolation_weights(grid.shape[0], size[0], interpolation, xp, dtype)
+    cols = interpolation_weights(grid.shape[1], size[1], interpolation, xp, dtype)
     grid = xp.sum(rows[:, :, None, None] * grid[None], axis=1)
     return xp.sum(cols[None, :, :, None] * grid[:, None], axis=2)
 

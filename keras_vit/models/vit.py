@@ -125,8 +125,20 @@ class ViTParts:
 
     @property
     def grid_size(self):
-        """The `(rows, cols)` patch grid."""
+        """The `(rows, cols)` patch grid (of the position table's image size)."""
         return self.patch_encoder.grid_size
+
+    @property
+    def stride(self):
+        """The input pixels per patch side (`input_stride`)."""
+        stages = None if self.stem is None else tuple(len(stage) for stage in self.stem.stages)
+        return input_stride(self.patches.patch_size, stages)
+
+    @property
+    def image_size(self):
+        """The `(height, width)` the position table is for: the input size of a model
+        built without `dynamic_image_size`."""
+        return tuple(side * self.stride for side in self.grid_size)
 
     def position_table(self):
         """The `(1, rows * cols, D)` table added to the patch embeddings, or None."""
