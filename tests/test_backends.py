@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-MULTI_BACKEND_TESTS = ["tests/test_layers.py", "tests/test_model.py", "tests/test_resnet.py"]
+MULTI_BACKEND_TESTS = [
+    "tests/test_layers.py", "tests/test_model.py", "tests/test_resnet.py",
+    "tests/test_dynamic_size.py",
+]
 ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow  # a pytest run per backend, in subprocesses
