@@ -48,7 +48,7 @@ def test_weights_in_keras_ops_equal_the_numpy_weights(interpolation, size_in, si
     weights = posembed.interpolation_weights
     expected = weights(size_in, size_out, interpolation)
     computed = _np(weights(size_in, size_out, interpolation, keras.ops, "float32"))
-    np.testing.assert_allclose(computed, expected, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(computed, expected, rtol=0, atol=1e-5)  # float32 rounding
     if size_in == size_out:  # exactly the identity: the table itself at the trained grid
         np.testing.assert_array_equal(computed, np.eye(size_in))
 

@@ -293,6 +293,9 @@ def test_export_folder_carries_the_model_config(run):
         (dict(include_top=False), {}, r"a `head` layer .* output shapes \[\(None, 32\)\] and no head"),
         ({}, dict(metadata={"seed": np.int64(0)}), r"metadata must be JSON-serialisable, got \{'seed'"),
         ({}, dict(crop_fraction=1.5), r"crop_fraction must be in \(0, 1\] or None, got 1.5"),
+        ({}, dict(native_resolution=True), r"native_resolution=True .* needs a model built with .*dynamic_image_size=True\); model 'vit' takes input shape \(None, 32, 32, 3\)"),
+        (dict(dynamic_image_size=True), dict(native_resolution=True, crop_fraction=0.875),
+         r"crop_fraction=0.875 crops images to the model's size, but native_resolution=True"),
     ],
 )
 def test_bad_export_arguments_raise_clear_errors(tmp_path, model_kwargs, kwargs, message):
@@ -314,3 +317,77 @@ def test_export_command_default_top_k_fits_a_three_class_model(tmp_path, capsys,
     out = served(images=tf.zeros((2, 32, 32, 3), tf.uint8))
     assert out["top_k_indices"].shape.as_list() == [2, 3]
     assert sorted(out["top_k_indices"].numpy()[0]) == [0, 1, 2]
+
+
+# Serves a native-resolution SavedModel with TensorFlow alone, as SERVE does.
+SERVE_NATIVE = """
+import json, sys
+sys.modules["keras"] = sys.modules["keras_vit"] = None
+import numpy as np
+import tensorflow as tf
+
+plan = json.load(open(sys.argv[1]))
+loaded = tf.saved_model.load(plan["export"])
+served, from_bytes = loaded.signatures["serving_default"], loaded.signatures["serving_bytes"]
+results = {}
+for name, path in plan["images"].items():
+    images = tf.constant(np.load(path))
+    results[name] = served(images=images)["probabilities"].numpy().tolist()
+    results["logits/" + name] = loaded.signatures["logits"](
+        images=tf.cast(images, tf.float32))["logits"].numpy().tolist()
+pngs = tf.constant([open(p, "rb").read() for p in plan["pngs"]])
+results["bytes"] = from_bytes(image_bytes=pngs)["probabilities"].numpy().tolist()
+try:
+    served(images=tf.zeros((1, 30, 32, 3), tf.uint8))
+except Exception as e:
+    results["error"] = str(e)
+results["imported"] = sorted(
+    name for name, module in sys.modules.items()
+    if name.split(".")[0] in ("keras", "keras_vit") and module is not None
+)
+json.dump(results, open(plan["served"], "w"))
+"""
+
+
+@pytest.mark.slow  # a serving process that imports TensorFlow
+def test_native_resolution_export_serves_each_image_at_its_own_size(tmp_path, capsys):
+    from keras_vit import cli
+
+    model = tiny_vit(dynamic_image_size=True)
+    rng = randomise_weights(model, seed=0, scale=0.5)
+    model.save(tmp_path / "dynamic.keras")
+    assert cli.main(["export", "--from", str(tmp_path / "dynamic.keras"),
+                     "--out", str(tmp_path / "served"), "--native-resolution"]) == 0
+    assert "each image at its own size" in capsys.readouterr().out
+    record = json.loads((tmp_path / "served" / CONFIG_FILE).read_text())
+    assert (record["native_resolution"], record["image_size"]) == (True, [32, 32])
+
+    plan = {"export": str(tmp_path / "served"), "served": str(tmp_path / "served.json"),
+            "images": {}, "pngs": []}
+    images = {}
+    for height, width in [(32, 32), (48, 24)]:
+        name = f"{height}x{width}"
+        images[name] = rng.integers(0, 256, size=(3, height, width, 3), dtype="uint8")
+        np.save(tmp_path / f"{name}.npy", images[name])
+        plan["images"][name] = str(tmp_path / f"{name}.npy")
+        (tmp_path / f"{name}.png").write_bytes(_png(images[name][0]))
+        plan["pngs"].append(str(tmp_path / f"{name}.png"))
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "PYTHONPATH")}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SERVE_NATIVE), str(tmp_path / "plan.json")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    served = json.loads(Path(plan["served"]).read_text())
+    assert served["imported"] == []
+
+    logits = {name: keras.ops.convert_to_numpy(model(keras_vit.preprocess(x)))
+              for name, x in images.items()}
+    for name in images:
+        np.testing.assert_allclose(served[name], _softmax(logits[name]), rtol=0, atol=1e-5)
+        np.testing.assert_allclose(served["logits/" + name], logits[name], rtol=0, atol=1e-4)
+    # The encoded files, of two sizes in one batch, each at its own size.
+    expected = [_softmax(logits[name])[0] for name in images]
+    np.testing.assert_allclose(served["bytes"], expected, rtol=0, atol=1e-5)
+    assert "height and width must be multiples of 8" in served["error"]
