@@ -319,7 +319,17 @@ def test_export_command_default_top_k_fits_a_three_class_model(tmp_path, capsys,
     assert sorted(out["top_k_indices"].numpy()[0]) == [0, 1, 2]
 
 
-# Serves a native-resolution SavedModel with TensorFlow alone, as SERVE does.
+# Exports a dynamic-size model (one that pads) under JAX with native_resolution=True.
+JAX_NATIVE_EXPORT = """
+import sys
+import keras
+import keras_vit
+
+model = keras.saving.load_model(sys.argv[1], compile=False)
+keras_vit.export_saved_model(model, sys.argv[2], native_resolution=True)
+"""
+
+# Serves native-resolution SavedModels with TensorFlow alone, as SERVE does.
 SERVE_NATIVE = """
 import json, sys
 sys.modules["keras"] = sys.modules["keras_vit"] = None
@@ -327,20 +337,20 @@ import numpy as np
 import tensorflow as tf
 
 plan = json.load(open(sys.argv[1]))
-loaded = tf.saved_model.load(plan["export"])
-served, from_bytes = loaded.signatures["serving_default"], loaded.signatures["serving_bytes"]
 results = {}
-for name, path in plan["images"].items():
-    images = tf.constant(np.load(path))
-    results[name] = served(images=images)["probabilities"].numpy().tolist()
-    results["logits/" + name] = loaded.signatures["logits"](
-        images=tf.cast(images, tf.float32))["logits"].numpy().tolist()
-pngs = tf.constant([open(p, "rb").read() for p in plan["pngs"]])
-results["bytes"] = from_bytes(image_bytes=pngs)["probabilities"].numpy().tolist()
-try:
-    served(images=tf.zeros((1, 30, 32, 3), tf.uint8))
-except Exception as e:
-    results["error"] = str(e)
+for export, images in plan["images"].items():
+    loaded = tf.saved_model.load(plan["exports"][export])
+    served = loaded.signatures["serving_default"]
+    for path in images:
+        batch = tf.constant(np.load(path))
+        results[path] = served(images=batch)["probabilities"].numpy().tolist()
+    pngs = tf.constant([open(p, "rb").read() for p in plan["pngs"][export]])
+    results["bytes/" + export] = loaded.signatures["serving_bytes"](
+        image_bytes=pngs)["probabilities"].numpy().tolist()
+    try:
+        served(images=tf.zeros((1, 30, 32, 3), tf.uint8))
+    except Exception as e:
+        results["error/" + export] = str(e)
 results["imported"] = sorted(
     name for name, module in sys.modules.items()
     if name.split(".")[0] in ("keras", "keras_vit") and module is not None
@@ -349,31 +359,46 @@ json.dump(results, open(plan["served"], "w"))
 """
 
 
-@pytest.mark.slow  # a serving process that imports TensorFlow
+@pytest.mark.slow  # a JAX export process and a serving process
 def test_native_resolution_export_serves_each_image_at_its_own_size(tmp_path, capsys):
+    """From TensorFlow (a model that needs multiples of the patch size, exported by
+    `keras-vit export --native-resolution`) and from JAX (a model that pads)."""
     from keras_vit import cli
 
-    model = tiny_vit(dynamic_image_size=True)
-    rng = randomise_weights(model, seed=0, scale=0.5)
-    model.save(tmp_path / "dynamic.keras")
-    assert cli.main(["export", "--from", str(tmp_path / "dynamic.keras"),
-                     "--out", str(tmp_path / "served"), "--native-resolution"]) == 0
-    assert "each image at its own size" in capsys.readouterr().out
-    record = json.loads((tmp_path / "served" / CONFIG_FILE).read_text())
-    assert (record["native_resolution"], record["image_size"]) == (True, [32, 32])
-
-    plan = {"export": str(tmp_path / "served"), "served": str(tmp_path / "served.json"),
-            "images": {}, "pngs": []}
-    images = {}
-    for height, width in [(32, 32), (48, 24)]:
-        name = f"{height}x{width}"
-        images[name] = rng.integers(0, 256, size=(3, height, width, 3), dtype="uint8")
-        np.save(tmp_path / f"{name}.npy", images[name])
-        plan["images"][name] = str(tmp_path / f"{name}.npy")
-        (tmp_path / f"{name}.png").write_bytes(_png(images[name][0]))
-        plan["pngs"].append(str(tmp_path / f"{name}.png"))
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
     env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "PYTHONPATH")}
+    models = {"tf": tiny_vit(dynamic_image_size=True),
+              "jax": tiny_vit(dynamic_image_size=True, dynamic_image_pad=True)}
+    rng = np.random.default_rng(0)
+    for export, model in models.items():
+        randomise_weights(model, seed=len(export), scale=0.5)
+        model.save(tmp_path / f"{export}.keras")
+    jax = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(JAX_NATIVE_EXPORT), str(tmp_path / "jax.keras"),
+         str(tmp_path / "jax")],
+        cwd=tmp_path, env={**env, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu",
+                           "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    assert cli.main(["export", "--from", str(tmp_path / "tf.keras"),
+                     "--out", str(tmp_path / "tf"), "--native-resolution"]) == 0
+    assert "each image at its own size" in capsys.readouterr().out
+    record = json.loads((tmp_path / "tf" / CONFIG_FILE).read_text())
+    assert (record["native_resolution"], record["image_size"]) == (True, [32, 32])
+    _finish(jax)
+
+    sizes = {"tf": [(32, 32), (48, 24)], "jax": [(32, 32), (30, 17)]}
+    plan = {"exports": {e: str(tmp_path / e) for e in sizes}, "served": str(tmp_path / "served.json"),
+            "images": {e: [] for e in sizes}, "pngs": {e: [] for e in sizes}}
+    images = {}
+    for export, shapes in sizes.items():
+        for height, width in shapes:
+            path = str(tmp_path / f"{export}_{height}x{width}.npy")
+            images[path] = rng.integers(0, 256, size=(3, height, width, 3), dtype="uint8")
+            np.save(path, images[path])
+            plan["images"][export].append(path)
+            (tmp_path / f"{export}_{height}x{width}.png").write_bytes(_png(images[path][0]))
+            plan["pngs"][export].append(str(tmp_path / f"{export}_{height}x{width}.png"))
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(SERVE_NATIVE), str(tmp_path / "plan.json")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
@@ -382,12 +407,13 @@ def test_native_resolution_export_serves_each_image_at_its_own_size(tmp_path, ca
     served = json.loads(Path(plan["served"]).read_text())
     assert served["imported"] == []
 
-    logits = {name: keras.ops.convert_to_numpy(model(keras_vit.preprocess(x)))
-              for name, x in images.items()}
-    for name in images:
-        np.testing.assert_allclose(served[name], _softmax(logits[name]), rtol=0, atol=1e-5)
-        np.testing.assert_allclose(served["logits/" + name], logits[name], rtol=0, atol=1e-4)
-    # The encoded files, of two sizes in one batch, each at its own size.
-    expected = [_softmax(logits[name])[0] for name in images]
-    np.testing.assert_allclose(served["bytes"], expected, rtol=0, atol=1e-5)
-    assert "height and width must be multiples of 8" in served["error"]
+    for export, model in models.items():
+        expected = {path: _softmax(keras.ops.convert_to_numpy(model(keras_vit.preprocess(images[path]))))
+                    for path in plan["images"][export]}
+        for path in plan["images"][export]:
+            np.testing.assert_allclose(served[path], expected[path], rtol=0, atol=1e-5)
+        # The encoded files, of two sizes in one batch, each at its own size.
+        firsts = [expected[path][0] for path in plan["images"][export]]
+        np.testing.assert_allclose(served["bytes/" + export], firsts, rtol=0, atol=1e-5)
+    assert "height and width must be multiples of 8" in served["error/tf"]
+    assert "error/jax" not in served  # the padding model takes 30x32 too

@@ -90,9 +90,17 @@ def _with_channels(images, channels, what):
     return images
 
 
-def _at_own_size(images, multiple):
-    """Float32 pixels of `images` at their own size, failing readably unless its sides
-    are multiples of `multiple`."""
+def _at_own_size(images, multiple, pad):
+    """Float32 pixels of `images` at their own size: with `pad`, padded at the bottom
+    and the right to multiples of `multiple` as the model's own padding does (done
+    here so that the model is traced for multiples only: jax2tf must know that the
+    patches divide the image); else failing readably unless they are multiples."""
+    if pad:
+        shape = tf.shape(images)
+        extra = (multiple - shape[1:3] % multiple) % multiple
+        # 127.5 is the model's zero once scaled to [-1, 1], what its padding adds.
+        paddings = [[0, 0], [0, extra[0]], [0, extra[1]], [0, 0]]
+        return tf.pad(tf.cast(images, tf.float32), paddings, constant_values=127.5)
     check = tf.debugging.assert_equal(
         tf.shape(images)[1:3] % multiple,
         0,
@@ -105,19 +113,20 @@ def _at_own_size(images, multiple):
 
 def _serving_functions(
     logits, image_size, channels, num_classes, crop_fraction, activation, top_k, labels,
-    multiple=None,
+    multiple=None, pad=False,
 ):
     """The `serving_default` and `serving_bytes` tf.functions around `logits`.
 
     `multiple` None brings every image to `image_size`; an int serves each image at
-    its own size, whose sides must be multiples of it.
+    its own size, whose sides must be multiples of it, or are padded to multiples of
+    it with `pad`.
     """
     height, width = image_size
     native = multiple is not None
 
     def pixels_for_model(images):
         if native:
-            return _at_own_size(images, multiple)
+            return _at_own_size(images, multiple, pad)
         return _to_model_size(images, height, width, crop_fraction)
 
     def predictions(pixels):
@@ -182,7 +191,7 @@ def _serving_functions(
 def _input_size(model, native_resolution):
     """`(height, width, channels)` the export brings images to (a `dynamic_image_size`
     model's trained size), and the multiple each side must be of at its own size
-    (None unless `native_resolution`; 1 for a model that pads)."""
+    (None unless `native_resolution`)."""
     shape = tuple(model.inputs[0].shape) if len(model.inputs) == 1 else ()
     dynamic = len(shape) == 4 and shape[1] is None and shape[2] is None
     if not dynamic:
@@ -193,12 +202,8 @@ def _input_size(model, native_resolution):
                 f"{model.name!r} takes input shape {shape} only."
             )
         return image_input_size(model, "export_saved_model"), None
-    config = model.get_config()
     parts = vit_parts(model)
-    multiple = None
-    if native_resolution:
-        multiple = 1 if config.get("dynamic_image_pad") else parts.stride
-    return (*parts.image_size, shape[3]), multiple
+    return (*parts.image_size, shape[3]), parts.stride if native_resolution else None
 
 
 def export_saved_model(
@@ -219,9 +224,10 @@ def export_saved_model(
 
     With `native_resolution=True` (a model built with `dynamic_image_size=True`), no
     image is resized: `serving_default` runs a batch at its own size, `serving_bytes`
-    each decoded image at its own size, and `logits` takes any size. Their height and
-    width must be multiples of the model's patch size, unless the model pads
-    (`dynamic_image_pad=True`). A `dynamic_image_size` model exported without it
+    each decoded image at its own size, and `logits` takes pixels whose height and
+    width are multiples of the model's patch size. The images' height and width must
+    be such multiples too, unless the model pads (`dynamic_image_pad=True`: they are
+    padded as the model does). A `dynamic_image_size` model exported without it
     serves at the size its position table was trained at (its `image_size`).
 
     The first two return `probabilities` (batch, classes), `top_k_indices`,
@@ -264,6 +270,7 @@ def export_saved_model(
     """
     _check_backend()
     (height, width, channels), multiple = _input_size(model, native_resolution)
+    pad = bool(native_resolution and model.get_config().get("dynamic_image_pad"))
     num_classes = _num_classes(model)
     labels = _check_labels(labels, num_classes)
     check_choice("activation", activation, ACTIVATIONS)
@@ -295,7 +302,8 @@ def export_saved_model(
         "native_resolution": bool(native_resolution),
         "preprocessing": (
             "none: each image at its own size"
-            + ("" if multiple in (None, 1) else f" (height and width multiples of {multiple})")
+            + (f", padded at the bottom and the right to multiples of {multiple} with 127.5"
+               if pad else f" (height and width multiples of {multiple})")
             + ", then (x - 127.5) / 127.5"
         ) if native_resolution else (
             "bilinear resize of the whole image" if crop_fraction is None
@@ -327,6 +335,11 @@ def export_saved_model(
         jax_options["jax2tf_kwargs"] = dict(
             native_serialization_platforms=("cpu", "cuda", "tpu"), with_gradient=False
         )
+        if native_resolution:
+            # Symbolic sizes that the patches divide, as jax2tf must be able to prove.
+            jax_options["jax2tf_kwargs"]["polymorphic_shapes"] = [
+                f"(b, {multiple}*h, {multiple}*w, {channels})"
+            ]
     pixels_size = (None, None) if native_resolution else (height, width)
     logits = archive.add_endpoint(
         "logits",
@@ -336,7 +349,7 @@ def export_saved_model(
     )
     serve_images, serve_bytes = _serving_functions(
         logits, (height, width), channels, num_classes, crop_fraction, activation, top_k,
-        labels, multiple,
+        labels, multiple, pad,
     )
     archive.add_endpoint("serving_default", serve_images)
     archive.add_endpoint("serving_bytes", serve_bytes)
