@@ -171,19 +171,32 @@ def test_feature_maps_follow_the_grid_of_each_input():
 
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="a TensorFlow graph")
-def test_tensorflow_graph_with_unknown_sizes_equals_eager_calls():
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, dict(pos_embedding="sincos2d"), dict(pos_embedding="learned2d", classifier="gap"),
+     dict(patch_size=2, resnet_stages=(), dynamic_image_pad=True)],
+)
+def test_tensorflow_graph_with_unknown_sizes_equals_eager_calls(overrides):
     import tensorflow as tf
 
-    model = tiny_vit(dynamic_image_size=True)
+    model = tiny_vit(dynamic_image_size=True, **overrides)
     randomise_weights(model, seed=0)
     traced = tf.function(
         lambda x: model(x, training=False),
         input_signature=[tf.TensorSpec((None, None, None, 3), tf.float32)],
     )
-    for size in [(32, 32), *SIZES]:
+    sizes = [(32, 32), *SIZES] + ([(29, 41)] if overrides.get("dynamic_image_pad") else [])
+    for size in sizes:
         np.testing.assert_allclose(traced(_images(size)).numpy(), _np(model(_images(size))),
                                    rtol=0, atol=1e-6)
-    # With the grid known only when it runs, the trained grid still gives the table exactly.
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="a TensorFlow graph")
+def test_trained_grid_known_only_at_run_time_gives_the_table_exactly():
+    import tensorflow as tf
+
+    model = tiny_vit(dynamic_image_size=True)
+    randomise_weights(model, seed=0)
     encoder = model.parts.patch_encoder
     table = tf.function(
         lambda rows, cols: encoder.position_table((rows, cols)),
