@@ -203,3 +203,11 @@ def test_trained_grid_known_only_at_run_time_gives_the_table_exactly():
         input_signature=[tf.TensorSpec((), tf.int32)] * 2,
     )
     np.testing.assert_array_equal(table(4, 4).numpy(), _np(encoder.position))
+
+
+def test_tools_that_need_one_size_refuse_a_dynamic_model_clearly():
+    encoder = tiny_vit(dynamic_image_size=True, include_top=False)
+    with pytest.raises(ValueError, match=r"forward_flops counts the work at one input size; .*\(None, None, None, 3\)"):
+        keras_vit.forward_flops(encoder)
+    with pytest.raises(ValueError, match=r"MaskedPatchPrediction needs an encoder of one image size"):
+        keras_vit.MaskedPatchPrediction(encoder)

@@ -271,7 +271,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             interpolation=pos_interpolation)`.
         dynamic_image_pad: with `dynamic_image_size`, images of any size are padded
             with zeros at the bottom and the right to the next multiple of the patch
-            size (timm's `dynamic_img_pad=True`).
+            size (times a hybrid trunk's stride), as timm's `dynamic_img_pad=True`.
         pos_interpolation: how `dynamic_image_size` resamples the learned position
             table: `"bicubic_antialias"` (timm's) or `"bilinear_align_corners"` (vit_jax's).
         num_classes: width of the (zero-initialised) classification head.
