@@ -445,11 +445,12 @@ def _visualize_arguments(parser):
 def visualize(args):
     from keras_vit import figures
     from keras_vit import data
+    from keras_vit.models.vit import default_image_size
 
     model, config = _load_run_model(args.source)
-    _, size, _, channels = model.input_shape
     images = data.read_images(
-        args.image, size, channels=channels, crop_fraction=_crop_fraction(args, config)
+        args.image, default_image_size(model), channels=model.input_shape[-1],
+        crop_fraction=_crop_fraction(args, config),
     )
     for name, path in sorted(figures.visualize(model, images, args.out, args.head_fusion).items()):
         print(f"{name}: {path}")
@@ -485,15 +486,15 @@ def _parse_fractions(flag, text):
 def probe(args):
     from keras_vit import data
     from keras_vit.evaluation import probes
+    from keras_vit.models.vit import default_image_size
     from keras_vit.training.runs import eval_source
 
     drop = _parse_fractions("--drop", args.drop)
     grids = parse_int_list("--grids", args.grids)
     model, config = _load_run_model(args.source)
-    _, size, _, channels = model.input_shape
     spec, source = eval_source(config, args.data)
     dataset = data.eval_dataset(
-        source, size, args.batch_size, channels=channels,
+        source, default_image_size(model), args.batch_size, channels=model.input_shape[-1],
         crop_fraction=_crop_fraction(args, config),
     )
     results = probes.robustness_probes(model, dataset, drop_fractions=drop, shuffle_grids=grids)

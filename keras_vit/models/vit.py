@@ -218,6 +218,23 @@ def check_arguments(arguments):
             check_in_range(name, value, "[0, 1)")
 
 
+def default_image_size(model):
+    """The `(height, width)` tools bring images to for `model` (a `keras_vit.ViT`): its
+    input size, or for a `dynamic_image_size` model the size its position table is for.
+
+    Example:
+
+    >>> model = ViT(image_size=(32, 48), patch_size=8, hidden_dim=32, num_layers=1,
+    ...             num_heads=4, mlp_dim=64, dynamic_image_size=True)
+    >>> model.input_shape, default_image_size(model)
+    ((None, None, None, 3), (32, 48))
+    """
+    _, height, width, _ = model.input_shape
+    if height is None or width is None:
+        return vit_parts(model).image_size
+    return height, width
+
+
 def _pair(size, name):
     pair = (size, size) if isinstance(size, int) else tuple(size)
     if len(pair) != 2 or not all(isinstance(s, int) and s > 0 for s in pair):
