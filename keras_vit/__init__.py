@@ -25,8 +25,8 @@ configure_for_backend()
 # the first use of any name (they hold the Keras-registered classes).
 _EXPORTS = {
     "keras_vit.models.layers": (
-        "ClassToken", "DropPath", "LayerNormalization", "PatchEncoder", "Patches",
-        "TokenPooling", "TransformerBlock",
+        "ClassToken", "DropPath", "LayerNormalization", "PadToMultiple", "PatchEncoder",
+        "Patches", "TokenPooling", "TransformerBlock",
     ),
     "keras_vit.models.vit": (
         "VARIANTS", "ViT", "ViTParts", "VisionTransformer", "parse_variant", "preprocess",
@@ -38,7 +38,7 @@ _EXPORTS = {
         "MaskedPatchPrediction", "corrupt_patch_embeddings", "masked_patch_loss",
         "mean_color_targets",
     ),
-    "keras_vit.models.posembed": ("resample_position_grid",),
+    "keras_vit.models.posembed": ("resample_position_grid", "resample_position_tensor"),
     "keras_vit.models.flops": ("forward_flops",),
     "keras_vit.weights.pretrained": ("LoadReport", "load_pretrained", "pretrained", "save_npz"),
     "keras_vit.weights.registry": ("WeightsEntry", "list_weights", "register_weights"),

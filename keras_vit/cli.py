@@ -349,6 +349,11 @@ def _export_arguments(parser):
         "these take float pixels in [-1, 1] at the model's size and return logits)",
     )
     parser.add_argument(
+        "--native-resolution", action="store_true",
+        help="saved_model only: serve each image at its own size, not resized (a model "
+        "built with dynamic_image_size=True; sides multiples of the patch size unless it pads)",
+    )
+    parser.add_argument(
         "--quantize", choices=("dynamic-int8",),
         help="tflite only: int8 weights (the converter's dynamic-range quantization)",
     )
@@ -394,6 +399,10 @@ def export(args):
         print(f"--quantize {args.quantize} applies to --format tflite only; for an int8 "
               "Keras model, use model.quantize('int8') (see README, Exports).", file=sys.stderr)
         return 2
+    if args.native_resolution and args.format != "saved_model":
+        print(f"--native-resolution applies to --format saved_model only; {args.format} "
+              "files take images at the model's size.", file=sys.stderr)
+        return 2
     model, config = _load_run_model(args.source)
     labels = None
     if args.labels:
@@ -404,15 +413,18 @@ def export(args):
         source=args.source, file=resolve_from(args.source),
         train_config=config and config.to_dict(),
     )
-    crop_fraction = _crop_fraction(args, config)
+    # Served at its own size, an image is not cropped unless --crop-fraction asks (an error).
+    crop_fraction = args.crop_fraction if args.native_resolution else _crop_fraction(args, config)
     if args.format != "saved_model":
         _export_file(args, model, labels, metadata, crop_fraction)
         return 0
     record = export_saved_model(
         model, args.out, labels=labels, top_k=args.top_k, activation=activation,
-        crop_fraction=crop_fraction, metadata=metadata,
+        crop_fraction=crop_fraction, native_resolution=args.native_resolution, metadata=metadata,
     )
     crop = "whole image" if crop_fraction is None else f"central crop {crop_fraction}"
+    if args.native_resolution:
+        crop = "each image at its own size"
     print(f"SavedModel ({activation}, top {record['top_k']}, {crop}): {args.out}")
     return 0
 
@@ -433,11 +445,12 @@ def _visualize_arguments(parser):
 def visualize(args):
     from keras_vit import figures
     from keras_vit import data
+    from keras_vit.models.vit import default_image_size
 
     model, config = _load_run_model(args.source)
-    _, size, _, channels = model.input_shape
     images = data.read_images(
-        args.image, size, channels=channels, crop_fraction=_crop_fraction(args, config)
+        args.image, default_image_size(model), channels=model.input_shape[-1],
+        crop_fraction=_crop_fraction(args, config),
     )
     for name, path in sorted(figures.visualize(model, images, args.out, args.head_fusion).items()):
         print(f"{name}: {path}")
@@ -473,15 +486,15 @@ def _parse_fractions(flag, text):
 def probe(args):
     from keras_vit import data
     from keras_vit.evaluation import probes
+    from keras_vit.models.vit import default_image_size
     from keras_vit.training.runs import eval_source
 
     drop = _parse_fractions("--drop", args.drop)
     grids = parse_int_list("--grids", args.grids)
     model, config = _load_run_model(args.source)
-    _, size, _, channels = model.input_shape
     spec, source = eval_source(config, args.data)
     dataset = data.eval_dataset(
-        source, size, args.batch_size, channels=channels,
+        source, default_image_size(model), args.batch_size, channels=model.input_shape[-1],
         crop_fraction=_crop_fraction(args, config),
     )
     results = probes.robustness_probes(model, dataset, drop_fractions=drop, shuffle_grids=grids)

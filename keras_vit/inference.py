@@ -6,6 +6,7 @@ import keras
 import numpy as np
 
 from keras_vit.data import read_images
+from keras_vit.models.vit import default_image_size
 from keras_vit.weights import registry
 
 
@@ -47,7 +48,8 @@ def classify(model, images, *, top_k=5, labels=None, activation=None, crop_fract
     activation = activation or (entry.activation if entry is not None else "softmax")
     if activation not in ("softmax", "sigmoid"):
         raise ValueError(f"activation must be 'softmax' or 'sigmoid', got {activation!r}.")
-    _, height, width, channels = model.input_shape
+    height, width = default_image_size(model)
+    channels = model.input_shape[-1]
     classes = model.output_shape[-1]
     if labels is not None and len(labels) != classes:
         raise ValueError(f"{len(labels)} labels for a model with {classes} classes.")

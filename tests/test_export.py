@@ -293,6 +293,9 @@ def test_export_folder_carries_the_model_config(run):
         (dict(include_top=False), {}, r"a `head` layer .* output shapes \[\(None, 32\)\] and no head"),
         ({}, dict(metadata={"seed": np.int64(0)}), r"metadata must be JSON-serialisable, got \{'seed'"),
         ({}, dict(crop_fraction=1.5), r"crop_fraction must be in \(0, 1\] or None, got 1.5"),
+        ({}, dict(native_resolution=True), r"native_resolution=True .* needs a model built with .*dynamic_image_size=True\); model 'vit' takes input shape \(None, 32, 32, 3\)"),
+        (dict(dynamic_image_size=True), dict(native_resolution=True, crop_fraction=0.875),
+         r"crop_fraction=0.875 crops images to the model's size, but native_resolution=True"),
     ],
 )
 def test_bad_export_arguments_raise_clear_errors(tmp_path, model_kwargs, kwargs, message):
@@ -314,3 +317,103 @@ def test_export_command_default_top_k_fits_a_three_class_model(tmp_path, capsys,
     out = served(images=tf.zeros((2, 32, 32, 3), tf.uint8))
     assert out["top_k_indices"].shape.as_list() == [2, 3]
     assert sorted(out["top_k_indices"].numpy()[0]) == [0, 1, 2]
+
+
+# Exports a dynamic-size model (one that pads) under JAX with native_resolution=True.
+JAX_NATIVE_EXPORT = """
+import sys
+import keras
+import keras_vit
+
+model = keras.saving.load_model(sys.argv[1], compile=False)
+keras_vit.export_saved_model(model, sys.argv[2], native_resolution=True)
+"""
+
+# Serves native-resolution SavedModels with TensorFlow alone, as SERVE does.
+SERVE_NATIVE = """
+import json, sys
+sys.modules["keras"] = sys.modules["keras_vit"] = None
+import numpy as np
+import tensorflow as tf
+
+plan = json.load(open(sys.argv[1]))
+results = {}
+for export, images in plan["images"].items():
+    loaded = tf.saved_model.load(plan["exports"][export])
+    served = loaded.signatures["serving_default"]
+    for path in images:
+        batch = tf.constant(np.load(path))
+        results[path] = served(images=batch)["probabilities"].numpy().tolist()
+    pngs = tf.constant([open(p, "rb").read() for p in plan["pngs"][export]])
+    results["bytes/" + export] = loaded.signatures["serving_bytes"](
+        image_bytes=pngs)["probabilities"].numpy().tolist()
+    try:
+        served(images=tf.zeros((1, 30, 32, 3), tf.uint8))
+    except Exception as e:
+        results["error/" + export] = str(e)
+results["imported"] = sorted(
+    name for name, module in sys.modules.items()
+    if name.split(".")[0] in ("keras", "keras_vit") and module is not None
+)
+json.dump(results, open(plan["served"], "w"))
+"""
+
+
+@pytest.mark.slow  # a JAX export process and a serving process
+def test_native_resolution_export_serves_each_image_at_its_own_size(tmp_path, capsys):
+    """From TensorFlow (a model that needs multiples of the patch size, exported by
+    `keras-vit export --native-resolution`) and from JAX (a model that pads)."""
+    from keras_vit import cli
+
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "PYTHONPATH")}
+    models = {"tf": tiny_vit(dynamic_image_size=True),
+              "jax": tiny_vit(dynamic_image_size=True, dynamic_image_pad=True)}
+    rng = np.random.default_rng(0)
+    for export, model in models.items():
+        randomise_weights(model, seed=len(export), scale=0.5)
+        model.save(tmp_path / f"{export}.keras")
+    jax = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(JAX_NATIVE_EXPORT), str(tmp_path / "jax.keras"),
+         str(tmp_path / "jax")],
+        cwd=tmp_path, env={**env, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu",
+                           "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    assert cli.main(["export", "--from", str(tmp_path / "tf.keras"),
+                     "--out", str(tmp_path / "tf"), "--native-resolution"]) == 0
+    assert "each image at its own size" in capsys.readouterr().out
+    record = json.loads((tmp_path / "tf" / CONFIG_FILE).read_text())
+    assert (record["native_resolution"], record["image_size"]) == (True, [32, 32])
+    _finish(jax)
+
+    sizes = {"tf": [(32, 32), (48, 24)], "jax": [(32, 32), (30, 17)]}
+    plan = {"exports": {e: str(tmp_path / e) for e in sizes}, "served": str(tmp_path / "served.json"),
+            "images": {e: [] for e in sizes}, "pngs": {e: [] for e in sizes}}
+    images = {}
+    for export, shapes in sizes.items():
+        for height, width in shapes:
+            path = str(tmp_path / f"{export}_{height}x{width}.npy")
+            images[path] = rng.integers(0, 256, size=(3, height, width, 3), dtype="uint8")
+            np.save(path, images[path])
+            plan["images"][export].append(path)
+            (tmp_path / f"{export}_{height}x{width}.png").write_bytes(_png(images[path][0]))
+            plan["pngs"][export].append(str(tmp_path / f"{export}_{height}x{width}.png"))
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SERVE_NATIVE), str(tmp_path / "plan.json")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    served = json.loads(Path(plan["served"]).read_text())
+    assert served["imported"] == []
+
+    for export, model in models.items():
+        expected = {path: _softmax(keras.ops.convert_to_numpy(model(keras_vit.preprocess(images[path]))))
+                    for path in plan["images"][export]}
+        for path in plan["images"][export]:
+            np.testing.assert_allclose(served[path], expected[path], rtol=0, atol=1e-5)
+        # The encoded files, of two sizes in one batch, each at its own size.
+        firsts = [expected[path][0] for path in plan["images"][export]]
+        np.testing.assert_allclose(served["bytes/" + export], firsts, rtol=0, atol=1e-5)
+    assert "height and width must be multiples of 8" in served["error/tf"]
+    assert "error/jax" not in served  # the padding model takes 30x32 too

@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import randomise_weights
+from conftest import randomise_weights, tiny_vit
 
 import keras_vit
 from keras_vit import cli
@@ -270,3 +270,14 @@ def test_hub_sources_without_huggingface_hub_fail_with_one_line(monkeypatch, cap
         keras_vit.ViT(weights="hf:google/vit-base-patch16-224", image_size=32, **TINY)
     assert cli.main(["fewshot", "--from", "timm:vit_tiny_patch16_224.augreg_in21k"]) == 2
     assert capsys.readouterr().err.startswith("keras-vit fewshot: error: hf: and timm: weights need")
+
+
+def test_classify_runs_a_dynamic_size_model_at_its_trained_size(tmp_path):
+    dynamic = tiny_vit(dynamic_image_size=True)
+    randomise_weights(dynamic, seed=0)
+    fixed = tiny_vit()
+    fixed.set_weights(dynamic.get_weights())
+    path = str(tmp_path / "image.png")
+    pixels = np.random.default_rng(0).integers(0, 256, (50, 40, 3), dtype="uint8")
+    tf.io.write_file(path, tf.io.encode_png(pixels))
+    assert keras_vit.classify(dynamic, path, top_k=3) == keras_vit.classify(fixed, path, top_k=3)

@@ -231,8 +231,8 @@ def patch_grid(model):
     >>> patch_grid(model)
     ((4, 4), 8)
     """
-    grid_size = vit_parts(model).grid_size
-    return grid_size, model.input.shape[1] // grid_size[0]
+    parts = vit_parts(model)
+    return parts.grid_size, parts.stride
 
 
 def is_hybrid(model):

@@ -90,23 +90,61 @@ def _with_channels(images, channels, what):
     return images
 
 
-def _serving_functions(logits, image_size, channels, crop_fraction, activation, top_k, labels):
-    """The `serving_default` and `serving_bytes` tf.functions around `logits`."""
+def _at_own_size(images, multiple, pad):
+    """Float32 pixels of `images` at their own size: with `pad`, padded at the bottom
+    and the right to multiples of `multiple` as the model's own padding does (done
+    here so that the model is traced for multiples only: jax2tf must know that the
+    patches divide the image); else failing readably unless they are multiples."""
+    if pad:
+        shape = tf.shape(images)
+        extra = (multiple - shape[1:3] % multiple) % multiple
+        # 127.5 is the model's zero once scaled to [-1, 1], what its padding adds.
+        paddings = [[0, 0], [0, extra[0]], [0, extra[1]], [0, 0]]
+        return tf.pad(tf.cast(images, tf.float32), paddings, constant_values=127.5)
+    check = tf.debugging.assert_equal(
+        tf.shape(images)[1:3] % multiple,
+        0,
+        message=f"this SavedModel serves images at their own size, whose height and width "
+        f"must be multiples of {multiple} (the model's patch size)",
+    )
+    with tf.control_dependencies([check]):
+        return tf.cast(images, tf.float32)
+
+
+def _serving_functions(
+    logits, image_size, channels, num_classes, crop_fraction, activation, top_k, labels,
+    multiple=None, pad=False,
+):
+    """The `serving_default` and `serving_bytes` tf.functions around `logits`.
+
+    `multiple` None brings every image to `image_size`; an int serves each image at
+    its own size, whose sides must be multiples of it, or are padded to multiples of
+    it with `pad`.
+    """
     height, width = image_size
+    native = multiple is not None
+
+    def pixels_for_model(images):
+        if native:
+            return _at_own_size(images, multiple, pad)
+        return _to_model_size(images, height, width, crop_fraction)
 
     def predictions(pixels):
-        pixels.set_shape((None, height, width, channels))
-        scores = logits(pixels)["logits"]
+        if not native:
+            pixels.set_shape((None, height, width, channels))
+        return outputs(logits(pixels)["logits"])
+
+    def outputs(scores):
         probabilities = tf.nn.softmax(scores) if activation == "softmax" else tf.sigmoid(scores)
         top = tf.math.top_k(probabilities, k=top_k)
-        outputs = {
+        result = {
             "probabilities": probabilities,
             "top_k_indices": top.indices,
             "top_k_probabilities": top.values,
         }
         if labels is not None:
-            outputs["top_k_labels"] = tf.gather(tf.constant(labels), top.indices)
-        return outputs
+            result["top_k_labels"] = tf.gather(tf.constant(labels), top.indices)
+        return result
 
     @tf.function(
         input_signature=[tf.TensorSpec((None, None, None, None), tf.uint8, name="images")],
@@ -114,7 +152,7 @@ def _serving_functions(logits, image_size, channels, crop_fraction, activation, 
     )
     def serve_images(images):
         images = _with_channels(images, channels, "images")
-        return predictions(_to_model_size(images, height, width, crop_fraction))
+        return predictions(pixels_for_model(images))
 
     # decode_image converts grey and colour files to 1 or 3 channels; other channel
     # counts must be stored in the file as they are.
@@ -123,15 +161,22 @@ def _serving_functions(logits, image_size, channels, crop_fraction, activation, 
     def decode(image_bytes):
         image = tf.io.decode_image(image_bytes, channels=decode_channels, expand_animations=False)
         image = _with_channels(image[None], channels, "decoded images")
-        return _to_model_size(image, height, width, crop_fraction)[0]
+        return pixels_for_model(image)
 
     @tf.function(
         input_signature=[tf.TensorSpec((None,), tf.string, name="image_bytes")],
         autograph=False,
     )
     def serve_bytes(image_bytes):
+        if native:  # one image at a time, each at its own size
+            scores = tf.map_fn(
+                lambda image: logits(decode(image))["logits"][0],
+                image_bytes,
+                fn_output_signature=tf.TensorSpec((num_classes,), tf.float32),
+            )
+            return outputs(scores)
         pixels = tf.map_fn(
-            decode,
+            lambda image: decode(image)[0],
             image_bytes,
             fn_output_signature=tf.TensorSpec((height, width, channels), tf.float32),
         )
@@ -143,8 +188,27 @@ def _serving_functions(logits, image_size, channels, crop_fraction, activation, 
     return serve_images, serve_bytes
 
 
+def _input_size(model, native_resolution):
+    """`(height, width, channels)` the export brings images to (a `dynamic_image_size`
+    model's trained size), and the multiple each side must be of at its own size
+    (None unless `native_resolution`)."""
+    shape = tuple(model.inputs[0].shape) if len(model.inputs) == 1 else ()
+    dynamic = len(shape) == 4 and shape[1] is None and shape[2] is None
+    if not dynamic:
+        if native_resolution:
+            raise ValueError(
+                "native_resolution=True serves each image at its own size, which needs a "
+                "model built with keras_vit.ViT(..., dynamic_image_size=True); model "
+                f"{model.name!r} takes input shape {shape} only."
+            )
+        return image_input_size(model, "export_saved_model"), None
+    parts = vit_parts(model)
+    return (*parts.image_size, shape[3]), parts.stride if native_resolution else None
+
+
 def export_saved_model(
-    model, path, *, labels=None, top_k=5, activation="softmax", crop_fraction=None, metadata=None
+    model, path, *, labels=None, top_k=5, activation="softmax", crop_fraction=None,
+    native_resolution=False, metadata=None,
 ):
     """Exports a classifier as a SavedModel that takes raw images, for serving.
 
@@ -157,6 +221,14 @@ def export_saved_model(
     - `serving_bytes(image_bytes)`: a batch of encoded JPEG, PNG, GIF or BMP files
       (a string tensor of shape `(batch,)`), decoded and then treated as above.
     - `logits(images)`: float32 pixels in [0, 255] at the model's size to `logits`.
+
+    With `native_resolution=True` (a model built with `dynamic_image_size=True`), no
+    image is resized: `serving_default` runs a batch at its own size, `serving_bytes`
+    each decoded image at its own size, and `logits` takes pixels whose height and
+    width are multiples of the model's patch size. The images' height and width must
+    be such multiples too, unless the model pads (`dynamic_image_pad=True`: they are
+    padded as the model does). A `dynamic_image_size` model exported without it
+    serves at the size its position table was trained at (its `image_size`).
 
     The first two return `probabilities` (batch, classes), `top_k_indices`,
     `top_k_probabilities` (batch, top_k) and, with `labels`, `top_k_labels`.
@@ -177,6 +249,8 @@ def export_saved_model(
             cross-entropy (independent per-class probabilities).
         crop_fraction: `None` resizes whole images (the official checkpoints'
             evaluation); a fraction in (0, 1] crops as a run's `evaluation.crop_fraction`.
+        native_resolution: serve each image at its own size (see above) rather than
+            resized to the model's.
         metadata: optional JSON-serialisable dict stored in the config file, e.g.
             the checkpoint and training config the model came from.
 
@@ -195,11 +269,17 @@ def export_saved_model(
     [1, 2]
     """
     _check_backend()
-    height, width, channels = image_input_size(model, "export_saved_model")
+    (height, width, channels), multiple = _input_size(model, native_resolution)
+    pad = bool(native_resolution and model.get_config().get("dynamic_image_pad"))
     num_classes = _num_classes(model)
     labels = _check_labels(labels, num_classes)
     check_choice("activation", activation, ACTIVATIONS)
     check_crop_fraction(crop_fraction, (height, width))
+    if native_resolution and crop_fraction is not None:
+        raise ValueError(
+            f"crop_fraction={crop_fraction} crops images to the model's size, but "
+            "native_resolution=True serves each at its own: pass one or the other."
+        )
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive int, got {top_k!r}.")
     if top_k > num_classes:
@@ -219,7 +299,13 @@ def export_saved_model(
         "top_k": top_k,
         "labels": labels,
         "crop_fraction": crop_fraction,
+        "native_resolution": bool(native_resolution),
         "preprocessing": (
+            "none: each image at its own size"
+            + (f", padded at the bottom and the right to multiples of {multiple} with 127.5"
+               if pad else f" (height and width multiples of {multiple})")
+            + ", then (x - 127.5) / 127.5"
+        ) if native_resolution else (
             "bilinear resize of the whole image" if crop_fraction is None
             else f"bilinear resize of the short side to image_size / {crop_fraction}, "
             "central image_size crop"
@@ -249,14 +335,21 @@ def export_saved_model(
         jax_options["jax2tf_kwargs"] = dict(
             native_serialization_platforms=("cpu", "cuda", "tpu"), with_gradient=False
         )
+        if native_resolution:
+            # Symbolic sizes that the patches divide, as jax2tf must be able to prove.
+            jax_options["jax2tf_kwargs"]["polymorphic_shapes"] = [
+                f"(b, {multiple}*h, {multiple}*w, {channels})"
+            ]
+    pixels_size = (None, None) if native_resolution else (height, width)
     logits = archive.add_endpoint(
         "logits",
         logits_from_pixels,
-        input_signature=[keras.InputSpec(shape=(None, height, width, channels), dtype="float32")],
+        input_signature=[keras.InputSpec(shape=(None, *pixels_size, channels), dtype="float32")],
         **jax_options,
     )
     serve_images, serve_bytes = _serving_functions(
-        logits, (height, width), channels, crop_fraction, activation, top_k, labels
+        logits, (height, width), channels, num_classes, crop_fraction, activation, top_k,
+        labels, multiple, pad,
     )
     archive.add_endpoint("serving_default", serve_images)
     archive.add_endpoint("serving_bytes", serve_bytes)

@@ -26,6 +26,16 @@ class _SharedLayer(keras.layers.Layer):
         return self.layer(x)
 
 
+class _GridMaps(keras.layers.Layer):
+    """Token features `(batch, rows * cols, D)` as maps `(batch, rows, cols, D)` on the
+    grid of a `dynamic_image_size` model's patches `(batch, rows, cols, _)`, which is
+    known only when the model runs."""
+
+    def call(self, features, patches):
+        shape = ops.shape(patches)
+        return ops.reshape(features, (-1, shape[1], shape[2], features.shape[-1]))
+
+
 def _block_indices(layers, depth):
     if layers is None:
         return [depth - 1]
@@ -56,7 +66,8 @@ def feature_model(model, layers=None, output_format="NHWC", norm=False, prefix_t
     hybrids alike.
 
     Args:
-        model: a `keras_vit.ViT` (any head, pooling or position embedding).
+        model: a `keras_vit.ViT` (any head, pooling or position embedding); the
+            maps of a `dynamic_image_size` model follow the patch grid of each input.
         layers: which blocks: None for the last, an int `n` for the last `n`, or a
             list of block indices (negative ones count from the end).
         output_format: `"NHWC"` for feature maps `(batch, rows, cols, width)` over
@@ -85,6 +96,7 @@ def feature_model(model, layers=None, output_format="NHWC", norm=False, prefix_t
     parts = vit_parts(model)
     indices = _block_indices(layers, len(parts.blocks))
     rows, cols = parts.grid_size
+    dynamic = not parts.patches.flatten  # a dynamic_image_size model: maps follow the input
     prefix = 0 if parts.class_token is None else 1
     outputs = []
     for index in indices:
@@ -92,7 +104,9 @@ def feature_model(model, layers=None, output_format="NHWC", norm=False, prefix_t
         if norm:
             tokens = _SharedLayer(parts.norm, name=f"norm_after_block_{index}")(tokens)
         features = tokens[:, prefix:]
-        if output_format == "NHWC":
+        if output_format == "NHWC" and dynamic:
+            features = _GridMaps(name=f"maps_after_block_{index}")(features, parts.patches.output)
+        elif output_format == "NHWC":
             features = ops.reshape(features, (-1, rows, cols, features.shape[-1]))
         outputs.append((features, tokens[:, :prefix]) if prefix_tokens else features)
     return keras.Model(model.input, outputs, name=f"{model.name}_intermediates")

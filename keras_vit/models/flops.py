@@ -23,6 +23,12 @@ def forward_flops(model):
     >>> round(forward_flops(model) / 1e9, 2)  # GFLOP per image
     2.51
     """
+    if any(side is None for side in model.input_shape[1:]):
+        raise ValueError(
+            f"forward_flops counts the work at one input size; model {model.name!r} takes "
+            f"input shape {model.input_shape}: count a model built at the size you run "
+            "(without dynamic_image_size)."
+        )
     total = 0
     for layer in model.layers:
         if isinstance(layer, vit_layers.PatchEncoder):

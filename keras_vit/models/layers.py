@@ -12,6 +12,7 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.models import posembed
 from keras_vit.utils import backend_ops
 from keras_vit.utils.checks import check_choice, check_in_range, check_positive_int
 from keras_vit.utils.serialization import serializable
@@ -233,7 +234,9 @@ def _query_blocks(length):
     not fuse these, gains nothing (bench/models.py; figures in the README's
     Performance section). Rows are independent, so blocking is exact.
     """
-    if length is None or length <= 4 * QUERY_BLOCK or keras.backend.backend() != "jax":
+    # A length unknown when the graph is built (None, or a symbolic JAX dimension while
+    # Keras infers the output shape of a `dynamic_image_size` model) is one block.
+    if not isinstance(length, int) or length <= 4 * QUERY_BLOCK or keras.backend.backend() != "jax":
         return [(0, length)]
     count = -(-length // QUERY_BLOCK)
     size = -(-length // count)
@@ -281,17 +284,20 @@ class Patches(keras.layers.Layer):
 
     Args:
         patch_size: side length P of a patch, in pixels.
+        flatten: False keeps the patch grid: `(batch, rows, cols, P * P * channels)`,
+            what `PatchEncoder` takes from images whose size is known only at run time.
 
     Example:
 
-    >>> images = keras.random.uniform((2, 32, 32, 3))
-    >>> tuple(Patches(8)(images).shape)
-    (2, 16, 192)
+    >>> images = keras.random.uniform((2, 32, 48, 3))
+    >>> tuple(Patches(8)(images).shape), tuple(Patches(8, flatten=False)(images).shape)
+    ((2, 24, 192), (2, 4, 6, 192))
     """
 
-    def __init__(self, patch_size, **kwargs):
+    def __init__(self, patch_size, flatten=True, **kwargs):
         super().__init__(**kwargs)
         self.patch_size = check_positive_int("patch_size", patch_size)
+        self.flatten = bool(flatten)
 
     def build(self, input_shape):
         if len(input_shape) != 4:
@@ -316,31 +322,88 @@ class Patches(keras.layers.Layer):
                 f"{images.shape[-1]} channels in shape {tuple(images.shape)}."
             )
         p = self.patch_size
+        for side, size in (("height", shape[1]), ("width", shape[2])):
+            if isinstance(size, int) and size % p:
+                raise ValueError(
+                    f"Image {side} {size} is not divisible by patch_size {p}: use an image "
+                    f"size that is a multiple of {p}, or a model built with "
+                    "dynamic_image_pad=True."
+                )
         rows, cols = shape[1] // p, shape[2] // p
         x = ops.reshape(images, (-1, rows, p, cols, p, self.channels))
         x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
-        return ops.reshape(x, (-1, rows * cols, p * p * self.channels))
+        if self.flatten:
+            return ops.reshape(x, (-1, rows * cols, p * p * self.channels))
+        return ops.reshape(x, (-1, rows, cols, p * p * self.channels))
 
     def compute_output_shape(self, input_shape):
         batch, height, width, channels = input_shape
         p = self.patch_size
-        num = None if height is None or width is None else (height // p) * (width // p)
-        return (batch, num, p * p * channels)
+        rows = None if height is None else height // p
+        cols = None if width is None else width // p
+        if not self.flatten:
+            return (batch, rows, cols, p * p * channels)
+        return (batch, None if rows is None or cols is None else rows * cols, p * p * channels)
 
     def get_config(self):
-        return {**super().get_config(), "patch_size": self.patch_size}
+        return {**super().get_config(), "patch_size": self.patch_size, "flatten": self.flatten}
+
+
+@serializable
+class PadToMultiple(keras.layers.Layer):
+    """Pads images with zeros at the bottom and the right to a multiple of a size.
+
+    As timm's `dynamic_img_pad`: a `dynamic_image_pad=True` model takes images of any
+    size, and its patches cover the padded image.
+
+    Args:
+        multiple: the height and width become multiples of it (the patch size, times
+            a hybrid trunk's stride).
+
+    Example:
+
+    >>> tuple(PadToMultiple(8)(keras.ops.ones((1, 30, 17, 3))).shape)
+    (1, 32, 24, 3)
+    """
+
+    def __init__(self, multiple, **kwargs):
+        super().__init__(**kwargs)
+        self.multiple = check_positive_int("multiple", multiple)
+
+    def call(self, images):
+        shape = ops.shape(images)
+        m = self.multiple
+        pads = [(0, 0), (0, (m - shape[1] % m) % m), (0, (m - shape[2] % m) % m), (0, 0)]
+        return ops.pad(images, pads)
+
+    def compute_output_shape(self, input_shape):
+        batch, height, width, channels = input_shape
+        m = self.multiple
+        return (batch, *(None if s is None else -(-s // m) * m for s in (height, width)), channels)
+
+    def get_config(self):
+        return {**super().get_config(), "multiple": self.multiple}
 
 
 @serializable
 class PatchEncoder(keras.layers.Layer):
     """Projects flattened patches to `hidden_dim` and adds position embeddings.
 
+    It takes patches of its grid `(batch, rows * cols, features)`, or a patch grid of
+    any size `(batch, rows, cols, features)` (`Patches(flatten=False)`, rows and cols
+    possibly known only at run time), to which the position table is resampled in the
+    graph (`position_table(grid)`): `"sincos2d"` is computed for that grid. Either way it
+    returns `(batch, patches, hidden_dim)` tokens in row-major order.
+
     Args:
         hidden_dim: width D of the token embeddings.
-        grid_size: `(rows, cols)` of the patch grid (an int means a square grid).
+        grid_size: `(rows, cols)` of the patch grid (an int means a square grid): the
+            grid of the learned tables.
         pos_embedding: `"learned"` (the paper's 1-D table, default), `"learned2d"`
             (row and column tables of D/2 each, concatenated), `"sincos2d"`
             (fixed), or `"none"`.
+        interpolation: how a learned table is resampled to another grid (see
+            `keras_vit.models.posembed`): `"bicubic_antialias"` or `"bilinear_align_corners"`.
         dense_dtypes: `{"projection": policy}` once quantized (written
             by `get_config` after `model.quantize`); None builds it with the default policy.
 
@@ -352,19 +415,24 @@ class PatchEncoder(keras.layers.Layer):
     >>> patches = keras.random.uniform((2, 16, 48))
     >>> tuple(PatchEncoder(32, grid_size=4)(patches).shape)
     (2, 16, 32)
+    >>> tuple(PatchEncoder(32, grid_size=4)(keras.random.uniform((2, 3, 5, 48))).shape)
+    (2, 15, 32)
     """
 
     def __init__(
-        self, hidden_dim, grid_size, pos_embedding="learned", dense_dtypes=None, **kwargs
+        self, hidden_dim, grid_size, pos_embedding="learned", interpolation="bicubic_antialias",
+        dense_dtypes=None, **kwargs
     ):
         super().__init__(**kwargs)
         dense_dtypes = dense_dtypes or {}
         check_choice("pos_embedding", pos_embedding, POSITION_EMBEDDINGS)
+        posembed.check_interpolation(interpolation)
         if isinstance(grid_size, int):
             grid_size = (grid_size, grid_size)
         self.hidden_dim = int(hidden_dim)
         self.grid_size = tuple(int(g) for g in grid_size)
         self.pos_embedding = pos_embedding
+        self.interpolation = interpolation
         if pos_embedding == "learned2d" and self.hidden_dim % 2:
             raise ValueError(
                 f"pos_embedding='learned2d' needs an even width, got hidden_dim={hidden_dim}."
@@ -378,7 +446,7 @@ class PatchEncoder(keras.layers.Layer):
 
     def build(self, input_shape):
         rows, cols = self.grid_size
-        if input_shape[1] is not None and input_shape[1] != rows * cols:
+        if len(input_shape) == 3 and input_shape[1] not in (None, rows * cols):
             raise ValueError(
                 f"PatchEncoder with grid_size {self.grid_size} expects {rows * cols} "
                 f"patches, got {input_shape[1]}."
@@ -398,33 +466,54 @@ class PatchEncoder(keras.layers.Layer):
                 name="col_position", shape=(1, cols, half), initializer=init
             )
 
-    def position_table(self):
-        """The `(1, num_patches, hidden_dim)` table added to the patches, or None."""
-        rows, cols = self.grid_size
+    def position_table(self, grid=None):
+        """The `(1, rows * cols, hidden_dim)` table added to the patches, or None.
+
+        Args:
+            grid: `(rows, cols)` of the patches, ints or scalar integer tensors; the
+                learned tables are resampled to it with `interpolation` (per axis for
+                `"learned2d"`). None (or `grid_size`) gives the tables as they are.
+        """
+        rows, cols = self.grid_size if grid is None else grid
         if self.pos_embedding == "learned":
-            return self.position
+            if grid is None:
+                return self.position
+            table = ops.reshape(self.position, (*self.grid_size, self.hidden_dim))
+            table = posembed.resample_position_tensor(table, (rows, cols), self.interpolation)
+            return ops.reshape(table, (1, rows * cols, self.hidden_dim))
         if self.pos_embedding == "learned2d":
             half = self.hidden_dim // 2
+            resample = posembed.resample_position_tensor
+            row_table = resample(self.row_position, (rows, 1), self.interpolation)
+            col_table = resample(self.col_position, (1, cols), self.interpolation)
             table = ops.concatenate(
                 [
-                    ops.broadcast_to(self.row_position, (rows, cols, half)),
-                    ops.broadcast_to(self.col_position, (rows, cols, half)),
+                    ops.broadcast_to(row_table, (rows, cols, half)),
+                    ops.broadcast_to(col_table, (rows, cols, half)),
                 ],
                 axis=-1,
             )
             return ops.reshape(table, (1, rows * cols, self.hidden_dim))
         if self.pos_embedding == "sincos2d":
-            return sincos_2d_table(self.grid_size, self.hidden_dim)
+            return sincos_2d_table((rows, cols), self.hidden_dim)
         return None
 
     def call(self, patches):
         x = self.projection(patches)
-        table = self.position_table()
+        grid = None
+        if len(patches.shape) == 4:
+            shape = ops.shape(patches)
+            grid = (shape[1], shape[2])
+            x = ops.reshape(x, (-1, grid[0] * grid[1], self.hidden_dim))
+        table = self.position_table(grid)
         if table is None:
             return x
         return x + ops.cast(table, x.dtype)
 
     def compute_output_shape(self, input_shape):
+        if len(input_shape) == 4:
+            batch, rows, cols = input_shape[:3]
+            return (batch, None if rows is None or cols is None else rows * cols, self.hidden_dim)
         return (*input_shape[:-1], self.hidden_dim)
 
     def get_config(self):
@@ -433,6 +522,7 @@ class PatchEncoder(keras.layers.Layer):
             "hidden_dim": self.hidden_dim,
             "grid_size": self.grid_size,
             "pos_embedding": self.pos_embedding,
+            "interpolation": self.interpolation,
             **_dense_dtypes_entry(self, ("projection",)),
         }
 

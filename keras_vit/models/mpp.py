@@ -267,6 +267,12 @@ def _encoder_parts(encoder):
             f"a corrupted patch hides its colour; {encoder.name!r} computes them with "
             f"{stem} first (a hybrid). Use a plain ViT encoder."
         )
+    if not parts.patches.flatten:
+        raise ValueError(
+            f"MaskedPatchPrediction needs an encoder of one image size; {encoder.name!r} "
+            "was built with dynamic_image_size=True. Pretrain one built without it (its "
+            "weights then load into a dynamic model: model.set_weights(encoder.get_weights()))."
+        )
     return parts
 
 

@@ -10,59 +10,110 @@ Two methods, named for what they compute:
   the Keys cubic (a = -0.5) widened by the scale factor when shrinking.
 
 Both are separable, so each is a pair of `(new, old)` weight matrices applied along
-the rows and the columns of the grid, computed here with numpy in float64.
+the rows and the columns of the grid. The formulas are written once against an array
+namespace: numpy in float64 for checkpoints (`resample_position_grid`), `keras.ops`
+inside the graph of a `dynamic_image_size` model, whose input grid may be known only
+when it runs (`resample_position_tensor`).
 """
 
+import keras
 import numpy as np
+from keras import ops
 
 from keras_vit.utils.checks import check_choice
 
 INTERPOLATIONS = ("bilinear_align_corners", "bicubic_antialias")
 
 
-def _bilinear_align_corners_weights(size_in, size_out):
-    weights = np.zeros((size_out, size_in))
-    if size_in == 1 or size_out == 1:
-        # scipy.ndimage.zoom keeps the first entry when either side has length 1.
-        weights[:, 0] = 1.0
-        return weights
-    coords = np.arange(size_out) * ((size_in - 1) / (size_out - 1))
-    low = np.minimum(np.floor(coords).astype(int), size_in - 2)
-    frac = coords - low
-    rows = np.arange(size_out)
-    weights[rows, low] = 1.0 - frac
-    weights[rows, low + 1] = frac
-    return weights
+def bilinear_align_corners_weights(size_in, size_out, xp=np, dtype="float64"):
+    """The `(size_out, size_in)` weights of bilinear resampling with aligned corners.
+
+    Written against the array namespace `xp` (numpy, or `keras.ops` for a `size_out`
+    known only when the graph runs), so one formula serves checkpoint loading and
+    `dynamic_image_size` models.
+
+    Args:
+        size_in: the length of the grid axis (an int).
+        size_out: the new length: an int, or a scalar integer tensor with `xp=ops`.
+        xp: `numpy` or `keras.ops`.
+        dtype: the weights' float dtype.
+
+    Example:
+
+    >>> bilinear_align_corners_weights(2, 3).tolist()
+    [[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]]
+    """
+    out = xp.arange(size_out, dtype=dtype)
+    # Output i samples input i * (size_in - 1) / (size_out - 1); a length of 1 on either
+    # side samples the first entry, as scipy.ndimage.zoom does.
+    coords = out * ((size_in - 1) / xp.maximum(out[-1:], 1.0))
+    taps = xp.arange(size_in, dtype=dtype)
+    return xp.maximum(1.0 - xp.abs(taps[None, :] - coords[:, None]), 0.0)
 
 
-def _keys_cubic(x, a=-0.5):
-    x = np.abs(x)
+def _keys_cubic(x, xp, a=-0.5):
+    x = xp.abs(x)
     near = ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
     far = (((x - 5.0) * x + 8.0) * x - 4.0) * a
-    return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
+    return xp.where(x < 1.0, near, xp.where(x < 2.0, far, 0.0))
 
 
-def _bicubic_antialias_weights(size_in, size_out):
-    scale = size_in / size_out
+def bicubic_antialias_weights(size_in, size_out, xp=np, dtype="float64"):
+    """The `(size_out, size_in)` weights of torch's bicubic resampling with
+    `antialias=True, align_corners=False` (Keys cubic, a = -0.5).
+
+    Arguments as `bilinear_align_corners_weights`.
+
+    Example:
+
+    >>> bicubic_antialias_weights(4, 4).tolist() == np.eye(4).tolist()
+    True
+    """
+    out = xp.arange(size_out, dtype=dtype)
+    scale = size_in / (out[-1:] + 1.0)
     # When shrinking, the kernel is stretched by the scale so that every input
     # entry contributes (the antialiasing); when growing it keeps its width.
-    stretch = max(scale, 1.0)
-    support = 2.0 * stretch
-    weights = np.zeros((size_out, size_in))
-    for out in range(size_out):
-        center = scale * (out + 0.5)
-        first = max(int(np.floor(center - support + 0.5)), 0)
-        stop = min(int(np.floor(center + support + 0.5)), size_in)
-        taps = _keys_cubic((np.arange(first, stop) - center + 0.5) / stretch)
-        # Taps that fall outside the grid are dropped and the rest renormalised.
-        weights[out, first:stop] = taps / taps.sum()
-    return weights
+    stretch = xp.maximum(scale, 1.0)
+    centers = scale * (out + 0.5)
+    taps = xp.arange(size_in, dtype=dtype)
+    # The cubic is zero beyond 2 * stretch: every tap within the grid is a candidate.
+    weights = _keys_cubic((taps[None, :] - centers[:, None] + 0.5) / stretch[:, None], xp)
+    # Taps that fall outside the grid are dropped and the rest renormalised.
+    return weights / xp.sum(weights, axis=1, keepdims=True)
 
 
 _WEIGHTS = {
-    "bilinear_align_corners": _bilinear_align_corners_weights,
-    "bicubic_antialias": _bicubic_antialias_weights,
+    "bilinear_align_corners": bilinear_align_corners_weights,
+    "bicubic_antialias": bicubic_antialias_weights,
 }
+
+
+def interpolation_weights(size_in, size_out, interpolation, xp=np, dtype="float64"):
+    """The `(size_out, size_in)` weights of `interpolation` along one grid axis.
+
+    Args:
+        size_in, size_out, xp, dtype: as `bilinear_align_corners_weights`.
+        interpolation: one of `INTERPOLATIONS`.
+
+    Example:
+
+    >>> interpolation_weights(3, 1, "bilinear_align_corners").tolist()
+    [[1.0, 0.0, 0.0]]
+    """
+    check_interpolation(interpolation)
+    return _WEIGHTS[interpolation](size_in, size_out, xp, dtype)
+
+
+def _resample(grid, size, interpolation, xp, dtype):
+    """`(rows, cols, D)` grid -> `(*size, D)`: the weights applied along each axis.
+
+    Broadcast products and sums rather than matrix products, so that weights of 0
+    and 1 reproduce the grid exactly also where matmuls round (TF32 on GPUs).
+    """
+    rows = interpolation_weights(grid.shape[0], size[0], interpolation, xp, dtype)
+    cols = interpolation_weights(grid.shape[1], size[1], interpolation, xp, dtype)
+    grid = xp.sum(rows[:, :, None, None] * grid[None], axis=1)
+    return xp.sum(cols[None, :, :, None] * grid[:, None], axis=2)
 
 
 def check_interpolation(interpolation):
@@ -102,9 +153,34 @@ def resample_position_grid(grid, size, interpolation="bilinear_align_corners"):
     dtype = grid.dtype if np.issubdtype(grid.dtype, np.floating) else np.float64
     if size == grid.shape[:2]:
         return grid.astype(dtype)
-    weights = _WEIGHTS[interpolation]
-    rows = weights(grid.shape[0], size[0])
-    cols = weights(grid.shape[1], size[1])
-    out = np.tensordot(rows, grid.astype(np.float64), axes=(1, 0))
-    out = np.moveaxis(np.tensordot(cols, out, axes=(1, 1)), 0, 1)
-    return out.astype(dtype)
+    flat = grid.astype(np.float64).reshape(*grid.shape[:2], -1)
+    out = _resample(flat, size, interpolation, np, "float64")
+    return out.reshape(*size, *grid.shape[2:]).astype(dtype)
+
+
+def resample_position_tensor(grid, size, interpolation="bicubic_antialias"):
+    """`resample_position_grid` with `keras.ops`, for a size known only at run time.
+
+    What a `dynamic_image_size` model does with its position table: the same weights
+    as `resample_position_grid`, computed in the grid's dtype.
+
+    Args:
+        grid: a `(rows, cols, D)` tensor (static `rows` and `cols`).
+        size: the new `(rows, cols)`: ints or scalar integer tensors (e.g. from
+            `keras.ops.shape` inside a TensorFlow graph).
+        interpolation: one of `INTERPOLATIONS`.
+
+    Returns:
+        A `(*size, D)` tensor; the grid itself when `size` is statically its size.
+
+    Example:
+
+    >>> grid = keras.ops.reshape(keras.ops.arange(8.0), (2, 2, 2))
+    >>> keras.ops.convert_to_numpy(resample_position_tensor(grid, (3, 3)))[1, 1].tolist()
+    [3.0, 4.0]
+    """
+    check_interpolation(interpolation)
+    if all(isinstance(s, int) for s in size) and tuple(size) == tuple(grid.shape[:2]):
+        return grid
+    dtype = keras.backend.standardize_dtype(grid.dtype)
+    return _resample(grid, size, interpolation, ops, dtype)

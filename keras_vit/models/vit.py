@@ -14,7 +14,7 @@ import keras
 from keras import ops
 
 from keras_vit.models import layers as vit_layers
-from keras_vit.models import resnet
+from keras_vit.models import posembed, resnet
 from keras_vit.utils import keras_compat
 from keras_vit.utils.checks import check_choice, check_in_range, check_positive_int
 from keras_vit.utils.serialization import serializable
@@ -125,8 +125,20 @@ class ViTParts:
 
     @property
     def grid_size(self):
-        """The `(rows, cols)` patch grid."""
+        """The `(rows, cols)` patch grid (of the position table's image size)."""
         return self.patch_encoder.grid_size
+
+    @property
+    def stride(self):
+        """The input pixels per patch side (`input_stride`)."""
+        stages = None if self.stem is None else tuple(len(stage) for stage in self.stem.stages)
+        return input_stride(self.patches.patch_size, stages)
+
+    @property
+    def image_size(self):
+        """The `(height, width)` the position table is for: the input size of a model
+        built without `dynamic_image_size`."""
+        return tuple(side * self.stride for side in self.grid_size)
 
     def position_table(self):
         """The `(1, rows * cols, D)` table added to the patch embeddings, or None."""
@@ -206,11 +218,39 @@ def check_arguments(arguments):
             check_in_range(name, value, "[0, 1)")
 
 
+def default_image_size(model):
+    """The `(height, width)` tools bring images to for `model` (a `keras_vit.ViT`): its
+    input size, or for a `dynamic_image_size` model the size its position table is for.
+
+    Example:
+
+    >>> model = ViT(image_size=(32, 48), patch_size=8, hidden_dim=32, num_layers=1,
+    ...             num_heads=4, mlp_dim=64, dynamic_image_size=True)
+    >>> model.input_shape, default_image_size(model)
+    ((None, None, None, 3), (32, 48))
+    """
+    _, height, width, _ = model.input_shape
+    if height is None or width is None:
+        return vit_parts(model).image_size
+    return height, width
+
+
 def _pair(size, name):
     pair = (size, size) if isinstance(size, int) else tuple(size)
     if len(pair) != 2 or not all(isinstance(s, int) and s > 0 for s in pair):
         raise ValueError(f"{name} must be a positive int or (height, width), got {size!r}.")
     return pair
+
+
+def input_stride(patch_size, resnet_stages=None):
+    """The input pixels per patch side: the patch size, times a hybrid trunk's stride.
+
+    Example:
+
+    >>> input_stride(16), input_stride(1, (3, 4, 9))
+    (16, 16)
+    """
+    return patch_size if resnet_stages is None else patch_size * resnet.trunk_stride(resnet_stages)
 
 
 @serializable
@@ -236,7 +276,21 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             `mlp_dim` describe a custom model; given with a variant they override it.
         resnet_stages: bottleneck units per stage of a ResNet trunk in front of the
             patch embedding (a custom hybrid), e.g. `(3, 4, 9)`; `()` for the root only.
-        image_size: int or `(height, width)`, a multiple of the patch size.
+        image_size: int or `(height, width)`, a multiple of the patch size; with
+            `dynamic_image_size`, the size the position table is trained at.
+        dynamic_image_size: True builds a model that takes images of any height and
+            width that are multiples of the patch size (of the patch size times a hybrid
+            trunk's stride), input shape `(None, None, None, channels)`: the position
+            table is resampled in the graph to the input's patch grid with
+            `pos_interpolation` (timm's `dynamic_img_size=True`, HF's
+            `interpolate_pos_encoding=True`). The output at a size equals that of a model
+            built at that size with the weights loaded by `load_pretrained(...,
+            interpolation=pos_interpolation)`.
+        dynamic_image_pad: with `dynamic_image_size`, images of any size are padded
+            with zeros at the bottom and the right to the next multiple of the patch
+            size (times a hybrid trunk's stride), as timm's `dynamic_img_pad=True`.
+        pos_interpolation: how `dynamic_image_size` resamples the learned position
+            table: `"bicubic_antialias"` (timm's) or `"bilinear_align_corners"` (vit_jax's).
         num_classes: width of the (zero-initialised) classification head.
         classifier: `"token"` (class token) or `"gap"` (mean of the patch tokens).
         representation_size: width of the `pre_logits` Dense + tanh, or None.
@@ -273,6 +327,9 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         variant=None,
         *,
         image_size=224,
+        dynamic_image_size=False,
+        dynamic_image_pad=False,
+        pos_interpolation="bicubic_antialias",
         num_classes=1000,
         patch_size=None,
         hidden_dim=None,
@@ -323,9 +380,14 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         )
         check_choice("classifier", classifier, ("token", "gap"))
         check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
+        check_choice("pos_interpolation", pos_interpolation, posembed.INTERPOLATIONS)
+        if dynamic_image_pad and not dynamic_image_size:
+            raise ValueError(
+                "dynamic_image_pad=True pads images of any size, which needs "
+                "dynamic_image_size=True: pass both."
+            )
         height, width = _pair(image_size, "image_size")
-        patch = arch["patch_size"]
-        stride = patch if stages is None else patch * resnet.trunk_stride(stages)
+        stride = input_stride(arch["patch_size"], stages)
         if height % stride or width % stride:
             raise ValueError(
                 f"image_size {(height, width)} is not divisible by patch_size {stride}"
@@ -338,6 +400,9 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         arguments = dict(
             variant=variant,
             image_size=(height, width),
+            dynamic_image_size=bool(dynamic_image_size),
+            dynamic_image_pad=bool(dynamic_image_pad),
+            pos_interpolation=pos_interpolation,
             num_classes=num_classes,
             **arch,
             resnet_stages=stages,
@@ -455,7 +520,8 @@ def ViT(variant=None, *, weights=None, **kwargs):
 
 
 def _build_graph(
-    *, variant, image_size, num_classes, patch_size, hidden_dim, num_layers, num_heads,
+    *, variant, image_size, dynamic_image_size, dynamic_image_pad, pos_interpolation,
+    num_classes, patch_size, hidden_dim, num_layers, num_heads,
     mlp_dim, resnet_stages, classifier, representation_size, pos_embedding, dropout_rate,
     attention_dropout_rate, drop_path_rate, gelu_approximate, include_top, pooling,
     channels, head_bias_init, data_format,
@@ -466,19 +532,22 @@ def _build_graph(
     `keras_vit.training.jax_distribution` shards them by: `BLOCK_NAME` for the blocks.
     """
     height, width = image_size
-    stride = patch_size
-    if resnet_stages is not None:
-        stride *= resnet.trunk_stride(resnet_stages)
-    images = keras.Input((height, width, channels), name="images")
+    stride = input_stride(patch_size, resnet_stages)
+    shape = (None, None) if dynamic_image_size else (height, width)
+    images = keras.Input((*shape, channels), name="images")
     stem = None
     x = images
+    if dynamic_image_pad:
+        x = vit_layers.PadToMultiple(stride, name="pad")(x)
     if resnet_stages is not None:
-        x, stem = resnet.resnet_trunk(images, resnet_stages)
-    patches = vit_layers.Patches(patch_size, name="patches")
+        x, stem = resnet.resnet_trunk(x, resnet_stages)
+    # A dynamic model's patches keep their grid, to which the position table is resampled.
+    patches = vit_layers.Patches(patch_size, flatten=not dynamic_image_size, name="patches")
     patch_encoder = vit_layers.PatchEncoder(
         hidden_dim,
         grid_size=(height // stride, width // stride),
         pos_embedding=pos_embedding,
+        interpolation=pos_interpolation,
         name="patch_encoder",
     )
     x = patch_encoder(patches(x))
