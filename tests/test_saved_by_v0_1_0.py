@@ -30,9 +30,6 @@ def test_npz_written_by_v0_1_0_loads_with_the_same_logits():
 def test_keras_file_loads_when_keras_is_imported_after_keras_vit():
     """`import keras_vit` no longer imports Keras (the CLI starts without TensorFlow), yet a
     script that imports Keras afterwards and only calls `load_model` finds the layers."""
-    import subprocess
-    import sys
-
     script = (
         "import sys, keras_vit\n"
         "assert 'keras' not in sys.modules\n"
@@ -40,18 +37,13 @@ def test_keras_file_loads_when_keras_is_imported_after_keras_vit():
         f"model = keras.saving.load_model({str(FIXTURES / 'run_v0_1_0' / 'model.keras')!r})\n"
         "print(type(model).__name__)\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split()[-1] == "VisionTransformer"
+    assert _run(script).split()[-1] == "VisionTransformer"
 
 
 def test_a_submodule_imported_first_finds_its_names_and_the_layers_register():
     """`from keras_vit.models.vit import ...` as a script's first line: vit.py imports
     Keras, whose import used to register every layer module at once, and one of them
     imported vit.py while it was half-made (bench/models.py failed so)."""
-    import subprocess
-    import sys
-
     script = (
         "from keras_vit.models.vit import parse_variant\n"
         "import keras, keras_vit\n"
@@ -59,6 +51,14 @@ def test_a_submodule_imported_first_finds_its_names_and_the_layers_register():
         f"model = keras.saving.load_model({str(FIXTURES / 'run_v0_1_0' / 'model.keras')!r})\n"
         "print(parse_variant('Ti/16')['hidden_dim'], type(model).__name__)\n"
     )
+    assert _run(script).split()[-2:] == ["192", "VisionTransformer"]
+
+
+def _run(script):
+    """The standard output of `script` run in a fresh Python process, which must succeed."""
+    import subprocess
+    import sys
+
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split()[-2:] == ["192", "VisionTransformer"]
+    return result.stdout
