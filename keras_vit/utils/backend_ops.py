@@ -31,22 +31,30 @@ def _xla_float32_product_available():
     return backend == "jax" or (backend == "tensorflow" and _xla_compiling_tensorflow())
 
 
-def _product(x1, x2):
-    """`x1 @ x2` in float32 for 16-bit operands of equal dtype (batch dims equal)."""
+def _product(x1, x2, transpose_x2=False):
+    """`x1 @ x2` (`x1 @ swapaxes(x2)` if `transpose_x2`) in float32, for 16-bit operands
+    of equal dtype and equal batch dimensions.
+
+    The transposed product is asked for as such (an einsum, `adj_y`): XLA:CPU hands it
+    to its bfloat16 kernels, but converts the operands of a transpose followed by a
+    product to float32.
+    """
     if keras.backend.backend() == "jax":
         import jax.numpy as jnp
 
+        if transpose_x2:
+            return jnp.einsum("...mk,...nk->...mn", x1, x2, preferred_element_type=jnp.float32)
         return jnp.matmul(x1, x2, preferred_element_type=jnp.float32)
     import tensorflow as tf
 
-    return tf.raw_ops.BatchMatMulV3(x=x1, y=x2, Tout=tf.float32)
+    return tf.raw_ops.BatchMatMulV3(x=x1, y=x2, adj_y=transpose_x2, Tout=tf.float32)
 
 
 @ops.custom_gradient
 def _xla_float32_product(x1, x2):
     def grad(*args, upstream=None):
         upstream = ops.cast(args[0] if upstream is None else upstream, x1.dtype)
-        dx1 = _product(upstream, ops.swapaxes(x2, -1, -2))
+        dx1 = _product(upstream, x2, transpose_x2=True)
         dx2 = _product(ops.swapaxes(x1, -1, -2), upstream)
         return ops.cast(dx1, x1.dtype), ops.cast(dx2, x2.dtype)
 
