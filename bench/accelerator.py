@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("KERAS_BACKEND", "jax")  # the driver only counts FLOPs
 
 from bench.contenders import CONTENDERS  # noqa: E402
-from bench.models import machine, run_group, summarise  # noqa: E402
+from bench.models import chosen, machine, run_group, summarise  # noqa: E402
 
 # Dense (no sparsity) bfloat16 tensor-core peaks in TFLOP/s from NVIDIA's data sheets,
 # matched against the device name in this order (the first match wins).
@@ -99,10 +99,7 @@ def main(argv=None):
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--peak-tflops", type=float, help="the device's bfloat16 peak")
     args = parser.parse_args(argv)
-    contenders = args.contenders.split(",")
-    unknown = [c for c in contenders if c not in CONTENDERS]
-    if unknown:
-        parser.error(f"unknown contenders {unknown}: expected some of {', '.join(CONTENDERS)}")
+    contenders = chosen(parser, "contenders", args.contenders, CONTENDERS)
     plan = dict(PLANS["smoke" if args.smoke else "gpu"])
     if plan["arch"] is None:
         from keras_vit.models.vit import parse_variant

@@ -324,6 +324,16 @@ def format_table(entries, growth, peaks):
     return "\n".join(lines)
 
 
+def chosen(parser, what, text, choices):
+    """The comma-separated names in `text`, or `parser`'s error naming those not in
+    `choices` (`what` they are, e.g. "contenders")."""
+    names = text.split(",")
+    unknown = [name for name in names if name not in choices]
+    if unknown:
+        parser.error(f"unknown {what} {unknown}: expected some of {', '.join(choices)}")
+    return names
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
@@ -334,14 +344,8 @@ def main(argv=None):
         "--precisions", default=",".join(PRECISIONS), help="only the rows in these precisions"
     )
     args = parser.parse_args(argv)
-    contenders = args.contenders.split(",")
-    unknown = [c for c in contenders if c not in CONTENDERS]
-    if unknown:
-        parser.error(f"unknown contenders {unknown}: expected some of {', '.join(CONTENDERS)}")
-    precisions = args.precisions.split(",")
-    unknown = [p for p in precisions if p not in PRECISIONS]
-    if unknown:
-        parser.error(f"unknown precisions {unknown}: expected some of {', '.join(PRECISIONS)}")
+    contenders = chosen(parser, "contenders", args.contenders, CONTENDERS)
+    precisions = chosen(parser, "precisions", args.precisions, PRECISIONS)
     plan = dict(PLANS["quick" if args.quick else "full"])
     plan["groups"] = [group for group in plan["groups"] if group[1] in precisions]
     if not plan["groups"]:
