@@ -250,7 +250,9 @@ class Dense(keras.layers.Dense):
     Under a `mixed_bfloat16` or `mixed_float16` policy the product is
     `keras_vit.utils.backend_ops.matmul`: the same numbers as `keras.layers.Dense`,
     computed on XLA's 16-bit kernels rather than from float32 copies of the operands.
-    Weights, names, LoRA and quantization are those of `keras.layers.Dense`.
+    Weights, names, LoRA and quantization are those of `keras.layers.Dense`. Inside
+    `tracing_for_export()` a product over a sequence is traced as one of a matrix of
+    rows, which exporters map to a single matrix-product op.
 
     Example:
 
@@ -261,6 +263,13 @@ class Dense(keras.layers.Dense):
     """
 
     def call(self, inputs, training=None):
+        leading = tuple(inputs.shape[1:-1])
+        if is_tracing_for_export() and leading and None not in leading:
+            # One product of a (rows, features) matrix, which the LiteRT converter
+            # turns into one FULLY_CONNECTED op; the general product reaches it as a
+            # tensordot, a dozen ops computing its shapes at run time.
+            rows = self.call(ops.reshape(inputs, (-1, inputs.shape[-1])), training)
+            return ops.reshape(rows, (-1, *leading, rows.shape[-1]))
         x = backend_ops.matmul(inputs, self.kernel)
         if self.bias is not None:
             x = ops.add(x, self.bias)
@@ -736,7 +745,12 @@ class TransformerBlock(keras.layers.Layer):
     def _attend(self, x, training, return_attention):
         length, width = ops.shape(x)[1], x.shape[-1]
         qkv = ops.reshape(self.qkv(x), (-1, length, 3, self.num_heads, self.head_dim))
-        explicit = return_attention or (training and self.attention_dropout_rate > 0)
+        # Exporters map the explicit softmax to one op of their own.
+        explicit = (
+            return_attention
+            or (training and self.attention_dropout_rate > 0)
+            or is_tracing_for_export()
+        )
         if not explicit and _fused_attention_is_faster():
             out = ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
             return self.attention_output(ops.reshape(out, (-1, length, width))), None
@@ -777,8 +791,12 @@ class TransformerBlock(keras.layers.Layer):
         # Under XLA the erf form beats tf.nn.gelu's and jax.nn.gelu's erfc form
         # (README, Performance). `erf` is built from basic ops because
         # JAX lowers lax.erf to a StableHLO composite that TensorFlow cannot load,
-        # which would break SavedModel export of JAX-built models (jax2tf).
-        return y * 0.5 * (1.0 + erf(y * ops.cast(1.0 / math.sqrt(2.0), y.dtype)))
+        # which would break SavedModel export of JAX-built models (jax2tf). Exports
+        # from TensorFlow take its own erf, which the LiteRT converter fuses into one
+        # GELU op and tf2onnx maps to ONNX's Erf.
+        exporting_tensorflow = keras.backend.backend() == "tensorflow" and is_tracing_for_export()
+        erf_op = ops.erf if exporting_tensorflow else erf
+        return y * 0.5 * (1.0 + erf_op(y * ops.cast(1.0 / math.sqrt(2.0), y.dtype)))
 
     def call(self, x, training=False, return_attention=False):
         attended, weights = self._attend(self.norm1(x), training, return_attention)
