@@ -177,6 +177,31 @@ def test_erf_and_its_gradient_match_the_closed_forms():
     np.testing.assert_allclose(half.astype("float64"), erf(exact), rtol=0, atol=4e-3)
 
 
+def test_layer_norm_trains_as_keras_layer_norm():
+    # Under JAX the training gradient is the closed form (for memory); elsewhere it is
+    # Keras' formula. One SGD step of Dense -> norm -> Dense moves every weight as the
+    # same model with Keras' own layer does, whose gradient is the backend's autodiff.
+    rng = np.random.default_rng(11)
+    x = (rng.normal(size=(4, 5, 8)) * 3 + 1).astype("float32")
+    y = rng.normal(size=(4, 5, 3)).astype("float32")
+
+    def stepped(norm):
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((5, 8))
+        model = keras.Model(inputs, keras.layers.Dense(3)(norm(keras.layers.Dense(8)(inputs))))
+        norm.set_weights(norm_weights)
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        model.train_on_batch(x, y)
+        return model.get_weights()
+
+    norm_weights = [rng.normal(size=8).astype("float32") for _ in range(2)]
+    ours = stepped(L.LayerNormalization(epsilon=1e-6))
+    reference = stepped(keras.layers.LayerNormalization(epsilon=1e-6))
+    for got, expected in zip(ours, reference):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+    assert np.abs(ours[2] - norm_weights[0]).max() > 1e-3  # gamma moved
+
+
 def test_long_sequences_attend_in_exact_query_blocks():
     # 300 tokens: past the length at which JAX attends in blocks of queries.
     x = np.random.default_rng(7).normal(size=(1, 300, 16)).astype("float32")
