@@ -241,7 +241,8 @@ class LayerNormalization(keras.layers.LayerNormalization):
     """
 
     def call(self, inputs, training=None):
-        last_axis_only = [axis % len(inputs.shape) for axis in self.axis] == [len(inputs.shape) - 1]
+        rank = len(inputs.shape)
+        last_axis_only = [axis % rank for axis in self.axis] == [rank - 1]
         if (
             training  # at inference XLA keeps more buffers around the custom gradient
             # TensorFlow's XLA step and PyTorch's fused kernel need no more memory with
