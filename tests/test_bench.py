@@ -41,3 +41,22 @@ def test_accelerator_smoke_run_times_every_contender_and_computes_mfu(tmp_path):
         assert e["mfu"] == pytest.approx(e["median_images_per_s"] * flops * factor / 0.5e12)
         assert e["median_images_per_s"] > 0
     assert "| tiny | hf-torch | cpu | train |" in result.stdout
+
+
+@pytest.mark.slow
+def test_memory_benchmark_separates_fixed_and_per_image_memory(tmp_path):
+    out = tmp_path / "memory.json"
+    result = subprocess.run(
+        [sys.executable, "bench/memory.py", "--variant", "Ti/16", "--image-size", "32",
+         "--contenders", "keras-jax,hf-torch", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    report = json.loads(out.read_text())
+    assert [r["contender"] for r in report["rows"]] == ["keras-jax", "hf-torch"]
+    for row in report["rows"]:
+        small, large = row["peaks_mib"]["2"], row["peaks_mib"]["32"]
+        for peaks in (small, large):  # high-water marks only grow
+            assert 0 < peaks["build"] <= peaks["infer"] <= peaks["train"]
+        assert row["train_per_image_mib"] == (large["train"] - small["train"]) / 30
+        assert f"| {row['contender']} |" in result.stdout
