@@ -1,4 +1,4 @@
-"""`backend_ops` products, their gradients, `swapaxes`, and the `Dense` built on them,
+"""`backend_ops` products, their gradients, `swapaxes`, `add_bias`, and the `Dense` built on them,
 on every backend (tests/test_backends.py).
 
 The reference is numpy in float64 on the same 16-bit values: products of 16-bit floats
@@ -16,7 +16,7 @@ import pytest
 from keras import ops
 
 from keras_vit.models.layers import Dense
-from keras_vit.utils.backend_ops import matmul_float32, swapaxes
+from keras_vit.utils.backend_ops import add_bias, matmul_float32, swapaxes
 
 BACKEND = keras.backend.backend()
 
@@ -110,6 +110,31 @@ def test_swapaxes_and_its_gradient_equal_numpys(dtype, axes):
         assert keras.backend.standardize_dtype(swapped.dtype) == dtype
         np.testing.assert_array_equal(_rounded(swapped, "float32"), np.swapaxes(x, *axes))
         np.testing.assert_array_equal(ops.convert_to_numpy(grad), np.swapaxes(weights, *axes))
+
+
+def test_add_bias_and_its_gradients_equal_the_exact_ones():
+    rng = np.random.default_rng(6)
+    x = _rounded(rng.normal(size=(3, 40, 8)), "bfloat16")
+    bias = _rounded(rng.normal(size=(8,)), "bfloat16")
+    upstream = _rounded(rng.normal(size=x.shape), "bfloat16")
+
+    def loss(x, b):
+        total = add_bias(ops.cast(x, "bfloat16"), ops.cast(b, "bfloat16"))
+        return ops.sum(ops.multiply(ops.cast(total, "float32"), upstream.astype("float32"))), total
+
+    runs = _run(_gradients(loss), x.astype("float32"), bias.astype("float32"))
+    for index, (total, (dx, dbias)) in enumerate(runs):
+        assert keras.backend.standardize_dtype(total.dtype) == "bfloat16"
+        # The sum rounded once to bfloat16; the inputs' gradient is the upstream as is.
+        np.testing.assert_allclose(_rounded(total, "float32"), x + bias, rtol=2**-8, atol=0)
+        np.testing.assert_array_equal(_rounded(dx, "float32"), upstream)
+        want = upstream.sum(axis=(0, 1))
+        error = np.abs(_rounded(dbias, "float32") - want)
+        if BACKEND == "jax" or index == 1:  # under XLA: 120 terms summed in float32,
+            # then rounded to bfloat16 once
+            assert np.all(error <= 2**-8 * np.abs(want) + 2**-16), error
+        else:  # the backend's own sum, accumulated in bfloat16
+            assert np.all(error <= 2 * 2**-8 * np.abs(upstream).sum(axis=(0, 1))), error
 
 
 def _dot_operand_dtypes(hlo):

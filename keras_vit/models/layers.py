@@ -263,7 +263,7 @@ class Dense(keras.layers.Dense):
     def call(self, inputs, training=None):
         x = backend_ops.matmul(inputs, self.kernel)
         if self.bias is not None:
-            x = ops.add(x, self.bias)
+            x = backend_ops.add_bias(x, self.bias)
         return x if self.activation is None else self.activation(x)
 
     def quantize(self, mode=None, type_check=True, config=None):

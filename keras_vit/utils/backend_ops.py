@@ -178,6 +178,45 @@ def matmul_float32(x1, x2, transpose_x2=False):
     return ops.matmul(x1, ops.swapaxes(x2, -1, -2) if transpose_x2 else x2)
 
 
+@ops.custom_gradient
+def _xla_add_bias(x, bias):
+    def grad(*args, upstream=None):
+        upstream = _upstream(args, upstream, x.dtype)
+        rows = ops.reshape(ops.cast(upstream, "float32"), (-1, upstream.shape[-1]))
+        return upstream, ops.cast(ops.sum(rows, axis=0), bias.dtype)
+
+    return ops.add(x, bias), grad
+
+
+def add_bias(x, bias):
+    """`x + bias` for a bias over the last axis, with its gradient summed in float32.
+
+    The bias gradient is the sum of the output gradient over all the other axes. From
+    16-bit values autodiff sums them in 16 bits, which XLA:CPU rewrites as a slow
+    windowed reduction (JAX: about 15 ms for 16 x 197 x 768 values on the AMX Xeon of
+    the README, against 0.2 ms for the same sum in float32). Under XLA (JAX; TensorFlow
+    inside `jit_compile`) 16-bit `x` therefore gets a gradient summed in float32 and
+    rounded once, at least as accurate as the 16-bit sum. Elsewhere it is
+    `keras.ops.add`.
+
+    Args:
+        x: `(..., n)` tensor.
+        bias: `(n,)` tensor, cast to `x`'s dtype (as Keras' autocast does).
+
+    Returns:
+        `x + bias`, in `x`'s dtype.
+
+    Example:
+
+    >>> x = keras.ops.ones((2, 3), dtype="bfloat16")
+    >>> keras.ops.convert_to_numpy(keras.ops.cast(add_bias(x, keras.ops.arange(3.0)), "float32")).tolist()
+    [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
+    """
+    if _is_16bit(x) and _xla_float32_product_available():
+        return _xla_add_bias(x, ops.cast(bias, x.dtype))
+    return ops.add(x, bias)
+
+
 def matmul(x1, x2):
     """`keras.ops.matmul(x1, x2)`, with 16-bit operands on XLA's 16-bit kernels.
 
