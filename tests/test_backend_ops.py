@@ -105,7 +105,8 @@ def test_swapaxes_and_its_gradient_equal_numpys(dtype, axes):
         swapped = swapaxes(ops.cast(x, dtype), *axes)
         return ops.sum(ops.cast(swapped, "float32") * y), swapped
 
-    for swapped, (grad, _) in _run(_gradients(loss), x.astype("float32"), weights.astype("float32")):
+    runs = _run(_gradients(loss), x.astype("float32"), weights.astype("float32"))
+    for swapped, (grad, _) in runs:
         # A permutation: exact, in the input's dtype, and so is its gradient.
         assert keras.backend.standardize_dtype(swapped.dtype) == dtype
         np.testing.assert_array_equal(_rounded(swapped, "float32"), np.swapaxes(x, *axes))
@@ -164,9 +165,11 @@ def test_gradient_products_stay_on_the_16bit_kernels(x1_shape, x2_shape, transpo
     rng = np.random.default_rng(4)
     a = rng.normal(size=x1_shape).astype("float32")
     b = rng.normal(size=x2_shape).astype("float32")
+    def product(x, y):
+        return matmul_float32(ops.cast(x, "bfloat16"), ops.cast(y, "bfloat16"))
+
     forward = _dot_operand_dtypes(
-        _optimized_hlo(lambda x, y: matmul_float32(ops.cast(x, "bfloat16"), ops.cast(y, "bfloat16")),
-                       a, np.swapaxes(b, -1, -2) if transpose_x2 else b)
+        _optimized_hlo(product, a, np.swapaxes(b, -1, -2) if transpose_x2 else b)
     )
     if forward != [("bf16", "bf16")]:
         pytest.skip(f"XLA:CPU has no bfloat16 product on this machine (dots {forward})")

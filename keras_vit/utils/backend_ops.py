@@ -209,7 +209,8 @@ def add_bias(x, bias):
     Example:
 
     >>> x = keras.ops.ones((2, 3), dtype="bfloat16")
-    >>> keras.ops.convert_to_numpy(keras.ops.cast(add_bias(x, keras.ops.arange(3.0)), "float32")).tolist()
+    >>> total = add_bias(x, keras.ops.arange(3.0))
+    >>> keras.ops.convert_to_numpy(keras.ops.cast(total, "float32")).tolist()
     [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
     """
     if _is_16bit(x) and _xla_float32_product_available():
