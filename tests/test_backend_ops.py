@@ -1,10 +1,14 @@
-"""`backend_ops` products and the `Dense` built on them, on every backend
-(tests/test_backends.py).
+"""`backend_ops` products, their gradients, `swapaxes`, `add_bias`, and the `Dense` built on them,
+on every backend (tests/test_backends.py).
 
 The reference is numpy in float64 on the same 16-bit values: products of 16-bit floats
 are exact in float32, so the only differences allowed are float32 accumulation error
-and, where the result is 16-bit, its rounding.
+and, where the result is 16-bit, its rounding. Under XLA (JAX; TensorFlow inside
+`jit_compile`) the optimized HLO shows whether the gradients' products stay on
+XLA:CPU's 16-bit kernels.
 """
+
+import re
 
 import keras
 import numpy as np
@@ -12,7 +16,7 @@ import pytest
 from keras import ops
 
 from keras_vit.models.layers import Dense
-from keras_vit.utils.backend_ops import matmul_float32
+from keras_vit.utils.backend_ops import add_bias, matmul_float32, swapaxes
 
 BACKEND = keras.backend.backend()
 
@@ -48,30 +52,148 @@ def test_product_is_float32_and_equals_the_exact_product(dtype):
         np.testing.assert_allclose(product, expected, rtol=2.0**-18, atol=0)
 
 
-def test_batched_product_and_gradient_equal_float32_ones():
+# (x1 shape, x2 shape, transpose_x2): batched products (attention: queries times keys
+# transposed, weights times values) and a Dense layer's (rank-3 inputs, a matrix).
+PRODUCTS = [
+    ((2, 3, 5, 16), (2, 3, 16, 4), False),
+    ((2, 3, 5, 16), (2, 3, 4, 16), True),
+    ((2, 5, 16), (16, 4), False),
+    ((2, 5, 16), (4, 16), True),
+]
+
+
+def _exact_product_and_gradients(x1, x2, transpose_x2, upstream):
+    """`x1 @ x2` (x2 transposed) and the gradients of `sum(upstream * product)`, float64."""
+    x2t = np.swapaxes(x2, -1, -2) if transpose_x2 else x2
+    dx1 = upstream @ np.swapaxes(x2t, -1, -2)
+    dx2t = np.swapaxes(x1, -1, -2) @ upstream
+    if x2.ndim < x1.ndim:  # x2 is shared by all the leading dimensions
+        dx2t = dx2t.reshape(-1, *dx2t.shape[-2:]).sum(0)
+    return x1 @ x2t, dx1, np.swapaxes(dx2t, -1, -2) if transpose_x2 else dx2t
+
+
+@pytest.mark.parametrize("x1_shape, x2_shape, transpose_x2", PRODUCTS)
+def test_product_and_gradients_equal_the_exact_ones(x1_shape, x2_shape, transpose_x2):
     rng = np.random.default_rng(1)
-    a = _rounded(rng.normal(size=(2, 3, 5, 16)), "bfloat16").astype("float32")
-    b = _rounded(rng.normal(size=(2, 3, 16, 4)), "bfloat16").astype("float32")
-    upstream = _rounded(rng.normal(size=(2, 3, 5, 4)), "bfloat16").astype("float32")
-    # d(sum(upstream * a @ b)) / da = upstream @ b^T, / db = a^T @ upstream.
-    expected = (upstream @ np.swapaxes(b, -1, -2), np.swapaxes(a, -1, -2) @ upstream)
+    a = _rounded(rng.normal(size=x1_shape), "bfloat16")
+    b = _rounded(rng.normal(size=x2_shape), "bfloat16")
+    product = matmul_float32(a.astype("float32"), b.astype("float32"), transpose_x2)
+    upstream = _rounded(rng.normal(size=product.shape), "bfloat16")
+    expected = _exact_product_and_gradients(a, b, transpose_x2, upstream)
 
     def loss(x, y):
-        product = matmul_float32(ops.cast(x, "bfloat16"), ops.cast(y, "bfloat16"))
-        return ops.sum(ops.multiply(product, upstream))
+        product = matmul_float32(ops.cast(x, "bfloat16"), ops.cast(y, "bfloat16"), transpose_x2)
+        return ops.sum(ops.multiply(product, upstream.astype("float32"))), product
 
-    for grads in _run(_gradients(loss), a, b):
-        for grad, want in zip(grads, expected):
+    for value, grads in _run(_gradients(loss), a.astype("float32"), b.astype("float32")):
+        assert keras.backend.standardize_dtype(value.dtype) == "float32"
+        # Float32 accumulation of exact products: 16 terms, each rounding at most 2**-24.
+        np.testing.assert_allclose(ops.convert_to_numpy(value), expected[0], rtol=0, atol=2**-16)
+        for grad, want in zip(grads, expected[1:]):
             # Gradients come back in the operands' dtype (bfloat16), cast to float32.
             np.testing.assert_allclose(ops.convert_to_numpy(grad), want, rtol=2**-7, atol=2**-7)
 
 
-def _gradients(loss):
-    """`(x, y) -> (dloss/dx, dloss/dy)` in this backend's autodiff."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("axes", [(1, 2), (-1, -2), (0, 3), (2, -1)])
+def test_swapaxes_and_its_gradient_equal_numpys(dtype, axes):
+    rng = np.random.default_rng(5)
+    x = _rounded(rng.normal(size=(2, 3, 4, 5)), dtype)
+    weights = _rounded(rng.normal(size=np.swapaxes(x, *axes).shape), dtype)
+
+    def loss(x, y):
+        swapped = swapaxes(ops.cast(x, dtype), *axes)
+        return ops.sum(ops.cast(swapped, "float32") * y), swapped
+
+    runs = _run(_gradients(loss), x.astype("float32"), weights.astype("float32"))
+    for swapped, (grad, _) in runs:
+        # A permutation: exact, in the input's dtype, and so is its gradient.
+        assert keras.backend.standardize_dtype(swapped.dtype) == dtype
+        np.testing.assert_array_equal(_rounded(swapped, "float32"), np.swapaxes(x, *axes))
+        np.testing.assert_array_equal(ops.convert_to_numpy(grad), np.swapaxes(weights, *axes))
+
+
+def test_add_bias_and_its_gradients_equal_the_exact_ones():
+    rng = np.random.default_rng(6)
+    x = _rounded(rng.normal(size=(3, 40, 8)), "bfloat16")
+    bias = _rounded(rng.normal(size=(8,)), "bfloat16")
+    upstream = _rounded(rng.normal(size=x.shape), "bfloat16")
+
+    def loss(x, b):
+        total = add_bias(ops.cast(x, "bfloat16"), ops.cast(b, "bfloat16"))
+        return ops.sum(ops.multiply(ops.cast(total, "float32"), upstream.astype("float32"))), total
+
+    runs = _run(_gradients(loss), x.astype("float32"), bias.astype("float32"))
+    for index, (total, (dx, dbias)) in enumerate(runs):
+        assert keras.backend.standardize_dtype(total.dtype) == "bfloat16"
+        # The sum rounded once to bfloat16; the inputs' gradient is the upstream as is.
+        np.testing.assert_allclose(_rounded(total, "float32"), x + bias, rtol=2**-8, atol=0)
+        np.testing.assert_array_equal(_rounded(dx, "float32"), upstream)
+        want = upstream.sum(axis=(0, 1))
+        error = np.abs(_rounded(dbias, "float32") - want)
+        if BACKEND == "jax" or index == 1:  # under XLA: 120 terms summed in float32,
+            # then rounded to bfloat16 once
+            assert np.all(error <= 2**-8 * np.abs(want) + 2**-16), error
+        else:  # the backend's own sum, accumulated in bfloat16
+            assert np.all(error <= 2 * 2**-8 * np.abs(upstream).sum(axis=(0, 1))), error
+
+
+def _dot_operand_dtypes(hlo):
+    """`(lhs, rhs)` element types of every dot in an optimized HLO module's text."""
+    pairs = []
+    for computation in re.split(r"\n(?=\S)", hlo):
+        types = dict(re.findall(r"%(\S+) = (\w+)\[", computation))
+        for lhs, rhs in re.findall(r" dot\(%([^,\s]+), %([^,\s)]+)\)", computation):
+            pairs.append((types[lhs], types[rhs]))
+    return pairs
+
+
+def _optimized_hlo(function, *args):
     if BACKEND == "jax":
         import jax
 
-        return jax.grad(loss, argnums=(0, 1))
+        return jax.jit(function).lower(*args).compile().as_text()
+    import tensorflow as tf
+
+    compiled = tf.function(function, jit_compile=True)
+    return compiled.experimental_get_compiler_ir(*args)(stage="optimized_hlo")
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="PyTorch runs its own kernels, not XLA's")
+@pytest.mark.parametrize("x1_shape, x2_shape, transpose_x2", PRODUCTS)
+def test_gradient_products_stay_on_the_16bit_kernels(x1_shape, x2_shape, transpose_x2):
+    rng = np.random.default_rng(4)
+    a = rng.normal(size=x1_shape).astype("float32")
+    b = rng.normal(size=x2_shape).astype("float32")
+    def product(x, y):
+        return matmul_float32(ops.cast(x, "bfloat16"), ops.cast(y, "bfloat16"))
+
+    forward = _dot_operand_dtypes(
+        _optimized_hlo(product, a, np.swapaxes(b, -1, -2) if transpose_x2 else b)
+    )
+    if forward != [("bf16", "bf16")]:
+        pytest.skip(f"XLA:CPU has no bfloat16 product on this machine (dots {forward})")
+
+    def loss(x, y):
+        product = matmul_float32(ops.cast(x, "bfloat16"), ops.cast(y, "bfloat16"), transpose_x2)
+        return ops.sum(product), product
+
+    dots = _dot_operand_dtypes(_optimized_hlo(_gradients(loss), a, b))
+    # The product and both gradients, none from float32 copies of the operands.
+    assert dots == [("bf16", "bf16")] * 3
+
+
+def _gradients(loss):
+    """`(x, y) -> (aux, (dloss/dx, dloss/dy))` in this backend's autodiff, for a `loss`
+    that returns `(loss, aux)`."""
+    if BACKEND == "jax":
+        import jax
+
+        def gradients(x, y):
+            grads, aux = jax.grad(loss, argnums=(0, 1), has_aux=True)(x, y)
+            return aux, grads
+
+        return gradients
     if BACKEND == "tensorflow":
         import tensorflow as tf
 
@@ -79,8 +201,8 @@ def _gradients(loss):
             x, y = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
             with tf.GradientTape() as tape:
                 tape.watch([x, y])
-                value = loss(x, y)
-            return tape.gradient(value, [x, y])
+                value, aux = loss(x, y)
+            return aux, tuple(tape.gradient(value, [x, y]))
 
         return gradients
     import torch
@@ -88,8 +210,9 @@ def _gradients(loss):
     def gradients(x, y):
         x = torch.tensor(x, requires_grad=True)
         y = torch.tensor(y, requires_grad=True)
-        loss(x, y).backward()
-        return x.grad.detach(), y.grad.detach()
+        value, aux = loss(x, y)
+        value.backward()
+        return aux.detach(), (x.grad.detach(), y.grad.detach())
 
     return gradients
 

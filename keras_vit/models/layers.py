@@ -322,7 +322,7 @@ class Dense(keras.layers.Dense):
             return ops.reshape(rows, (-1, *leading, rows.shape[-1]))
         x = backend_ops.matmul(inputs, self.kernel)
         if self.bias is not None:
-            x = ops.add(x, self.bias)
+            x = backend_ops.add_bias(x, self.bias)
         return x if self.activation is None else self.activation(x)
 
     def quantize(self, mode=None, type_check=True, config=None):
@@ -807,30 +807,30 @@ class TransformerBlock(keras.layers.Layer):
         # One transpose of the fused q|k|v, then products batched over (batch, heads).
         q, k, v = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3, axis=0)
         q = q * ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
-        keys = ops.transpose(k, (0, 1, 3, 2))
         if explicit:
             # Float32 logits under every policy: float16 products overflow past 65504,
             # bfloat16 ones keep 8 bits.
-            weights = ops.softmax(backend_ops.matmul_float32(q, keys), axis=-1)
+            logits = backend_ops.matmul_float32(q, k, transpose_x2=True)
+            weights = ops.softmax(logits, axis=-1)
             dropped = self.attention_dropout(ops.cast(weights, v.dtype), training=training)
-            out = ops.matmul(dropped, v)
+            out = backend_ops.matmul(dropped, v)
         else:
             weights = None
             blocks = [
-                self._attend_rows(q[:, :, start:stop], keys, v)
+                self._attend_rows(q[:, :, start:stop], k, v)
                 for start, stop in _query_blocks(x.shape[1])
             ]
             out = blocks[0] if len(blocks) == 1 else ops.concatenate(blocks, axis=2)
-        out = ops.transpose(out, (0, 2, 1, 3))
+        out = backend_ops.swapaxes(out, 1, 2)  # a copy under XLA: see its docstring
         out = self.attention_output(ops.reshape(out, (-1, length, width)))
         return out, weights
 
     @staticmethod
-    def _attend_rows(q, keys, v):
+    def _attend_rows(q, k, v):
         # Logits in float32 (as in `_attend`). Softmax normalised after the product,
         # over (tokens, head_dim) values rather than (tokens, tokens); the shift
         # cancels, so it needs no gradient.
-        logits = backend_ops.matmul_float32(q, keys)
+        logits = backend_ops.matmul_float32(q, k, transpose_x2=True)
         exp = ops.exp(logits - ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True)))
         out = backend_ops.matmul_float32(ops.cast(exp, v.dtype), v)
         return ops.cast(out / ops.sum(exp, axis=-1, keepdims=True), v.dtype)
