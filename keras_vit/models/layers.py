@@ -117,7 +117,7 @@ def erf(x):
 
 @functools.cache
 def _fused_attention_is_faster():
-    """Whether `ops.dot_product_attention` beats explicit products on this machine.
+    """Whether `backend_ops.dot_product_attention` beats explicit products on this machine.
 
     It runs fused kernels on PyTorch (CPU and GPU) and, on JAX, on GPUs and TPUs
     (cuDNN or Pallas flash attention); on TensorFlow and on a JAX CPU it is two
@@ -247,9 +247,10 @@ def _query_blocks(length):
 class Dense(keras.layers.Dense):
     """`keras.layers.Dense` whose 16-bit products reach XLA:CPU's bfloat16 kernels.
 
-    Under a `mixed_bfloat16` or `mixed_float16` policy the product is
-    `keras_vit.utils.backend_ops.matmul`: the same numbers as `keras.layers.Dense`,
-    computed on XLA's 16-bit kernels rather than from float32 copies of the operands.
+    The product and bias are `keras_vit.utils.backend_ops.dense`: the same numbers as
+    `keras.layers.Dense`. Under a `mixed_bfloat16` or `mixed_float16` policy they are
+    computed on XLA's 16-bit kernels rather than from float32 copies of the operands;
+    on PyTorch in float32, as one product that adds the bias.
     Weights, names, LoRA and quantization are those of `keras.layers.Dense`.
 
     Example:
@@ -261,9 +262,7 @@ class Dense(keras.layers.Dense):
     """
 
     def call(self, inputs, training=None):
-        x = backend_ops.matmul(inputs, self.kernel)
-        if self.bias is not None:
-            x = ops.add(x, self.bias)
+        x = backend_ops.dense(inputs, self.kernel, self.bias)
         return x if self.activation is None else self.activation(x)
 
     def quantize(self, mode=None, type_check=True, config=None):
@@ -642,8 +641,8 @@ class TransformerBlock(keras.layers.Layer):
     The query, key and value projections are one fused Dense of width 3D (q | k | v,
     heads contiguous inside each), which maps exactly onto the official separate
     `(D, heads, head_dim)` kernels. Attention uses the backend's fused kernel
-    (`keras.ops.dot_product_attention`) where it has one (PyTorch; JAX on GPU and
-    TPU) and batched matmuls under XLA on CPU and on TensorFlow, which are faster
+    (`keras_vit.utils.backend_ops.dot_product_attention`) where it has one (PyTorch;
+    JAX on GPU and TPU) and batched matmuls under XLA on CPU and on TensorFlow, which are faster
     there; `call(..., return_attention=True)` returns `(outputs, weights)` with
     weights of shape `(batch, heads, tokens, tokens)`. Under the mixed policies the
     attention logits and softmax are float32 on every path (the matmul path asks for
@@ -738,7 +737,7 @@ class TransformerBlock(keras.layers.Layer):
         qkv = ops.reshape(self.qkv(x), (-1, length, 3, self.num_heads, self.head_dim))
         explicit = return_attention or (training and self.attention_dropout_rate > 0)
         if not explicit and _fused_attention_is_faster():
-            out = ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+            out = backend_ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
             return self.attention_output(ops.reshape(out, (-1, length, width))), None
         # One transpose of the fused q|k|v, then products batched over (batch, heads).
         q, k, v = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3, axis=0)
