@@ -779,13 +779,22 @@ class TransformerBlock(keras.layers.Layer):
         # which would break SavedModel export of JAX-built models (jax2tf).
         return y * 0.5 * (1.0 + erf(y * ops.cast(1.0 / math.sqrt(2.0), y.dtype)))
 
+    def _regularise(self, y, training, *layers):
+        # Calls only the layers that change `y`: at inference, or at rate 0, Dropout and
+        # DropPath return it unchanged, and each Keras layer call costs Python time that
+        # eager backends (PyTorch) spend on every step.
+        for layer in layers:
+            if training and layer.rate > 0:
+                y = layer(y, training=training)
+        return y
+
     def call(self, x, training=False, return_attention=False):
         attended, weights = self._attend(self.norm1(x), training, return_attention)
-        x = x + self.drop_path(self.dropout(attended, training=training), training=training)
+        x = x + self._regularise(attended, training, self.dropout, self.drop_path)
         y = self.mlp_fc1(self.norm2(x))
         y = self._gelu(y)
-        y = self.mlp_fc2(self.dropout(y, training=training))
-        x = x + self.drop_path(self.dropout(y, training=training), training=training)
+        y = self.mlp_fc2(self._regularise(y, training, self.dropout))
+        x = x + self._regularise(y, training, self.dropout, self.drop_path)
         return (x, weights) if return_attention else x
 
     def get_config(self):
