@@ -723,6 +723,9 @@ class TransformerBlock(keras.layers.Layer):
             layer.build(token_shape)
         self.mlp_fc1.build(token_shape)
         self.mlp_fc2.build((*token_shape[:-1], self.mlp_dim))
+        # `call` skips DropPath at inference, and `model.quantize` refuses unbuilt layers
+        # (Keras' Dropout builds itself at construction).
+        self.drop_path.build(token_shape)
 
     def projections(self):
         """The block's `Dense` layers, in `PROJECTION_PAIRS` order: `qkv`,
