@@ -117,7 +117,7 @@ def erf(x):
 
 @functools.cache
 def _fused_attention_is_faster():
-    """Whether `ops.dot_product_attention` beats explicit products on this machine.
+    """Whether `backend_ops.dot_product_attention` beats explicit products on this machine.
 
     It runs fused kernels on PyTorch (CPU and GPU) and, on JAX, on GPUs and TPUs
     (cuDNN or Pallas flash attention); on TensorFlow and on a JAX CPU it is two
@@ -297,9 +297,10 @@ def _query_blocks(length):
 class Dense(keras.layers.Dense):
     """`keras.layers.Dense` whose 16-bit products reach XLA:CPU's bfloat16 kernels.
 
-    Under a `mixed_bfloat16` or `mixed_float16` policy the product is
-    `keras_vit.utils.backend_ops.matmul`: the same numbers as `keras.layers.Dense`,
-    computed on XLA's 16-bit kernels rather than from float32 copies of the operands.
+    The product and bias are `keras_vit.utils.backend_ops.dense`: the same numbers as
+    `keras.layers.Dense`. Under a `mixed_bfloat16` or `mixed_float16` policy they are
+    computed on XLA's 16-bit kernels rather than from float32 copies of the operands;
+    on PyTorch in float32, as one product that adds the bias.
     Weights, names, LoRA and quantization are those of `keras.layers.Dense`. Inside
     `tracing_for_export()` a product over a sequence is traced as one of a matrix of
     rows, which exporters map to a single matrix-product op.
@@ -320,9 +321,7 @@ class Dense(keras.layers.Dense):
             # tensordot, a dozen ops computing its shapes at run time.
             rows = self.call(ops.reshape(inputs, (-1, inputs.shape[-1])), training)
             return ops.reshape(rows, (-1, *leading, rows.shape[-1]))
-        x = backend_ops.matmul(inputs, self.kernel)
-        if self.bias is not None:
-            x = backend_ops.add_bias(x, self.bias)
+        x = backend_ops.dense(inputs, self.kernel, self.bias)
         return x if self.activation is None else self.activation(x)
 
     def quantize(self, mode=None, type_check=True, config=None):
@@ -701,8 +700,8 @@ class TransformerBlock(keras.layers.Layer):
     The query, key and value projections are one fused Dense of width 3D (q | k | v,
     heads contiguous inside each), which maps exactly onto the official separate
     `(D, heads, head_dim)` kernels. Attention uses the backend's fused kernel
-    (`keras.ops.dot_product_attention`) where it has one (PyTorch; JAX on GPU and
-    TPU) and batched matmuls under XLA on CPU and on TensorFlow, which are faster
+    (`keras_vit.utils.backend_ops.dot_product_attention`) where it has one (PyTorch;
+    JAX on GPU and TPU) and batched matmuls under XLA on CPU and on TensorFlow, which are faster
     there; `call(..., return_attention=True)` returns `(outputs, weights)` with
     weights of shape `(batch, heads, tokens, tokens)`. Under the mixed policies the
     attention logits and softmax are float32 on every path (the matmul path asks for
@@ -783,6 +782,9 @@ class TransformerBlock(keras.layers.Layer):
             layer.build(token_shape)
         self.mlp_fc1.build(token_shape)
         self.mlp_fc2.build((*token_shape[:-1], self.mlp_dim))
+        # `call` skips DropPath at inference, and `model.quantize` refuses unbuilt layers
+        # (Keras' Dropout builds itself at construction).
+        self.drop_path.build(token_shape)
 
     def projections(self):
         """The block's `Dense` layers, in `PROJECTION_PAIRS` order: `qkv`,
@@ -802,7 +804,7 @@ class TransformerBlock(keras.layers.Layer):
             or is_tracing_for_export()
         )
         if not explicit and _fused_attention_is_faster():
-            out = ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+            out = backend_ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
             return self.attention_output(ops.reshape(out, (-1, length, width))), None
         # One transpose of the fused q|k|v, then products batched over (batch, heads).
         q, k, v = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3, axis=0)
@@ -848,13 +850,22 @@ class TransformerBlock(keras.layers.Layer):
         erf_op = ops.erf if exporting_tensorflow else erf
         return y * 0.5 * (1.0 + erf_op(y * ops.cast(1.0 / math.sqrt(2.0), y.dtype)))
 
+    def _regularise(self, y, training, *layers):
+        # Calls only the layers that change `y`: at inference, or at rate 0, Dropout and
+        # DropPath return it unchanged, and each Keras layer call costs Python time that
+        # eager backends (PyTorch) spend on every step.
+        for layer in layers:
+            if training and layer.rate > 0:
+                y = layer(y, training=training)
+        return y
+
     def call(self, x, training=False, return_attention=False):
         attended, weights = self._attend(self.norm1(x), training, return_attention)
-        x = x + self.drop_path(self.dropout(attended, training=training), training=training)
+        x = x + self._regularise(attended, training, self.dropout, self.drop_path)
         y = self.mlp_fc1(self.norm2(x))
         y = self._gelu(y)
-        y = self.mlp_fc2(self.dropout(y, training=training))
-        x = x + self.drop_path(self.dropout(y, training=training), training=training)
+        y = self.mlp_fc2(self._regularise(y, training, self.dropout))
+        x = x + self._regularise(y, training, self.dropout, self.drop_path)
         return (x, weights) if return_attention else x
 
     def get_config(self):

@@ -1,4 +1,4 @@
-"""Matrix products of 16-bit operands with float32 accumulation, which keras.ops lacks.
+"""Products that keras.ops lacks or computes slower than the backend can.
 
 `keras.ops.matmul` returns its operands' dtype. Under a mixed precision policy that is
 bfloat16 or float16, and XLA:CPU (JAX, and TensorFlow under `jit_compile`) then
@@ -15,6 +15,12 @@ own (`swapaxes`). `matmul` gives keras.ops.matmul's result from them,
 `matmul_float32` a float32 one, also of `x1` and a transposed `x2` (attention logits: a
 float16 result overflows, a bfloat16 one keeps 8 bits). Elsewhere all are computed as
 keras.ops computes them.
+
+On PyTorch, `dense` asks for the product and the bias in one call (`addmm`, which adds
+the bias inside the product's output pass instead of a second pass over the output) and
+`dot_product_attention` hands PyTorch's fused attention the strided query, key and value
+that it reads in place, where `keras.ops.dot_product_attention` copies them to
+contiguous tensors first (and its output back). Elsewhere both are the keras.ops forms.
 """
 
 import keras
@@ -193,8 +199,8 @@ def add_bias(x, bias):
 
     The bias gradient is the sum of the output gradient over all the other axes. From
     16-bit values autodiff sums them in 16 bits, which XLA:CPU rewrites as a slow
-    windowed reduction (JAX: about 15 ms for 16 x 197 x 768 values on the AMX Xeon of
-    the README, against 0.2 ms for the same sum in float32). Under XLA (JAX; TensorFlow
+    windowed reduction, many times slower than the same sum in float32 (README,
+    Performance). Under XLA (JAX; TensorFlow
     inside `jit_compile`) 16-bit `x` therefore gets a gradient summed in float32 and
     rounded once, at least as accurate as the 16-bit sum. Elsewhere it is
     `keras.ops.add`.
@@ -237,3 +243,76 @@ def matmul(x1, x2):
     if _is_16bit(x1) and _xla_float32_product_available():
         return ops.cast(_float32_product(x1, x2), x1.dtype)
     return ops.matmul(x1, x2)
+
+
+def dense(inputs, kernel, bias=None):
+    """`inputs @ kernel + bias`: `keras.layers.Dense`'s product, without its activation.
+
+    The product is `matmul`'s. On PyTorch, in float32, it is one
+    `torch.nn.functional.linear` call (`addmm`), which adds the bias as it writes the
+    product: the same numbers as the product followed by the addition, with one pass
+    over the output fewer. 16-bit operands keep the product and the addition apart
+    (`matmul`, `add_bias`), two roundings as `keras.layers.Dense` (`addmm` would round once).
+
+    Args:
+        inputs: `(..., k)` tensor.
+        kernel: `(k, n)` tensor or variable.
+        bias: `(n,)` tensor or variable, or None.
+
+    Returns:
+        The `(..., n)` tensor, in the dtype of `inputs`.
+
+    Example:
+
+    >>> x = keras.ops.ones((2, 3, 4))
+    >>> y = dense(x, keras.ops.ones((4, 5)), keras.ops.arange(5, dtype="float32"))
+    >>> tuple(y.shape), keras.ops.convert_to_numpy(y[0, 0]).tolist()
+    ((2, 3, 5), [4.0, 5.0, 6.0, 7.0, 8.0])
+    """
+    if keras.backend.backend() == "torch":
+        import torch
+
+        # Variables read as their values here (cast to the compute dtype under a
+        # mixed policy), so the dtypes checked are those multiplied.
+        operands = [ops.convert_to_tensor(x) for x in (inputs, kernel, bias) if x is not None]
+        if all(x.dtype == torch.float32 for x in operands):
+            # linear takes torch.nn.Linear's (n, k) weight: the kernel's transpose, a
+            # view that addmm reads back as the (k, n) kernel.
+            inputs, kernel, *rest = operands
+            return torch.nn.functional.linear(inputs, kernel.T, *rest)
+    x = matmul(inputs, kernel)
+    return x if bias is None else add_bias(x, bias)
+
+
+def dot_product_attention(query, key, value):
+    """`keras.ops.dot_product_attention(query, key, value)`: softmax attention scaled
+    by `1 / sqrt(head_dim)`, without mask or bias, in the `(batch, tokens, heads,
+    head_dim)` layout.
+
+    On PyTorch it calls `torch.nn.functional.scaled_dot_product_attention` on the
+    `(batch, heads, tokens, head_dim)` views of its arguments, as keras.ops does, but
+    without making them contiguous first: the same kernel on the same numbers, reading
+    slices of a fused q|k|v projection in place. Its output comes back in the layout
+    of the query, so the returned `(batch, tokens, heads, head_dim)` view of it is
+    contiguous when the query's tokens are outside its heads.
+
+    Args:
+        query, key, value: `(batch, tokens, heads, head_dim)` tensors of one dtype
+            (key and value may have another number of tokens).
+
+    Returns:
+        The `(batch, tokens, heads, head_dim)` attention output.
+
+    Example:
+
+    >>> q = keras.random.normal((2, 5, 3, 8), seed=0)
+    >>> out = dot_product_attention(q, q, q)
+    >>> tuple(out.shape)
+    (2, 5, 3, 8)
+    """
+    if keras.backend.backend() != "torch":
+        return ops.dot_product_attention(query, key, value)
+    import torch
+
+    query, key, value = (ops.convert_to_tensor(x).transpose(1, 2) for x in (query, key, value))
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value).transpose(1, 2)
