@@ -1,14 +1,13 @@
-"""Keeps the memory that JAX and PyTorch free on a CPU, for the next step to reuse.
+"""Keeps the memory that XLA:CPU frees under JAX, for the next step to reuse.
 
 Under JAX, XLA:CPU mallocs a step's temporary buffers on every call and frees them
-at its end; PyTorch's CPU allocator mallocs every tensor and frees it when the last
-reference goes. glibc hands blocks that large straight back to the kernel, so the next
+at its end. glibc hands blocks that large straight back to the kernel, so the next
 step faults every page in again, at a cost in system CPU time on every step (the
 README's Performance section gives the figures, measured with `bench/contenders.py`).
 TensorFlow's allocator already keeps its memory.
 
-`import keras_vit` under the JAX and PyTorch backends calls `keep_freed_memory()` unless
-the environment sets `KERAS_VIT_MALLOC=system`; it reads the backend as Keras will
+`import keras_vit` under the JAX backend calls `keep_freed_memory()` unless the
+environment sets `KERAS_VIT_MALLOC=system`; it reads the backend as Keras will
 (`keras_backend()`), without importing Keras.
 """
 
@@ -79,8 +78,7 @@ def keras_backend():
 
 
 def configure_for_backend(backend=None):
-    """Keeps freed memory under JAX and PyTorch unless `KERAS_VIT_MALLOC=system`; see
-    the module.
+    """Keeps freed memory under JAX unless `KERAS_VIT_MALLOC=system`; see the module.
 
     `backend` defaults to `keras_backend()`.
     """
@@ -91,5 +89,5 @@ def configure_for_backend(backend=None):
             f"{ENV_VAR}={choice!r} is not a choice: expected one of "
             f"{', '.join(map(repr, ENV_CHOICES))}."
         )
-    if backend in ("jax", "torch") and choice == "keep":
+    if backend == "jax" and choice == "keep":
         keep_freed_memory()
