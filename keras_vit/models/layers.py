@@ -297,10 +297,11 @@ def _query_blocks(length):
 class Dense(keras.layers.Dense):
     """`keras.layers.Dense` whose 16-bit products reach XLA:CPU's bfloat16 kernels.
 
-    The product and bias are `keras_vit.utils.backend_ops.dense`: the same numbers as
-    `keras.layers.Dense`. Under a `mixed_bfloat16` or `mixed_float16` policy they are
-    computed on XLA's 16-bit kernels rather than from float32 copies of the operands;
-    on PyTorch in float32, as one product that adds the bias.
+    The product and bias are `keras_vit.utils.backend_ops.dense`: the numbers of
+    `keras.layers.Dense`, but that under a `mixed_bfloat16` or `mixed_float16` policy
+    and XLA the product is computed on XLA's 16-bit kernels rather than from float32
+    copies of the operands, and the bias added before rounding it (one rounding, not
+    two); on PyTorch in float32, as one product that adds the bias.
     Weights, names, LoRA and quantization are those of `keras.layers.Dense`. Inside
     `tracing_for_export()` a product over a sequence is traced as one of a matrix of
     rows, which exporters map to a single matrix-product op.
@@ -838,8 +839,13 @@ class TransformerBlock(keras.layers.Layer):
         return ops.cast(out / ops.sum(exp, axis=-1, keepdims=True), v.dtype)
 
     def _gelu(self, y):
-        if self.gelu_approximate or keras.backend.backend() == "torch":
+        if keras.backend.backend() == "torch":
             return keras.activations.gelu(y, approximate=self.gelu_approximate)
+        # In float32, rounded once to a 16-bit compute dtype: XLA:CPU computes a chain
+        # of 16-bit ops by rounding after each (README, Performance).
+        x = ops.cast(y, "float32")
+        if self.gelu_approximate:
+            return ops.cast(keras.activations.gelu(x, approximate=True), y.dtype)
         # Under XLA the erf form beats tf.nn.gelu's and jax.nn.gelu's erfc form
         # (README, Performance). `erf` is built from basic ops because
         # JAX lowers lax.erf to a StableHLO composite that TensorFlow cannot load,
@@ -848,7 +854,8 @@ class TransformerBlock(keras.layers.Layer):
         # GELU op and tf2onnx maps to ONNX's Erf.
         exporting_tensorflow = keras.backend.backend() == "tensorflow" and is_tracing_for_export()
         erf_op = ops.erf if exporting_tensorflow else erf
-        return y * 0.5 * (1.0 + erf_op(y * ops.cast(1.0 / math.sqrt(2.0), y.dtype)))
+        x = x * 0.5 * (1.0 + erf_op(x * (1.0 / math.sqrt(2.0))))
+        return ops.cast(x, y.dtype)
 
     def _regularise(self, y, training, *layers):
         # Calls only the layers that change `y`: at inference, or at rate 0, Dropout and
