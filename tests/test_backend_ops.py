@@ -1,4 +1,4 @@
-"""`backend_ops` products, their gradients, `swapaxes`, `add_bias`, and the `Dense` built on them,
+"""`backend_ops` products, their gradients, `swapaxes`, `dense`, and the `Dense` built on them,
 on every backend (tests/test_backends.py).
 
 The reference is numpy in float64 on the same 16-bit values: products of 16-bit floats
@@ -16,7 +16,7 @@ import pytest
 from keras import ops
 
 from keras_vit.models.layers import Dense
-from keras_vit.utils.backend_ops import add_bias, matmul_float32, swapaxes
+from keras_vit.utils.backend_ops import dense, matmul_float32, swapaxes
 
 BACKEND = keras.backend.backend()
 
@@ -113,14 +113,15 @@ def test_swapaxes_and_its_gradient_equal_numpys(dtype, axes):
         np.testing.assert_array_equal(ops.convert_to_numpy(grad), np.swapaxes(weights, *axes))
 
 
-def test_add_bias_and_its_gradients_equal_the_exact_ones():
+def test_dense_bias_and_its_gradients_equal_the_exact_ones():
     rng = np.random.default_rng(6)
     x = _rounded(rng.normal(size=(3, 40, 8)), "bfloat16")
     bias = _rounded(rng.normal(size=(8,)), "bfloat16")
     upstream = _rounded(rng.normal(size=x.shape), "bfloat16")
+    identity = ops.eye(8, dtype="bfloat16")  # so the product is x, exactly
 
     def loss(x, b):
-        total = add_bias(ops.cast(x, "bfloat16"), ops.cast(b, "bfloat16"))
+        total = dense(ops.cast(x, "bfloat16"), identity, ops.cast(b, "bfloat16"))
         return ops.sum(ops.multiply(ops.cast(total, "float32"), upstream.astype("float32"))), total
 
     runs = _run(_gradients(loss), x.astype("float32"), bias.astype("float32"))
@@ -232,7 +233,7 @@ def test_mixed_precision_dense_rounds_the_float32_product(policy):
     for outputs in _run(layer, inputs):
         assert keras.backend.standardize_dtype(outputs.dtype) == compute
         # As keras.layers.Dense: the product rounded once, then the bias added in
-        # the compute dtype and rounded again.
+        # the compute dtype and rounded again; under XLA the sum rounded once.
         outputs = np.asarray(ops.convert_to_numpy(ops.cast(outputs, "float32")), "float64")
         bound = 1.01 * unit * (np.abs(product) + np.abs(expected)) + 1e-6
         assert np.all(np.abs(outputs - expected) <= bound), np.abs(outputs - expected).max()

@@ -13,8 +13,8 @@ a transpose that XLA folds in) is computed from float32 copies. So the gradients
 are asked for in those forms too, with the transposes they need made copies of their
 own (`swapaxes`). `matmul` gives keras.ops.matmul's result from them,
 `matmul_float32` a float32 one, also of `x1` and a transposed `x2` (attention logits: a
-float16 result overflows, a bfloat16 one keeps 8 bits). Elsewhere all are computed as
-keras.ops computes them.
+float16 result overflows, a bfloat16 one keeps 8 bits), `dense` adds a bias to it
+before rounding. Elsewhere all are computed as keras.ops computes them.
 
 On PyTorch, `dense` asks for the product and the bias in one call (`addmm`, which adds
 the bias inside the product's output pass instead of a second pass over the output) and
@@ -134,8 +134,15 @@ def _float32_product(x1, x2, transpose_x2=False):
     kernels, for 16-bit operands of one dtype where `_xla_float32_product_available()`."""
     x2 = ops.cast(x2, x1.dtype)
     product = _xla_float32_product_transposed if transpose_x2 else _xla_float32_product
+    return _over_rows(product, x1, x2)
+
+
+def _over_rows(product, x1, x2):
+    """`product(x1, x2)`, with the leading axes of `x1` folded into one when `x2` is a
+    matrix: the kernel's gradient is then one product of two matrices. Contracted over
+    several axes instead (`(batch, tokens, k)` inputs), XLA:CPU computes it through
+    transposed copies of the output gradient."""
     if len(x2.shape) == 2 and len(x1.shape) > 2:
-        # As one (rows, k) matrix, so the kernel's gradient is a single product too.
         rows = product(ops.reshape(x1, (-1, x1.shape[-1])), x2)
         return ops.reshape(rows, (*ops.shape(x1)[:-1], rows.shape[-1]))
     return product(x1, x2)
@@ -184,46 +191,6 @@ def matmul_float32(x1, x2, transpose_x2=False):
     return ops.matmul(x1, ops.swapaxes(x2, -1, -2) if transpose_x2 else x2)
 
 
-@ops.custom_gradient
-def _xla_add_bias(x, bias):
-    def grad(*args, upstream=None):
-        upstream = _upstream(args, upstream, x.dtype)
-        rows = ops.reshape(ops.cast(upstream, "float32"), (-1, upstream.shape[-1]))
-        return upstream, ops.cast(ops.sum(rows, axis=0), bias.dtype)
-
-    return ops.add(x, bias), grad
-
-
-def add_bias(x, bias):
-    """`x + bias` for a bias over the last axis, with its gradient summed in float32.
-
-    The bias gradient is the sum of the output gradient over all the other axes. From
-    16-bit values autodiff sums them in 16 bits, which XLA:CPU rewrites as a slow
-    windowed reduction, many times slower than the same sum in float32 (README,
-    Performance). Under XLA (JAX; TensorFlow
-    inside `jit_compile`) 16-bit `x` therefore gets a gradient summed in float32 and
-    rounded once, at least as accurate as the 16-bit sum. Elsewhere it is
-    `keras.ops.add`.
-
-    Args:
-        x: `(..., n)` tensor.
-        bias: `(n,)` tensor, cast to `x`'s dtype (as Keras' autocast does).
-
-    Returns:
-        `x + bias`, in `x`'s dtype.
-
-    Example:
-
-    >>> x = keras.ops.ones((2, 3), dtype="bfloat16")
-    >>> total = add_bias(x, keras.ops.arange(3.0))
-    >>> keras.ops.convert_to_numpy(keras.ops.cast(total, "float32")).tolist()
-    [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
-    """
-    if _is_16bit(x) and _xla_float32_product_available():
-        return _xla_add_bias(x, ops.cast(bias, x.dtype))
-    return ops.add(x, bias)
-
-
 def matmul(x1, x2):
     """`keras.ops.matmul(x1, x2)`, with 16-bit operands on XLA's 16-bit kernels.
 
@@ -242,17 +209,24 @@ def matmul(x1, x2):
     """
     if _is_16bit(x1) and _xla_float32_product_available():
         return ops.cast(_float32_product(x1, x2), x1.dtype)
+    if keras.backend.backend() == "jax":
+        # Keras' TensorFlow matmul folds the rows too (a tensordot); JAX's does not.
+        return _over_rows(ops.matmul, x1, x2)
     return ops.matmul(x1, x2)
 
 
 def dense(inputs, kernel, bias=None):
     """`inputs @ kernel + bias`: `keras.layers.Dense`'s product, without its activation.
 
-    The product is `matmul`'s. On PyTorch, in float32, it is one
+    The product is `matmul`'s. With 16-bit operands under XLA (JAX; TensorFlow inside
+    `jit_compile`) the bias is added to the float32 product and the sum rounded once to
+    the 16-bit dtype: one rounding where `keras.layers.Dense` rounds twice, and the
+    bias gradient summed in float32 (summed in 16 bits, XLA:CPU rewrites it as a slow
+    windowed reduction; README, Performance). On PyTorch, in float32, it is one
     `torch.nn.functional.linear` call (`addmm`), which adds the bias as it writes the
     product: the same numbers as the product followed by the addition, with one pass
-    over the output fewer. 16-bit operands keep the product and the addition apart
-    (`matmul`, `add_bias`), two roundings as `keras.layers.Dense` (`addmm` would round once).
+    over the output fewer. Elsewhere the product is followed by the addition, as
+    `keras.layers.Dense` computes them.
 
     Args:
         inputs: `(..., k)` tensor.
@@ -280,8 +254,12 @@ def dense(inputs, kernel, bias=None):
             # view that addmm reads back as the (k, n) kernel.
             inputs, kernel, *rest = operands
             return torch.nn.functional.linear(inputs, kernel.T, *rest)
+    if _is_16bit(inputs) and _xla_float32_product_available():
+        x = _float32_product(inputs, kernel)
+        x = x if bias is None else x + ops.cast(bias, "float32")
+        return ops.cast(x, inputs.dtype)
     x = matmul(inputs, kernel)
-    return x if bias is None else add_bias(x, bias)
+    return x if bias is None else ops.add(x, bias)
 
 
 def dot_product_attention(query, key, value):
