@@ -175,6 +175,13 @@ def is_tracing_for_export():
     return torch.jit.is_tracing()
 
 
+def _moments(x, axes, epsilon):
+    """`x`'s mean over `axes`, `x` centred, and the reciprocal of its deviation."""
+    mean = ops.mean(x, axis=axes, keepdims=True)
+    centred = x - mean
+    return mean, centred, ops.rsqrt(ops.mean(ops.square(centred), axis=axes, keepdims=True) + epsilon)
+
+
 def _normalize(x, gamma, beta, epsilon, dtype):
     """Layer normalisation over the last axis, in float32, keeping for the backward
     pass only `x` and each row's mean and reciprocal deviation: differentiating
@@ -182,10 +189,7 @@ def _normalize(x, gamma, beta, epsilon, dtype):
 
     @ops.custom_gradient
     def normalize(x, gamma, beta):
-        x32 = ops.cast(x, "float32")
-        mean = ops.mean(x32, axis=-1, keepdims=True)
-        centred = x32 - mean
-        rstd = ops.rsqrt(ops.mean(ops.square(centred), axis=-1, keepdims=True) + epsilon)
+        mean, centred, rstd = _moments(ops.cast(x, "float32"), [-1], epsilon)
 
         def grad(*args, upstream=None):
             upstream = ops.cast(args[0] if upstream is None else upstream, "float32")
@@ -259,9 +263,8 @@ class LayerNormalization(keras.layers.LayerNormalization):
         x = ops.cast(inputs, "float32")
         rank = len(x.shape)
         axes = sorted(axis % rank for axis in self.axis)
-        centred = x - ops.mean(x, axis=axes, keepdims=True)
-        variance = ops.mean(ops.square(centred), axis=axes, keepdims=True)
-        x = centred * ops.rsqrt(variance + self.epsilon)
+        _, centred, rstd = _moments(x, axes, self.epsilon)
+        x = centred * rstd
         for weight, combine in ((self.gamma, ops.multiply), (self.beta, ops.add)):
             if weight is not None:  # scale=False, center=False leave them out
                 shape = [1] * rank

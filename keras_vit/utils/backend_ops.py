@@ -144,7 +144,11 @@ def _over_rows(product, x1, x2):
     transposed copies of the output gradient."""
     if len(x2.shape) == 2 and len(x1.shape) > 2:
         rows = product(ops.reshape(x1, (-1, x1.shape[-1])), x2)
-        return ops.reshape(rows, (*ops.shape(x1)[:-1], rows.shape[-1]))
+        # The batch as -1: exporters tracing a symbolic batch (jax2onnx) cannot
+        # map it onto the axes of `rows`.
+        leading = tuple(x1.shape[1:-1])
+        leading = (-1, *leading) if None not in leading else ops.shape(x1)[:-1]
+        return ops.reshape(rows, (*leading, rows.shape[-1]))
     return product(x1, x2)
 
 
