@@ -202,7 +202,8 @@ def matmul(x1, x2):
     `keras.ops.matmul` computes it on every backend; under XLA (JAX; TensorFlow inside
     `jit_compile`) it comes from the float32 product of `matmul_float32` rather than
     from float32 copies of the operands. Elsewhere it is `keras.ops.matmul` (PyTorch's
-    and TensorFlow's own kernels already use the CPU's bfloat16 units).
+    and TensorFlow's own kernels already use the CPU's bfloat16 units), on JAX with the
+    leading axes of `x1` folded into rows when `x2` is a matrix (`_over_rows`).
 
     Example:
 
