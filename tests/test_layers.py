@@ -257,6 +257,24 @@ def test_patches_rejects_indivisible_size_and_wrong_channels():
         layer(np.zeros((1, 32, 32, 1), "float32"))
 
 
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16", "mixed_float16"])
+def test_transformer_block_symbolic_outputs_are_what_it_returns(policy):
+    # The block states its outputs from the shapes (`compute_output_spec`) instead of
+    # tracing `call`: they must be the shapes and dtypes that `call` returns.
+    keras.config.set_dtype_policy(policy)
+    block = L.TransformerBlock(num_heads=2, mlp_dim=16)
+    symbolic = keras.KerasTensor((None, 5, 8))
+    tokens = np.random.default_rng(0).normal(size=(3, 5, 8)).astype("float32")
+    for return_attention in (False, True):
+        specs = keras.tree.flatten(block(symbolic, return_attention=return_attention))
+        values = keras.tree.flatten(block(tokens, return_attention=return_attention))
+        assert [(s.shape, s.dtype) for s in specs] == [
+            ((None, *v.shape[1:]), keras.backend.standardize_dtype(v.dtype)) for v in values
+        ]
+    assert specs[0].dtype == keras.config.dtype_policy().compute_dtype
+    assert specs[1].shape == (None, 2, 5, 5) and specs[1].dtype == "float32"
+
+
 def test_transformer_block_rejects_width_not_divisible_by_heads():
     with pytest.raises(ValueError, match="hidden_dim 30 is not divisible by num_heads 4"):
         L.TransformerBlock(4, 8).build((None, 5, 30))

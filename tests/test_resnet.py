@@ -68,6 +68,17 @@ def test_new_bottleneck_unit_passes_its_residual():
     np.testing.assert_array_equal(_np(resnet.BottleneckUnit(32)(x)), np.maximum(x, 0))
 
 
+@pytest.mark.parametrize("size, strides, channels", [(7, 2, 64), (6, 2, 128), (5, 1, 128)])
+def test_bottleneck_symbolic_output_is_what_it_returns(size, strides, channels):
+    # Shapes from `compute_output_shape`, not a trace of `call`: odd sizes under stride 2
+    # round as the convolution does.
+    unit = resnet.BottleneckUnit(32, strides=strides)  # 32 groups: 32 features at least
+    spec = unit(keras.KerasTensor((None, size, size, channels)))
+    value = unit(np.ones((2, size, size, channels), "float32"))
+    assert spec.shape == (None, *value.shape[1:])
+    assert spec.dtype == keras.backend.standardize_dtype(value.dtype)
+
+
 def test_tiny_hybrid_round_trips_through_keras_file(tmp_path):
     model = keras_vit.ViT(
         image_size=32, patch_size=1, hidden_dim=32, num_layers=1, num_heads=4, mlp_dim=64,

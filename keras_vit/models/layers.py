@@ -878,6 +878,16 @@ class TransformerBlock(keras.layers.Layer):
         x = x + self._regularise(y, training, self.dropout, self.drop_path)
         return (x, weights) if return_attention else x
 
+    def compute_output_spec(self, x, training=False, return_attention=False):
+        # From the shapes alone: Keras would otherwise trace `call` on every symbolic
+        # call, most of the time it takes to build a model. Outputs are in the compute
+        # dtype (Keras casts the inputs to it), the attention weights in float32.
+        outputs = keras.KerasTensor(x.shape, self.compute_dtype)
+        if not return_attention:
+            return outputs
+        batch, tokens = x.shape[0], x.shape[1]
+        return outputs, keras.KerasTensor((batch, self.num_heads, tokens, tokens), "float32")
+
     def get_config(self):
         return {
             **super().get_config(),

@@ -172,6 +172,10 @@ class BottleneckUnit(keras.layers.Layer):
         y = self.gn3(self.conv3(y))
         return ops.relu(residual + y)
 
+    def compute_output_shape(self, input_shape):
+        # Spares Keras tracing `call` for the shape on every symbolic call.
+        return (*self.conv2.compute_output_shape(tuple(input_shape))[:-1], 4 * self.features)
+
     def get_config(self):
         return {**super().get_config(), "features": self.features, "strides": self.strides}
 
