@@ -1,5 +1,5 @@
-"""`backend_ops` products, their gradients, `swapaxes`, `dense`, and the `Dense` built on them,
-on every backend (tests/test_backends.py).
+"""`backend_ops` products, their gradients, `swapaxes`, `dense`, the `Dense` built on them
+and PyTorch's 16-bit attention in training, on every backend (tests/test_backends.py).
 
 The reference is numpy in float64 on the same 16-bit values: products of 16-bit floats
 are exact in float32, so the only differences allowed are float32 accumulation error
@@ -16,7 +16,7 @@ import pytest
 from keras import ops
 
 from keras_vit.models.layers import Dense
-from keras_vit.utils.backend_ops import dense, matmul_float32, swapaxes
+from keras_vit.utils.backend_ops import dense, dot_product_attention, matmul_float32, swapaxes
 
 BACKEND = keras.backend.backend()
 
@@ -249,3 +249,40 @@ def test_float32_dense_is_keras_dense():
     np.testing.assert_array_equal(
         ops.convert_to_numpy(ours(inputs)), ops.convert_to_numpy(theirs(inputs))
     )
+
+
+def _attention_and_gradients(q, k, v, upstream):
+    """Softmax attention `(batch, tokens, heads, head_dim)` in float64 numpy, and the
+    gradients of `sum(output * upstream)` with respect to q, k and v."""
+    scale = 1 / np.sqrt(q.shape[-1])
+    logits = np.einsum("btnh,bsnh->bnts", q, k) * scale
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    out = np.einsum("bnts,bsnh->btnh", weights, v)
+    d_weights = np.einsum("btnh,bsnh->bnts", upstream, v)
+    d_logits = weights * (d_weights - (d_weights * weights).sum(-1, keepdims=True)) * scale
+    dq = np.einsum("bnts,bsnh->btnh", d_logits, k)
+    dk = np.einsum("bnts,btnh->bsnh", d_logits, q)
+    dv = np.einsum("bnts,btnh->bsnh", weights, upstream)
+    return out, (dq, dk, dv)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the float32 path is PyTorch's, for training on a CPU")
+def test_16bit_attention_trains_in_float32_and_rounds_once():
+    # Training takes the float32 kernel: the output and each gradient are the exact values
+    # rounded to bfloat16 once (within a unit roundoff, 2**-8, plus float32's error).
+    import torch
+
+    rng = np.random.default_rng(8)
+    q, k, v, upstream = (_rounded(rng.normal(size=(2, 33, 3, 16)), "bfloat16") for _ in range(4))
+    tensors = [torch.tensor(x, dtype=torch.bfloat16, requires_grad=True) for x in (q, k, v)]
+    out = dot_product_attention(*tensors)
+    out.backward(torch.tensor(upstream, dtype=torch.bfloat16))
+    want_out, want_grads = _attention_and_gradients(q, k, v, upstream)
+    for got, want in zip((out, *(t.grad for t in tensors)), (want_out, *want_grads)):
+        assert got.dtype == torch.bfloat16
+        error = np.abs(got.detach().float().numpy() - want)
+        assert np.all(error <= 2**-8 * np.abs(want) + 1e-5 * np.abs(want).max()), error.max()
+    # Inference keeps the 16-bit kernel.
+    with torch.no_grad():
+        assert dot_product_attention(*tensors).dtype == torch.bfloat16

@@ -277,7 +277,9 @@ def dot_product_attention(query, key, value):
     without making them contiguous first: the same kernel on the same numbers, reading
     slices of a fused q|k|v projection in place. Its output comes back in the layout
     of the query, so the returned `(batch, tokens, heads, head_dim)` view of it is
-    contiguous when the query's tokens are outside its heads.
+    contiguous when the query's tokens are outside its heads. Where gradients will be
+    taken of 16-bit inputs on a CPU, it computes in float32 and rounds the output to
+    the inputs' dtype.
 
     Args:
         query, key, value: `(batch, tokens, heads, head_dim)` tensors of one dtype
@@ -298,4 +300,13 @@ def dot_product_attention(query, key, value):
     import torch
 
     query, key, value = (ops.convert_to_tensor(x).transpose(1, 2) for x in (query, key, value))
-    return torch.nn.functional.scaled_dot_product_attention(query, key, value).transpose(1, 2)
+    dtype = query.dtype
+    if dtype in (torch.bfloat16, torch.float16) and query.device.type == "cpu" and (
+        torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value))
+    ):
+        # On a CPU, PyTorch's 16-bit fused attention computes its gradients slower than
+        # its float32 one (README, Performance), so training takes the float32 kernel
+        # and rounds its output once; inference keeps the faster 16-bit forward.
+        query, key, value = (x.float() for x in (query, key, value))
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value)
+    return out.to(dtype).transpose(1, 2)
