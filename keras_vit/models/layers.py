@@ -811,7 +811,11 @@ class TransformerBlock(keras.layers.Layer):
             out = backend_ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
             return self.attention_output(ops.reshape(out, (-1, length, width))), None
         # One transpose of the fused q|k|v, then products batched over (batch, heads).
-        q, k, v = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3, axis=0)
+        # Split rather than unstacked: JAX differentiates unstack's slices by padding each
+        # gradient to the size of q|k|v and adding them; split's gradient is one concatenation.
+        q, k, v = (
+            ops.squeeze(part, 0) for part in ops.split(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3)
+        )
         q = q * ops.cast(1.0 / math.sqrt(self.head_dim), q.dtype)
         if explicit:
             # Float32 logits under every policy: float16 products overflow past 65504,
