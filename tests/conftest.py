@@ -2,8 +2,6 @@ import os
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-# Image-folder listings are cached (keras_vit.data.folders); not in the user's cache.
-os.environ.setdefault("KERAS_VIT_CACHE", tempfile.mkdtemp(prefix="keras_vit_cache_"))
 
 import keras  # noqa: E402
 import pytest  # noqa: E402

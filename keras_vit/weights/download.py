@@ -34,8 +34,15 @@ class DownloadError(FileNotFoundError):
 
 def cache_dir():
     """Where downloaded checkpoints are kept: `$KERAS_VIT_CACHE`, else
-    `<keras_home>/models/keras_vit`."""
-    return os.environ.get(CACHE_ENV) or os.path.join(keras.config.keras_home(), "models", "keras_vit")
+    `models/keras_vit` under Keras' own folder (`$KERAS_HOME`, else `~/.keras`).
+
+    Keras' folder is found the way Keras documents it rather than through a Keras
+    function: `keras.config` has no public name for it that every 3.x release keeps.
+    """
+    if os.environ.get(CACHE_ENV):
+        return os.environ[CACHE_ENV]
+    keras_home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    return os.path.join(keras_home, "models", "keras_vit")
 
 
 def download_url(url):
