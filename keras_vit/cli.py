@@ -248,6 +248,9 @@ def _fewshot_arguments(parser):
     parser.add_argument("--l2", metavar="L2", help="ridge strength (e.g. 1024), or 'sweep'")
     add_out_argument(parser)
     parser.add_argument(
+        "--overwrite", action="store_true", help="replace results already in --out"
+    )
+    parser.add_argument(
         "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
         help="override a config key (repeatable), e.g. --set data.batch_size=64",
     )
@@ -257,7 +260,7 @@ def _fewshot_arguments(parser):
 def fewshot(args):
     from keras_vit.evaluation import fewshot as vit_fewshot
     from keras_vit.training.config import apply_overrides
-    from keras_vit.training.runs import load_model
+    from keras_vit.training.runs import FEWSHOT_RESULTS, load_model
 
     config = load_recipe(args.recipe or "fewshot", "fewshot")
     flags = dict(data=args.data, out=args.out, classes=args.classes)
@@ -277,8 +280,14 @@ def fewshot(args):
             raise ValueError(f"--l2 expects a positive number or 'sweep', got {args.l2!r}.") from None
     config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
     config = apply_overrides(config, args.assignments).validate()
+    previous = os.path.join(config.out, FEWSHOT_RESULTS)
+    if os.path.exists(previous) and not args.overwrite:
+        raise ValueError(
+            f"{config.out} already holds few-shot results ({previous}); pass another --out, "
+            "or --overwrite to replace them."
+        )
     model = load_model(args.source)
-    result = vit_fewshot.evaluate_source(model, config, verbose=1)
+    result = vit_fewshot.evaluate_source(model, config, verbose="auto")
     table = vit_fewshot.save_results({os.path.basename(os.path.normpath(args.source)): result}, config.out)
     print(table)
     print(f"Results: {os.path.join(config.out, 'fewshot.json')}, fewshot.png")
@@ -315,6 +324,15 @@ def _load_run_model(source):
     return runs.load_model(source), runs.run_config(source)
 
 
+def _labels(args):
+    """Class names: `--labels FILE`, else those the `--from` run stored, else None."""
+    from keras_vit.training import runs
+
+    if args.labels:
+        return runs.read_labels(args.labels)
+    return runs.class_names(args.source) if getattr(args, "source", None) else None
+
+
 def _crop_fraction(args, config):
     from keras_vit.training.runs import eval_crop_fraction
 
@@ -333,7 +351,8 @@ def _export_arguments(parser):
     add_from_argument(parser, required=True)
     add_out_argument(parser, required=True)
     parser.add_argument(
-        "--labels", metavar="FILE", help="class names, one per line, in class order"
+        "--labels", metavar="FILE",
+        help="class names, one per line, in class order (default: the run's labels.txt)",
     )
     parser.add_argument(
         "--top-k", type=int, default=5, metavar="K", help="classes returned (default 5)"
@@ -404,10 +423,7 @@ def export(args):
               "files take images at the model's size.", file=sys.stderr)
         return 2
     model, config = _load_run_model(args.source)
-    labels = None
-    if args.labels:
-        with open(args.labels, encoding="utf-8") as f:
-            labels = [line.strip() for line in f if line.strip()]
+    labels = _labels(args)
     activation = args.activation or output_activation(config)
     metadata = dict(
         source=args.source, file=resolve_from(args.source),
@@ -551,7 +567,10 @@ def _predict_arguments(parser):
     )
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
     parser.add_argument("--top-k", type=int, default=5, metavar="K", help="classes shown (default 5)")
-    parser.add_argument("--labels", metavar="FILE", help="class names, one per line, in class order")
+    parser.add_argument(
+        "--labels", metavar="FILE",
+        help="class names, one per line, in class order (default: the run's labels.txt)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     _add_crop_argument(parser)
 
@@ -562,17 +581,15 @@ def predict(args):
     import json
 
     from keras_vit.inference import classify
+    from keras_vit.training.runs import output_activation
     from keras_vit.weights.pretrained import pretrained
 
-    labels = None
-    if args.labels:
-        with open(args.labels, encoding="utf-8") as f:
-            labels = [line.strip() for line in f if line.strip()]
+    labels = _labels(args)
     if args.weights:
         model, activation, crop_fraction = pretrained(args.weights), None, args.crop_fraction
     else:
         model, config = _load_run_model(args.source)
-        activation = "sigmoid" if (config or {}).get("loss") == "sigmoid" else "softmax"
+        activation = output_activation(config)
         crop_fraction = _crop_fraction(args, config)
     results = classify(
         model, args.images, top_k=args.top_k, labels=labels, activation=activation,

@@ -115,13 +115,14 @@ def _train_stage(title, config, seconds, verbose):
     return result
 
 
-def run_demo(config, *, out=None, verbose=1):
+def run_demo(config, *, out=None, verbose="auto"):
     """Runs the demo: pretrain, few-shot evaluate (pretrained and random init), fine-tune.
 
     Args:
         config: a `DemoConfig` (`recipes/demo.py`'s `DEMO`).
         out: the output folder (default `config.out`).
-        verbose: 1 shows Keras progress bars; every stage logs to the `keras_vit` logger.
+        verbose: Keras' progress display (`"auto"`: bars on a terminal, a line per
+            epoch otherwise); every stage logs to the `keras_vit` logger.
 
     Returns:
         The summary dict also written to `OUT/summary.json`: `pretrain_accuracy`,

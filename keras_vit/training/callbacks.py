@@ -162,10 +162,13 @@ class TrainingBackup(keras.callbacks.Callback):
 
     @classmethod
     def remove(cls, directory):
-        """Deletes the backup in `directory` (the run it belongs to is complete)."""
+        """Deletes the backup in `directory`, and the folder once empty (the run it
+        belongs to is complete)."""
         path = os.path.join(directory, cls.FILE)
         if tf.io.gfile.exists(path):
             tf.io.gfile.remove(path)
+        if tf.io.gfile.isdir(directory) and not tf.io.gfile.listdir(directory):
+            tf.io.gfile.rmtree(directory)
 
 
 class EpochCheckpoints(keras.callbacks.Callback):

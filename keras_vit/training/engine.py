@@ -31,6 +31,7 @@ from keras_vit.training.optimizers import make_optimizer
 from keras_vit.training.schedules import WarmupDecay
 from keras_vit.utils.serialization import serializable
 from keras_vit.utils.files import atomic_path, atomic_write, remove_temporaries
+from keras_vit.utils.keras_compat import progress_verbosity
 
 logger = logging.getLogger("keras_vit")
 
@@ -310,8 +311,8 @@ def _eval_source(config):
 
 
 def load_sources(config, written):
-    """The train and eval sources (with `data.classes` selected); lists undecodable
-    files in `skipped_files.txt`."""
+    """The train and eval sources (with `data.classes` selected); writes the class names
+    in `labels.txt` and lists undecodable files in `skipped_files.txt`."""
     data = config.data
     train_source = vit_data.load_source(
         data.source, "train", strict=data.strict, data_dir=data.data_dir
@@ -320,6 +321,11 @@ def load_sources(config, written):
     if config.data.classes is not None:
         train_source = vit_data.select_classes(train_source, config.data.classes)
         eval_source = eval_source and vit_data.select_classes(eval_source, config.data.classes)
+    note = vit_data.channel_note(train_source, config.model.channels)
+    if note:
+        logger.info(note)
+    if train_source.class_names:
+        atomic_write(written(runs.LABELS), "\n".join(train_source.class_names) + "\n")
     skipped = train_source.skipped + (eval_source.skipped if eval_source else [])
     if skipped:
         atomic_write(written("skipped_files.txt"), "\n".join(skipped) + "\n")
@@ -550,7 +556,7 @@ def fit(config, model, pipelines, plan, initial_epoch, callbacks, verbose):
             validation_freq=config.evaluation.every_epochs,
             callbacks=callbacks,
             shuffle=False,  # The stream is shuffled (and seeded) by the pipeline.
-            verbose=verbose,
+            verbose=progress_verbosity(verbose),
         )
     except (OSError, tf.errors.OpError) as error:
         reason = error.message if isinstance(error, tf.errors.OpError) else error
@@ -614,7 +620,8 @@ def train(config, *, callbacks=(), verbose="auto", restart=False):
     Args:
         config: a `TrainConfig`.
         callbacks: more Keras callbacks for `fit`.
-        verbose: `fit`'s verbosity (progress bar: 1).
+        verbose: `fit`'s verbosity (progress bar: 1; `"auto"`: a bar on a terminal,
+            a line per epoch otherwise).
         restart: start over, even if `config.out` holds an unfinished or finished run.
 
     Example:

@@ -382,8 +382,8 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
     cache), `hf:ORG/NAME` or `timm:NAME` (through `huggingface_hub`), an `https://` URL
     (cached too), a local path or a `gs://` URL (read through `tf.io.gfile`) of an
     official vit_jax / AugReg `.npz` (also in21k files with `pre_logits`, and gap
-    files without `cls`), a big_vision `.npz` (`params/`, `params/img/` or
-    `opt/target/` prefixes, scanned blocks), an HF transformers `model.safetensors`
+    files without `cls`), a `.keras` file of another `keras_vit.ViT`, a big_vision
+    `.npz` (`params/`, `params/img/` or `opt/target/` prefixes, scanned blocks), an HF transformers `model.safetensors`
     (or a directory holding it, sharded too) or a timm `.safetensors`; the format is
     told from the keys.
 
@@ -427,7 +427,10 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
         posembed.check_interpolation(interpolation)
     source = resolve_weights(os.fspath(source))
     layout = _ModelLayout(model)
-    fmt, params, origin, notes = read_official(source, layout.heads, layout.encoder.grid_size)
+    if source.endswith(".keras"):
+        fmt, params, origin, notes = "vit_jax", _keras_file_params(source), {}, []
+    else:
+        fmt, params, origin, notes = read_official(source, layout.heads, layout.encoder.grid_size)
     report = LoadReport(source, fmt)
     for note in notes:
         report._note(note)
@@ -487,6 +490,24 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
         variable.assign(np.asarray(value, dtype=variable.dtype))
     report._log()
     return report
+
+
+def _keras_file_params(path):
+    """The weights of the ViT saved in the `.keras` file `path`, in the official layout."""
+    return _official_params(keras.saving.load_model(path, compile=False))
+
+
+def _official_params(model):
+    """A `keras_vit.ViT` model's weights by official key, the position table included."""
+    layout = _ModelLayout(model)
+    if layout.unmapped:
+        raise ValueError(
+            f"The official layout has no key for these weights of model {model.name!r}: "
+            f"{', '.join(v.path for v in layout.unmapped)}."
+        )
+    params = layout.params()
+    params[POS_KEY] = layout.position_table()
+    return params
 
 
 _ARCHITECTURE = ("variant", "patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim",
@@ -593,14 +614,6 @@ def save_npz(model, path):
     >>> np.load(path)[query].shape
     (32, 4, 8)
     """
-    layout = _ModelLayout(model)
-    if layout.unmapped:
-        raise ValueError(
-            f"save_npz has no official key for these weights of model {model.name!r}: "
-            f"{', '.join(v.path for v in layout.unmapped)}."
-        )
-    params = layout.params()
-    params[POS_KEY] = layout.position_table()
     buffer = io.BytesIO()
-    np.savez(buffer, **params)
+    np.savez(buffer, **_official_params(model))
     write_bytes(os.fspath(path), buffer.getvalue())
