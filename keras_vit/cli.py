@@ -565,19 +565,30 @@ def _predict_arguments(parser):
     source.add_argument(
         "--from", dest="source", metavar="CKPT", help="a run's output folder or a .keras file"
     )
-    parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
+    parser.add_argument(
+        "images", nargs="+", metavar="IMAGE",
+        help="image files, folders (every image below) or quoted glob patterns ('photos/**/*.jpg')",
+    )
     parser.add_argument("--top-k", type=int, default=5, metavar="K", help="classes shown (default 5)")
+    parser.add_argument(
+        "--batch-size", type=int, default=32, metavar="N", help="images per batch (default 32)"
+    )
     parser.add_argument(
         "--labels", metavar="FILE",
         help="class names, one per line, in class order (default: the run's labels.txt)",
     )
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print JSON")
+    output.add_argument(
+        "--csv", action="store_true", help="print CSV: image, rank, class, label, probability"
+    )
     _add_crop_argument(parser)
 
 
 @command("predict", "classify images with a pretrained checkpoint or a trained model",
          _predict_arguments)
 def predict(args):
+    import csv
     import json
 
     from keras_vit.inference import classify
@@ -593,16 +604,32 @@ def predict(args):
         crop_fraction = _crop_fraction(args, config)
     results = classify(
         model, args.images, top_k=args.top_k, labels=labels, activation=activation,
-        crop_fraction=crop_fraction,
+        crop_fraction=crop_fraction, batch_size=args.batch_size, skip_unreadable=True,
+        progress=_progress_line if sys.stderr.isatty() else None,
     )
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    if not results:
+        raise ValueError("No image could be read (see the lines above); nothing to classify.")
     if args.json:
         print(json.dumps(results, indent=2))
-        return 0
-    for result in results:
-        print(result["image"])
-        for top in result["top_k"]:
-            print(f"  {top['probability']:.4f}  {top['label']}")
+    elif args.csv:
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(["image", "rank", "class", "label", "probability"])
+        for result in results:
+            for rank, top in enumerate(result["top_k"], 1):
+                writer.writerow([result["image"], rank, top["class"], top["label"],
+                                 f"{top['probability']:.6f}"])
+    else:
+        for result in results:
+            print(result["image"])
+            for top in result["top_k"]:
+                print(f"  {top['probability']:.4f}  {top['label']}")
     return 0
+
+
+def _progress_line(done, total):
+    print(f"\rClassified {done}/{total} images", end="", file=sys.stderr, flush=True)
 
 
 # --- entry point -------------------------------------------------------------------
