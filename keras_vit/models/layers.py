@@ -636,7 +636,9 @@ class ClassToken(keras.layers.Layer):
 
 @serializable
 class TokenPooling(keras.layers.Layer):
-    """Pools encoder output tokens: `"token"` takes the first, `"gap"` averages all.
+    """Pools encoder output tokens: `"token"` takes one (the first, or the one at
+    `index`), `"gap"` averages all, `"distilled"` averages the first two (DeiT's class
+    and distillation tokens, as timm's `pre_logits`).
 
     Example:
 
@@ -644,21 +646,29 @@ class TokenPooling(keras.layers.Layer):
     (2, 32)
     """
 
-    def __init__(self, classifier="token", **kwargs):
+    def __init__(self, classifier="token", index=0, **kwargs):
         super().__init__(**kwargs)
-        check_choice("classifier", classifier, ("token", "gap"))
+        check_choice("classifier", classifier, ("token", "gap", "distilled"))
         self.classifier = classifier
+        self.index = int(index)
 
     def call(self, tokens):
         if self.classifier == "token":
-            return tokens[:, 0]
+            return tokens[:, self.index]
+        if self.classifier == "distilled":
+            return (tokens[:, 0] + tokens[:, 1]) / 2
         return ops.mean(tokens, axis=1)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[2])
 
     def get_config(self):
-        return {**super().get_config(), "classifier": self.classifier}
+        # `index` only when set: the configs of the paper's models stay as they were.
+        return {
+            **super().get_config(),
+            "classifier": self.classifier,
+            **({"index": self.index} if self.index else {}),
+        }
 
 
 @serializable
@@ -721,6 +731,9 @@ class TransformerBlock(keras.layers.Layer):
         layer_norm_epsilon: 1e-6 as in the official code.
         gelu_approximate: False for exact (erf) GELU as timm and HF, True for the
             tanh form of the official JAX code.
+        layer_scale_init: None, or the initial value of learned per-channel scales
+            on both residual branches, `x = x + gamma * f(x)` (CaiT's and DeiT III's
+            layer scale, timm's `init_values`; DeiT III uses 1e-6).
         dense_dtypes: policies of the quantized Dense sublayers by name (written
             by `get_config` after `model.quantize`); None builds them with the default policy.
 
@@ -751,11 +764,13 @@ class TransformerBlock(keras.layers.Layer):
         drop_path_rate=0.0,
         layer_norm_epsilon=1e-6,
         gelu_approximate=False,
+        layer_scale_init=None,
         dense_dtypes=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.dense_dtypes = dict(dense_dtypes or {})
+        self.layer_scale_init = None if layer_scale_init is None else float(layer_scale_init)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = float(dropout_rate)
@@ -786,6 +801,13 @@ class TransformerBlock(keras.layers.Layer):
             layer.build(token_shape)
         self.mlp_fc1.build(token_shape)
         self.mlp_fc2.build((*token_shape[:-1], self.mlp_dim))
+        self.layer_scales = ()
+        if self.layer_scale_init is not None:
+            init = keras.initializers.Constant(self.layer_scale_init)
+            self.layer_scales = tuple(
+                self.add_weight(name=name, shape=(width,), initializer=init)
+                for name in ("layer_scale_attention", "layer_scale_mlp")
+            )
         # `call` skips DropPath at inference, and `model.quantize` refuses unbuilt layers
         # (Keras' Dropout builds itself at construction).
         self.drop_path.build(token_shape)
@@ -873,13 +895,21 @@ class TransformerBlock(keras.layers.Layer):
                 y = layer(y, training=training)
         return y
 
+    def _scale(self, y, branch):
+        # Layer scale multiplies each residual branch before it is added (timm's LayerScale).
+        if not self.layer_scales:
+            return y
+        return y * ops.cast(self.layer_scales[branch], y.dtype)
+
     def call(self, x, training=False, return_attention=False):
         attended, weights = self._attend(self.norm1(x), training, return_attention)
+        attended = self._scale(attended, 0)
         x = x + self._regularise(attended, training, self.dropout, self.drop_path)
         y = self.mlp_fc1(self.norm2(x))
         y = self._gelu(y)
         y = self.mlp_fc2(self._regularise(y, training, self.dropout))
-        x = x + self._regularise(y, training, self.dropout, self.drop_path)
+        y = self._scale(self._regularise(y, training, self.dropout), 1)
+        x = x + self._regularise(y, training, self.drop_path)
         return (x, weights) if return_attention else x
 
     def compute_output_spec(self, x, training=False, return_attention=False):
@@ -902,5 +932,7 @@ class TransformerBlock(keras.layers.Layer):
             "drop_path_rate": self.drop_path_rate,
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "gelu_approximate": self.gelu_approximate,
+            # Only when set: the configs of blocks without layer scale stay as they were.
+            **({} if self.layer_scale_init is None else {"layer_scale_init": self.layer_scale_init}),
             **_dense_dtypes_entry(self, self.DENSE_LAYERS),
         }

@@ -91,12 +91,16 @@ class ViTParts:
         patch_encoder: the `PatchEncoder`: the patch embedding (`patch_embedding`)
             and the position table (`position_table()`).
         class_token: the `ClassToken` of a `classifier="token"` model, or None.
+        distillation_token: the `ClassToken` holding DeiT's distillation token, which
+            follows the class token (`distilled=True`), or None.
         dropout: the `Dropout` applied to the embedded tokens.
         blocks: the `TransformerBlock`s, in depth order.
         norm: the final `LayerNormalization` of the encoder.
         pool: the `TokenPooling`, or None (`include_top=False, pooling=False`).
         pre_logits: the representation `Dense` (tanh), or None.
         head: the classification `Dense`, or None (`include_top=False`).
+        head_dist: DeiT's distillation head `Dense` on the distillation token, whose
+            logits are averaged with the head's, or None.
 
     Example:
 
@@ -117,6 +121,8 @@ class ViTParts:
     pool: Optional[vit_layers.TokenPooling]
     pre_logits: Optional[keras.layers.Dense]
     head: Optional[keras.layers.Dense]
+    distillation_token: Optional[vit_layers.ClassToken] = None
+    head_dist: Optional[keras.layers.Dense] = None
 
     @property
     def patch_embedding(self):
@@ -145,11 +151,22 @@ class ViTParts:
         return self.patch_encoder.position_table()
 
     @property
+    def prefix_tokens(self):
+        """The `ClassToken`s whose tokens stand in front of the patches, in token
+        order: the class token, then a distillation token."""
+        return tuple(t for t in (self.class_token, self.distillation_token) if t is not None)
+
+    @property
+    def heads(self):
+        """The classification `Dense` layers: the head, and DeiT's `head_dist`."""
+        return tuple(head for head in (self.head, self.head_dist) if head is not None)
+
+    @property
     def encoder(self):
         """The layers from the embedded patches to the final norm, in calling order:
-        the class token (if any), the dropout, the blocks, the norm."""
-        token = (self.class_token,) if self.class_token is not None else ()
-        return (*token, self.dropout, *self.blocks, self.norm)
+        the tokens put in front of the patches (the distillation token, then the
+        class token, each prepended), the dropout, the blocks, the norm."""
+        return (*self.prefix_tokens[::-1], self.dropout, *self.blocks, self.norm)
 
     def kernels(self):
         """The matrix kernels (what weight decay applies to): the trunk's convolutions,
@@ -158,7 +175,9 @@ class ViTParts:
         kernels.append(self.patch_embedding.kernel)
         for block in self.blocks:
             kernels.extend(layer.kernel for layer in block.projections())
-        kernels.extend(layer.kernel for layer in (self.pre_logits, self.head) if layer is not None)
+        kernels.extend(
+            layer.kernel for layer in (self.pre_logits, *self.heads) if layer is not None
+        )
         return tuple(kernels)
 
 
@@ -188,6 +207,16 @@ def vit_parts(model):
 
 
 SIZE_ARGUMENTS = ("patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim")
+# The switches of the ViT family (DeiT, DeiT III) and their values for the paper's ViT.
+# `get_config` records one only when it differs, so the configs (and `.keras` files) of
+# the paper's models stay as keras-vit wrote them before these existed.
+FAMILY_DEFAULTS = dict(
+    distilled=False,
+    distillation_head=True,
+    no_embed_class=False,
+    layer_scale_init=None,
+    layer_norm_epsilon=1e-6,
+)
 RATE_ARGUMENTS = ("dropout_rate", "attention_dropout_rate", "drop_path_rate")
 
 
@@ -302,6 +331,21 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         pooling: with `include_top=False`, False returns every output token.
         channels: image channels.
         head_bias_init: initial head bias (the paper uses -10 with sigmoid loss).
+        distilled: DeiT's distillation token, after the class token (with its own
+            position row), and its own head `head_dist`: the logits are the mean of the
+            two heads' (timm's `VisionTransformerDistilled` at inference, HF's
+            `DeiTForImageClassificationWithTeacher`), and `include_top=False` pools the
+            mean of the two tokens (timm's `pre_logits`). Needs `classifier="token"`.
+        distillation_head: with `distilled`, False keeps the distillation token but
+            classifies (and pools) the class token alone, as HF's
+            `DeiTForImageClassification`.
+        no_embed_class: the class (and distillation) tokens get no position
+            embedding: the table covers the patches only (timm's `no_embed_class`,
+            DeiT III and big_vision).
+        layer_scale_init: None, or the initial value of per-channel scales on each
+            block's residual branches (DeiT III, timm's `init_values`: 1e-6).
+        layer_norm_epsilon: the epsilon of every LayerNorm (1e-6 as vit_jax and timm;
+            HF's DeiT and ViT configs default to 1e-12).
         data_format: only `"channels_last"` (the default) is supported.
         name: model name (default `"vit"` or `"vit-{variant}"`).
         dtype: the dtype policy of the layers (default: the global policy); the head
@@ -348,6 +392,11 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         pooling=True,
         channels=3,
         head_bias_init=0.0,
+        distilled=False,
+        distillation_head=True,
+        no_embed_class=False,
+        layer_scale_init=None,
+        layer_norm_epsilon=1e-6,
         data_format=None,
         name=None,
         dtype=None,
@@ -381,6 +430,14 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         check_choice("classifier", classifier, ("token", "gap"))
         check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
         check_choice("pos_interpolation", pos_interpolation, posembed.INTERPOLATIONS)
+        family = _check_family(
+            classifier,
+            distilled=distilled,
+            distillation_head=distillation_head,
+            no_embed_class=no_embed_class,
+            layer_scale_init=layer_scale_init,
+            layer_norm_epsilon=layer_norm_epsilon,
+        )
         if dynamic_image_pad and not dynamic_image_size:
             raise ValueError(
                 "dynamic_image_pad=True pads images of any size, which needs "
@@ -417,6 +474,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             pooling=pooling,
             channels=channels,
             head_bias_init=head_bias_init,
+            **{k: v for k, v in family.items() if v != FAMILY_DEFAULTS[k]},
             data_format=data_format,
         )
         # The layers take the policy as they are made (nested layers too), as when a
@@ -424,7 +482,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         previous = keras.config.dtype_policy()
         keras.config.set_dtype_policy(policy)
         try:
-            images, outputs, parts = _build_graph(**arguments)
+            images, outputs, parts = _build_graph(**{**FAMILY_DEFAULTS, **arguments})
             super().__init__(images, outputs, name=name, **kwargs)
         finally:
             keras.config.set_dtype_policy(previous)
@@ -519,12 +577,43 @@ def ViT(variant=None, *, weights=None, **kwargs):
     return model
 
 
+def _check_family(classifier, **family):
+    """The family switches (`FAMILY_DEFAULTS`) as given, once checked against each
+    other and `classifier`; a bad one is a `ValueError` naming it."""
+    for name in ("distilled", "distillation_head", "no_embed_class"):
+        if not isinstance(family[name], bool):
+            raise ValueError(f"{name} must be True or False, got {family[name]!r}.")
+    if family["distilled"] and classifier != "token":
+        raise ValueError(
+            f"distilled=True adds a distillation token after the class token, but "
+            f"classifier={classifier!r} has none: pass classifier='token'."
+        )
+    if not family["distillation_head"] and not family["distilled"]:
+        raise ValueError(
+            "distillation_head=False leaves out the head of a distillation token, which "
+            "needs distilled=True: pass both, or neither."
+        )
+    if family["no_embed_class"] and classifier != "token":
+        raise ValueError(
+            f"no_embed_class=True leaves the class token out of the position embedding, "
+            f"but classifier={classifier!r} has none: pass classifier='token'."
+        )
+    scale = family["layer_scale_init"]
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise ValueError(f"layer_scale_init must be None or a number such as 1e-6, got {scale!r}.")
+    epsilon = family["layer_norm_epsilon"]
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
+        raise ValueError(f"layer_norm_epsilon must be a positive number, got {epsilon!r}.")
+    return family
+
+
 def _build_graph(
     *, variant, image_size, dynamic_image_size, dynamic_image_pad, pos_interpolation,
     num_classes, patch_size, hidden_dim, num_layers, num_heads,
     mlp_dim, resnet_stages, classifier, representation_size, pos_embedding, dropout_rate,
     attention_dropout_rate, drop_path_rate, gelu_approximate, include_top, pooling,
-    channels, head_bias_init, data_format,
+    channels, head_bias_init, distilled, distillation_head, no_embed_class,
+    layer_scale_init, layer_norm_epsilon, data_format,
 ):
     """The model's input, output and `ViTParts`, from checked architecture arguments.
 
@@ -551,11 +640,16 @@ def _build_graph(
         name="patch_encoder",
     )
     x = patch_encoder(patches(x))
-    class_token = None
-    if classifier == "token":
-        class_token = vit_layers.ClassToken(
-            use_position=pos_embedding.startswith("learned"), name="class_token"
+    class_token = distillation_token = None
+    # Prefix tokens learn their own position rows unless no_embed_class.
+    use_position = pos_embedding.startswith("learned") and not no_embed_class
+    if distilled:  # prepended first, so that it follows the class token
+        distillation_token = vit_layers.ClassToken(
+            use_position=use_position, name="distillation_token"
         )
+        x = distillation_token(x)
+    if classifier == "token":
+        class_token = vit_layers.ClassToken(use_position=use_position, name="class_token")
         x = class_token(x)
     dropout = keras.layers.Dropout(dropout_rate, name="embedding_dropout")
     x = dropout(x)
@@ -569,33 +663,52 @@ def _build_graph(
                 attention_dropout_rate=attention_dropout_rate,
                 drop_path_rate=drop_path_rate * i / max(num_layers - 1, 1),
                 gelu_approximate=gelu_approximate,
+                layer_scale_init=layer_scale_init,
+                layer_norm_epsilon=layer_norm_epsilon,
                 name=BLOCK_NAME.format(index=i),
             )
         )
         x = blocks[-1](x)
-    norm = vit_layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")
-    x = norm(x)
-    pool = pre_logits = head = None
+    norm = vit_layers.LayerNormalization(epsilon=layer_norm_epsilon, name="encoder_norm")
+    tokens = x = norm(x)
+    two_heads = distilled and distillation_head
+    if two_heads and representation_size:
+        raise ValueError(
+            "representation_size (pre_logits) takes one pooled token, but distilled=True "
+            "classifies two: pass distillation_head=False, or no representation_size."
+        )
+
+    def new_head(name):
+        return keras.layers.Dense(
+            num_classes,
+            kernel_initializer="zeros",
+            bias_initializer=keras.initializers.Constant(head_bias_init),
+            dtype="float32",
+            name=name,
+        )
+
+    pool = pre_logits = head = head_dist = None
     if include_top or pooling:
-        pool = vit_layers.TokenPooling(classifier, name="pool")
-        x = pool(x)
+        pool = vit_layers.TokenPooling("distilled" if two_heads else classifier, name="pool")
+        x = pool(tokens)
         if representation_size:
             pre_logits = keras.layers.Dense(
                 representation_size, activation="tanh", name="pre_logits"
             )
             x = pre_logits(x)
-    if include_top:
-        head = keras.layers.Dense(
-            num_classes,
-            kernel_initializer="zeros",
-            bias_initializer=keras.initializers.Constant(head_bias_init),
-            dtype="float32",
-            name="head",
-        )
+    if include_top and two_heads:
+        # Each head reads its own token; the logits are their mean (timm, HF).
+        head, head_dist = new_head("head"), new_head("head_dist")
+        x = keras.layers.Average(dtype="float32", name="mean_of_heads")([
+            head(vit_layers.TokenPooling("token", name="class_pool")(tokens)),
+            head_dist(vit_layers.TokenPooling("token", index=1, name="distillation_pool")(tokens)),
+        ])
+    elif include_top:
+        head = new_head("head")
         x = head(x)
     parts = ViTParts(
         stem, patches, patch_encoder, class_token, dropout, tuple(blocks), norm, pool,
-        pre_logits, head,
+        pre_logits, head, distillation_token, head_dist,
     )
     return images, x, parts
 
