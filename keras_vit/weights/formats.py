@@ -135,7 +135,7 @@ def _split_heads(x, heads, axis):
 
 def _convert(kind, target, param, value, heads):
     """One torch tensor as `[(official key, array)]`; torch Linear weights are (out, in)."""
-    if kind == "copy":
+    if kind in ("copy", "scale"):
         return [(target, value)]
     if kind == "norm":
         return [(f"{target}/{'scale' if param == 'weight' else 'bias'}", value)]
@@ -165,7 +165,7 @@ def _convert(kind, target, param, value, heads):
 def _expected_ndim(kind, param):
     if kind == "copy":
         return 3
-    if param == "bias" or kind == "norm":
+    if param == "bias" or kind in ("norm", "scale"):
         return 1
     return 4 if kind == "conv" else 2
 
@@ -176,9 +176,12 @@ def _divisible(kind, value):
 
 _HF_LAYER = r"encoder\.layer\.(?P<i>\d+)\."
 _TIMM_BLOCK = r"blocks\.(?P<i>\d+)\."
-# official module, conversion, HF transformers name, timm name (None: not in that format)
+# official module, conversion, HF transformers name, timm name (None: not in that format).
+# Beyond vit_jax's keys: DeiT's distillation token `dist` and head `head_dist`, and the
+# layer scales of DeiT III (timm's `ls1`, `ls2`) under `LayerScale_{attention,mlp}`.
 _TORCH_NAMES = [
     ("cls", "copy", r"embeddings\.cls_token", r"cls_token"),
+    ("dist", "copy", r"embeddings\.distillation_token", r"dist_token"),
     (POS_KEY, "copy", r"embeddings\.position_embeddings", r"pos_embed"),
     ("embedding", "conv", r"embeddings\.patch_embeddings\.projection", r"patch_embed\.proj"),
     (BLOCK_KEY + "LayerNorm_0", "norm", _HF_LAYER + "layernorm_before", _TIMM_BLOCK + "norm1"),
@@ -195,6 +198,7 @@ _TORCH_NAMES = [
         _HF_LAYER + r"attention\.output\.dense",
         _TIMM_BLOCK + r"attn\.proj",
     ),
+    (BLOCK_KEY + "LayerScale_attention/scale", "scale", None, _TIMM_BLOCK + r"ls1\.gamma"),
     (BLOCK_KEY + "LayerNorm_2", "norm", _HF_LAYER + "layernorm_after", _TIMM_BLOCK + "norm2"),
     (
         BLOCK_KEY + "MlpBlock_3/Dense_0",
@@ -208,10 +212,13 @@ _TORCH_NAMES = [
         _HF_LAYER + r"output\.dense",
         _TIMM_BLOCK + r"mlp\.fc2",
     ),
+    (BLOCK_KEY + "LayerScale_mlp/scale", "scale", None, _TIMM_BLOCK + r"ls2\.gamma"),
     ("Transformer/encoder_norm", "norm", r"layernorm", r"norm"),
     # ViTModel's pooler is the representation layer: Dense + tanh on the class token.
     ("pre_logits", "dense", r"pooler\.dense", None),
-    ("head", "dense", r"classifier", r"head"),
+    # DeiTForImageClassificationWithTeacher: cls_classifier and distillation_classifier.
+    ("head", "dense", r"(cls_)?classifier", r"head"),
+    ("head_dist", "dense", r"distillation_classifier", r"head_dist"),
 ]
 
 
@@ -221,14 +228,14 @@ def _rules(column):
     for target, kind, *names in _TORCH_NAMES:
         name = names[column]
         if name is not None:
-            suffix = "" if kind == "copy" else r"\.(?P<param>weight|bias)"
+            suffix = "" if kind in ("copy", "scale") else r"\.(?P<param>weight|bias)"
             rules.append((name + suffix, target, kind))
     return rules
 
 
 _HF_RULES, _TIMM_RULES = _rules(0), _rules(1)
 _HF_RENAMES = [
-    (r"^vit\.", ""),
+    (r"^(vit|deit)\.", ""),
     # transformers 5.x module names (in memory); its files keep the older names.
     (r"^layers\.(\d+)\.attention\.q_proj\.", r"encoder.layer.\1.attention.attention.query."),
     (r"^layers\.(\d+)\.attention\.k_proj\.", r"encoder.layer.\1.attention.attention.key."),
@@ -270,17 +277,37 @@ _BIG_VISION_RENAMES = {
 }
 
 
-def _holds_class_row(rows, grid):
-    """Whether a big_vision class-token model's position table of `rows` rows starts
-    with a class-token row. big_vision adds the table before prepending the class token
-    (no such row); files from before 2022 hold it first. The model's patch grid
-    (`(rows, cols)` or None) decides when one reading fits it; otherwise the reading
-    whose patch count is square, as released checkpoints are."""
+def _holds_prefix_rows(rows, prefix, grid):
+    """Whether a position table of `rows` rows, of a model with `prefix` tokens in front
+    of the patches (class, distillation), starts with a row for each of them.
+
+    big_vision, and timm's `no_embed_class` models (DeiT III), add the table before
+    prepending the tokens (no such rows); vit_jax, older big_vision files and the other
+    timm models hold them first. The model's patch grid (`(rows, cols)` or None)
+    decides when one reading fits it; otherwise the reading whose patch count is
+    square, as released checkpoints are."""
     if grid is not None:
         patches = grid[0] * grid[1]
-        if rows in (patches, patches + 1):
-            return rows == patches + 1
-    return math.isqrt(rows - 1) ** 2 + 1 == rows and math.isqrt(rows) ** 2 != rows
+        if rows in (patches, patches + prefix):
+            return rows == patches + prefix
+    return math.isqrt(rows - prefix) ** 2 + prefix == rows and math.isqrt(rows) ** 2 != rows
+
+
+def _add_prefix_rows(params, notes, grid, source):
+    """Puts zero rows for the class (and distillation) tokens in front of a position
+    table that has none, so that every layout holds them as vit_jax's does."""
+    prefix = ("cls" in params) + ("dist" in params)
+    table = params.get(POS_KEY)
+    if not prefix or table is None or table.ndim != 3 or table.shape[1] <= prefix:
+        return
+    if _holds_prefix_rows(table.shape[1], prefix, grid):
+        return
+    params[POS_KEY] = np.concatenate([np.zeros_like(table[:, :prefix]), table], axis=1)
+    notes.append(
+        f"{source} adds no position embedding to the class token"
+        + (" and the distillation token" if prefix > 1 else "")
+        + ": its position row is set to zero."
+    )
 
 
 def _from_big_vision(params, origin, notes, grid=None):
@@ -300,16 +327,9 @@ def _from_big_vision(params, origin, notes, grid=None):
                 name = parts[1] + _BIG_VISION_RENAMES[parts[2]] + parts[3]
             out[name], out_origin[name] = array, source
     for name in ("pos_embedding", "Transformer/pos_embedding"):
-        if name not in out:
-            continue
-        table, source = out.pop(name), out_origin.pop(name)
-        if "cls" in out and not _holds_class_row(table.shape[1], grid):
-            table = np.concatenate([np.zeros_like(table[:, :1]), table], axis=1)
-            notes.append(
-                "big_vision adds no position embedding to the class token: its position "
-                "row is set to zero."
-            )
-        out[POS_KEY], out_origin[POS_KEY] = table, source
+        if name in out:
+            out[POS_KEY], out_origin[POS_KEY] = out.pop(name), out_origin.pop(name)
+            _add_prefix_rows(out, notes, grid, "big_vision")
     return out, out_origin
 
 
@@ -357,7 +377,8 @@ def read_official(source, heads, grid=None):
         heads: attention heads, to split the fused (D, D) projections of HF and timm
             into the official (D, heads, head_dim) kernels.
         grid: the patch grid `(rows, cols)` of the model the weights are for, which
-            tells whether a big_vision position table holds a class-token row.
+            tells whether a big_vision or timm position table holds rows for the class
+            (and distillation) tokens.
 
     Returns:
         `(format, params, origin, notes)`: the format name (`"vit_jax"`,
@@ -370,7 +391,10 @@ def read_official(source, heads, grid=None):
     if any("/" in key for key in arrays):
         return _from_npz(arrays, source, grid)
     if "patch_embed.proj.weight" in arrays:
-        return ("timm", *_from_torch_layout(arrays, _TIMM_RULES, [], heads), [])
-    if any(re.match(r"(vit\.)?embeddings\.patch_embeddings\.", key) for key in arrays):
+        params, origin = _from_torch_layout(arrays, _TIMM_RULES, [], heads)
+        notes = []
+        _add_prefix_rows(params, notes, grid, "timm's no_embed_class model")
+        return "timm", params, origin, notes
+    if any(re.match(r"((vit|deit)\.)?embeddings\.patch_embeddings\.", key) for key in arrays):
         return ("hf", *_from_torch_layout(arrays, _HF_RULES, _HF_RENAMES, heads), [])
     _unknown_layout(source, arrays)

@@ -41,6 +41,11 @@ _DEFAULT_INTERPOLATION = {
 }
 
 
+# The classification heads by official key (and `ViTParts` attribute): DeiT's
+# distillation head beside the head.
+HEADS = ("head", "head_dist")
+
+
 @dataclasses.dataclass
 class LoadReport:
     """What `load_pretrained` did. Keys are in the official vit_jax `.npz` layout.
@@ -97,6 +102,12 @@ class _ModelLayout:
         self.blocks = self.parts.blocks
         self.encoder = self.parts.patch_encoder
         self.class_token = self.parts.class_token
+        # The tokens in front of the patches, in order, with their official keys.
+        self.prefix = tuple(
+            (key, token)
+            for key, token in (("cls", self.class_token), ("dist", self.parts.distillation_token))
+            if token is not None
+        )
         self.heads = self.blocks[0].num_heads if self.blocks else 1
         self.slots = self._slots()
         # Weights outside the official ViT layout, should a model have any.
@@ -105,8 +116,9 @@ class _ModelLayout:
         self.unmapped = [v for v in model.weights if id(v) not in mapped]
 
     def _position_variables(self):
-        if self.class_token is not None and self.class_token.use_position:
-            yield self.class_token.position
+        for _, token in self.prefix:
+            if token.use_position:
+                yield token.position
         if self.encoder.pos_embedding == "learned":
             yield self.encoder.position
         elif self.encoder.pos_embedding == "learned2d":
@@ -126,8 +138,8 @@ class _ModelLayout:
             )
         )
         slots.append(_Slot(("embedding/bias",), projection.bias))
-        if self.class_token is not None:
-            slots.append(_Slot(("cls",), self.class_token.token))
+        for key, token in self.prefix:
+            slots.append(_Slot((key,), token.token))
 
         def norm(key, layer):
             slots.append(_Slot((f"{key}/scale",), layer.gamma))
@@ -182,10 +194,12 @@ class _ModelLayout:
             norm(prefix + "LayerNorm_2", block.norm2)
             dense(prefix + "MlpBlock_3/Dense_0", block.mlp_fc1)
             dense(prefix + "MlpBlock_3/Dense_1", block.mlp_fc2)
+            for branch, scale in zip(("attention", "mlp"), block.layer_scales):
+                slots.append(_Slot((f"{prefix}LayerScale_{branch}/scale",), scale))
         norm("Transformer/encoder_norm", self.parts.norm)
-        for key, layer in (("pre_logits", self.parts.pre_logits), ("head", self.parts.head)):
-            if layer is not None:
-                dense(key, layer)
+        for key in ("pre_logits", *HEADS):
+            if getattr(self.parts, key) is not None:
+                dense(key, getattr(self.parts, key))
         return slots
 
     def params(self):
@@ -196,20 +210,21 @@ class _ModelLayout:
         return params
 
     def position_table(self):
-        """The official `(1, [1 +] patches, D)` table: the model's function in VT's terms."""
+        """The official `(1, [prefix +] patches, D)` table, a row for each token in
+        front of the patches first (zero for one without a position): the model's
+        function in VT's terms."""
         table = self.encoder.position_table()
         rows, cols = self.encoder.grid_size
         width = self.encoder.hidden_dim
         if table is None:
             table = np.zeros((1, rows * cols, width), "float32")
         table = keras.ops.convert_to_numpy(table)
-        if self.class_token is not None:
-            if self.class_token.use_position:
-                cls_row = keras.ops.convert_to_numpy(self.class_token.position)
-            else:
-                cls_row = np.zeros((1, 1, width), table.dtype)
-            table = np.concatenate([cls_row, table], axis=1)
-        return table
+        prefix_rows = [
+            keras.ops.convert_to_numpy(token.position) if token.use_position
+            else np.zeros((1, 1, width), table.dtype)
+            for _, token in self.prefix
+        ]
+        return np.concatenate([*prefix_rows, table], axis=1)
 
     def assign(self, params, keys):
         """Writes `params` (a complete official dict) to the variables holding `keys`."""
@@ -236,16 +251,16 @@ def _checkpoint_grid(count, model_grid, source):
 
 def _position_assignments(layout, table, interpolation, report):
     """`[(variable, value)]` that put the official table into the model, or raises."""
-    encoder, token = layout.encoder, layout.class_token
+    encoder = layout.encoder
     rows, cols = encoder.grid_size
     width = encoder.hidden_dim
-    has_cls = token is not None
-    expected = (1, rows * cols + has_cls, width)
-    if table.ndim != 3 or table.shape[::2] != (1, width) or table.shape[1] <= has_cls:
+    prefix = len(layout.prefix)
+    expected = (1, rows * cols + prefix, width)
+    if table.ndim != 3 or table.shape[::2] != (1, width) or table.shape[1] <= prefix:
         report.mismatched.append((POS_KEY, tuple(table.shape), expected))
         return []
-    cls_row = table[:, :1] if has_cls else None
-    patches = table[0, 1:] if has_cls else table[0]
+    prefix_rows = [table[:, i : i + 1] for i in range(prefix)]
+    patches = table[0, prefix:]
     old = _checkpoint_grid(len(patches), (rows, cols), report.source)
     grid = patches.reshape(*old, width)
     if encoder.pos_embedding in ("sincos2d", "none"):
@@ -253,7 +268,7 @@ def _position_assignments(layout, table, interpolation, report):
             fixed = np.zeros_like(grid)
         else:
             fixed = keras.ops.convert_to_numpy(sincos_2d_table(old, width)).reshape(grid.shape)
-        if (cls_row is not None and np.any(cls_row)) or not np.allclose(grid, fixed, atol=1e-5):
+        if any(np.any(row) for row in prefix_rows) or not np.allclose(grid, fixed, atol=1e-5):
             raise ValueError(
                 f"Checkpoint {report.source} has a learned position embedding "
                 f"({POS_KEY} {tuple(table.shape)}), but the model uses the fixed "
@@ -262,12 +277,21 @@ def _position_assignments(layout, table, interpolation, report):
             )
         report.loaded.append(POS_KEY)
         return []
+    assignments = []
+    for (key, token), row in zip(layout.prefix, prefix_rows):
+        if token.use_position:
+            assignments.append((token.position, row))
+        elif np.any(row):
+            raise ValueError(
+                f"Checkpoint {report.source} has a position embedding for the token "
+                f"{key!r} ({POS_KEY} {tuple(table.shape)}), but the model adds none to it "
+                "(no_embed_class=True): build the model with no_embed_class=False."
+            )
     if old != (rows, cols):
         report._note(
             f"position embedding resampled from a {old[0]}x{old[1]} to a {rows}x{cols} "
             f"patch grid ({interpolation})."
         )
-    assignments = [(token.position, cls_row)] if has_cls else []
     if encoder.pos_embedding == "learned":
         grid = posembed.resample_position_grid(grid, (rows, cols), interpolation)
         assignments.append((encoder.position, grid.reshape(1, rows * cols, width)))
@@ -320,25 +344,66 @@ def _drop_pre_logits(layout, params, report):
 
 
 def _reconcile_head(layout, params, current, report):
-    """Returns the head values to force (zeros) when the checkpoint's head cannot be used."""
-    head = {key: params.pop(key) for key in ("head/kernel", "head/bias") if key in params}
-    if layout.parts.head is None:
-        if head:
-            report._note(
-                "the model has no head (include_top=False): the checkpoint's head is not loaded."
+    """Returns the head values to force (zeros) when the checkpoint's heads cannot be
+    used: each of the model's heads (`HEADS`) is reset when the checkpoint's has
+    another class count, or when the checkpoint has none."""
+    forced = {}
+    for name in HEADS:
+        keys = (f"{name}/kernel", f"{name}/bias")
+        head = {key: params.pop(key) for key in keys if key in params}
+        if layout.parts.head is None:
+            if head:
+                report._note(
+                    f"the model has no head (include_top=False): the checkpoint's {name} "
+                    "is not loaded."
+                )
+            continue
+        if getattr(layout.parts, name) is None:  # _check_switches refused a head_dist here
+            continue
+        kernel = current[keys[0]]
+        got = head.get(keys[0])
+        if got is None:
+            reason = f"the checkpoint has no {name}"
+        elif got.ndim == 2 and got.shape[0] == kernel.shape[0] and got.shape[1] != kernel.shape[1]:
+            reason = f"the checkpoint's {name} has {got.shape[1]} classes, the model {kernel.shape[1]}"
+        else:  # loaded, or reported as mismatched, like any other tensor
+            params.update(head)
+            continue
+        report._note(f"{reason}: the {name} is reset to zeros.", logging.WARNING)
+        forced.update({key: np.zeros_like(current[key]) for key in keys})
+    return forced
+
+
+def _check_switches(layout, params, source):
+    """Raises a `ValueError` naming the `keras_vit.ViT` switch to change when the
+    checkpoint has a part of the ViT family (DeiT's distillation token and head, DeiT
+    III's layer scale) that the model lacks, or lacks one the model has."""
+    parts = layout.parts
+    # (checkpoint has it, model has it, what it is, the argument that gives it, that removes it)
+    checks = [
+        (
+            "dist" in params, parts.distillation_token is not None,
+            "a distillation token 'dist' (DeiT)", "distilled=True", "distilled=False",
+        ),
+        (
+            any("/LayerScale_" in key for key in params),
+            any(block.layer_scales for block in layout.blocks),
+            "layer scale (DeiT III)", "layer_scale_init=1e-6", "layer_scale_init=None",
+        ),
+    ]
+    if parts.head is not None and "head/kernel" in params and "dist" in params:
+        checks.append((
+            "head_dist/kernel" in params, parts.head_dist is not None,
+            "a distillation head 'head_dist'", "distillation_head=True",
+            "distillation_head=False",
+        ))
+    for has, model_has, what, adds, removes in checks:
+        if has != model_has:
+            raise ValueError(
+                f"Checkpoint {source} {'has' if has else 'has no'} {what}, but the model "
+                f"{'has none' if has else 'has it'}: build the model with "
+                f"{adds if has else removes}."
             )
-        return {}
-    kernel = current["head/kernel"]
-    got = head.get("head/kernel")
-    if got is None:
-        reason = "the checkpoint has no head"
-    elif got.ndim == 2 and got.shape[0] == kernel.shape[0] and got.shape[1] != kernel.shape[1]:
-        reason = f"the checkpoint's head has {got.shape[1]} classes, the model {kernel.shape[1]}"
-    else:  # loaded, or reported as mismatched, like any other tensor
-        params.update(head)
-        return {}
-    report._note(f"{reason}: the head is reset to zeros.", logging.WARNING)
-    return {key: np.zeros_like(current[key]) for key in ("head/kernel", "head/bias")}
 
 
 def _problems(report, origin, model_shapes, checkpoint_shapes):
@@ -443,6 +508,7 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
             f"({'with' if have == 'token' else 'without'} a class token 'cls'), but the "
             f"model uses classifier={need!r}: build it with classifier={have!r}."
         )
+    _check_switches(layout, params, source)
 
     checkpoint_shapes = {key: tuple(value.shape) for key, value in params.items()}
     current = layout.params()
