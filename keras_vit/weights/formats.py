@@ -247,6 +247,96 @@ _HF_RENAMES = [
 ]
 
 
+# HF transformers architectures keras-vit builds: the `keras_vit.ViT` switches of each.
+# `*Model` outputs `pooler_output` (the pooler is `pre_logits`), or the tokens without one.
+_HF_ARCHITECTURES = {
+    "ViTForImageClassification": {},
+    "ViTModel": dict(include_top=False),
+    "DeiTForImageClassificationWithTeacher": dict(distilled=True),
+    "DeiTForImageClassification": dict(distilled=True, distillation_head=False),
+    "DeiTModel": dict(distilled=True, distillation_head=False, include_top=False),
+}
+# HF `hidden_act` -> `gelu_approximate`.
+_HF_GELU = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
+
+
+def _checkpoint_keys(source):
+    """The tensor names of a checkpoint file or directory, read from the headers of
+    local safetensors files (other files are read whole)."""
+    import safetensors
+
+    keys = set()
+    for path in _checkpoint_files(source):
+        if _is_url(path) or not path.endswith(".safetensors"):
+            keys.update(_read_arrays(path))
+        else:
+            with safetensors.safe_open(path, "np") as f:
+                keys.update(f.keys())
+    return keys
+
+
+def hf_model_arguments(source):
+    """The `keras_vit.ViT` arguments of the HF transformers model saved in the
+    directory `source` (`config.json` beside its safetensors, as `save_pretrained`
+    writes them): ViT and DeiT, `*ForImageClassification` (DeiT's teacher form too)
+    and `*Model`.
+
+    Raises a `ValueError` naming what keras-vit cannot build (another architecture,
+    activation, or attention without biases).
+
+    Example:
+
+    >>> hf_model_arguments("deit-tiny-distilled")["distilled"]  # doctest: +SKIP
+    True
+    """
+    path = _join(source, "config.json")
+    if not _isdir(source) or not _exists(path):
+        raise ValueError(
+            f"{source} is not an HF transformers model directory: it holds no config.json "
+            "(save the model with save_pretrained, or pass hf:ORG/NAME)."
+        )
+    config = json.loads(_read_bytes(path))
+    architectures = config.get("architectures") or []
+    architecture = architectures[0] if architectures else None
+    if architecture not in _HF_ARCHITECTURES:
+        raise ValueError(
+            f"{path} describes a {architecture or config.get('model_type')!r} model: "
+            f"keras-vit builds {', '.join(_HF_ARCHITECTURES)}."
+        )
+    activation = config.get("hidden_act", "gelu")
+    if activation not in _HF_GELU:
+        raise ValueError(
+            f"{path} has hidden_act={activation!r}: keras-vit builds {', '.join(_HF_GELU)}."
+        )
+    if not config.get("qkv_bias", True):
+        raise ValueError(f"{path} has qkv_bias=false: keras-vit's attention has biases.")
+    hidden = config.get("hidden_size", 768)
+    args = dict(
+        image_size=config.get("image_size", 224),
+        patch_size=config.get("patch_size", 16),
+        hidden_dim=hidden,
+        num_layers=config.get("num_hidden_layers", 12),
+        num_heads=config.get("num_attention_heads", 12),
+        mlp_dim=config.get("intermediate_size", 3072),
+        channels=config.get("num_channels", 3),
+        # transformers' own default, which config.json leaves out when it is used.
+        layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
+        gelu_approximate=_HF_GELU[activation],
+        **_HF_ARCHITECTURES[architecture],
+    )
+    if args.get("include_top", True):
+        args["num_classes"] = len(config.get("id2label") or {}) or config.get("num_labels", 2)
+    elif any(re.match(r"((vit|deit)\.)?pooler\.", key) for key in _checkpoint_keys(source)):
+        if config.get("pooler_act", "tanh") != "tanh":
+            raise ValueError(
+                f"{path} has pooler_act={config['pooler_act']!r}: keras-vit's pre_logits is tanh."
+            )
+        args["representation_size"] = config.get("pooler_output_size", hidden)
+    else:
+        args["pooling"] = False  # last_hidden_state
+    return args
+
+
 def _from_torch_layout(arrays, rules, renames, heads):
     params, origin = {}, {}
     for source, value in arrays.items():

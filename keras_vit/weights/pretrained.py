@@ -16,7 +16,7 @@ import keras
 import numpy as np
 
 from keras_vit.models import flexi, posembed
-from keras_vit.models.vit import ViT
+from keras_vit.models.vit import FAMILY_DEFAULTS, ViT
 from keras_vit.weights import registry
 from keras_vit.weights.download import resolve_weights
 from keras_vit.weights.formats import (
@@ -24,6 +24,7 @@ from keras_vit.weights.formats import (
     BLOCK_KEY,
     POS_KEY,
     QKV,
+    hf_model_arguments,
     read_official,
     write_bytes,
 )
@@ -584,7 +585,8 @@ def registry_defaults(weights, args):
     """`keras_vit.ViT` arguments with what a registry checkpoint fixes filled in.
 
     When `weights` is a registry name, the architecture (unless `args` gives one),
-    `image_size`, `num_classes` and `gelu_approximate` left as None come from its entry;
+    `image_size`, `num_classes`, `gelu_approximate` and the family switches (`distilled`,
+    `layer_scale_init`, ...) left as None come from its entry;
     `representation_size` does not (fine-tuning drops `pre_logits`, as vit_jax does).
     A variant other than the checkpoint's is a `ValueError`. Other sources leave `args`
     as they are.
@@ -608,24 +610,33 @@ def registry_defaults(weights, args):
     filled = dict(args)
     if all(args.get(key) is None for key in _ARCHITECTURE):
         filled.update({key: own[key] for key in _ARCHITECTURE if key in own})
-    for key in ("image_size", "num_classes", "gelu_approximate"):
+    # The family switches are architecture too: the weights need them.
+    for key in ("image_size", "num_classes", "gelu_approximate", *FAMILY_DEFAULTS):
         if filled.get(key) is None and key in own:
             filled[key] = own[key]
     return filled
 
 
 def pretrained(name, **kwargs):
-    """A ready `keras_vit.ViT` model with the weights of a registry checkpoint.
+    """A ready `keras_vit.ViT` model with the weights of a registry checkpoint or of
+    an HF transformers model.
 
-    The architecture (variant, resolution, classes, GELU, representation layer) comes
-    from the registry entry (`keras_vit.list_weights()`); the file is downloaded once
-    into the cache (see `keras_vit.weights.download`). `timm:NAME` loads timm's copy of
-    the registry checkpoint `NAME` from the Hugging Face Hub instead. The entry is kept
-    as `model.weights_entry` (its label set and activation serve `keras_vit.classify`).
+    For a registry name the architecture (variant, resolution, classes, GELU,
+    representation layer, the DeiT switches) comes from the registry entry
+    (`keras_vit.list_weights()`); the file is downloaded once into the cache (see
+    `keras_vit.weights.download`). `timm:NAME` loads timm's copy of the registry
+    checkpoint `NAME` from the Hugging Face Hub instead. The entry is kept as
+    `model.weights_entry` (its label set and activation serve `keras_vit.classify`).
+
+    For an HF transformers model directory (`config.json` and safetensors, as
+    `save_pretrained` writes them) or `hf:ORG/NAME`, the architecture comes from its
+    `config.json` (`keras_vit.weights.formats.hf_model_arguments`): ViT and DeiT,
+    `*ForImageClassification` (the model outputs its logits; DeiT's teacher form
+    averages its two heads) or `*Model` (`pooler_output`, or the tokens without a pooler).
 
     Args:
-        name: a registry name, e.g. `"vit_base_patch16_384.augreg_in21k_ft_in1k"`, or
-            `"timm:" + name`.
+        name: a registry name, e.g. `"vit_base_patch16_384.augreg_in21k_ft_in1k"`,
+            `"timm:" + name`, an HF model directory or `hf:ORG/NAME`.
         **kwargs: other `keras_vit.ViT` arguments that leave the weights as they are,
             e.g. `include_top=False`, `dropout_rate`, `name`.
 
@@ -637,14 +648,33 @@ def pretrained(name, **kwargs):
     >>> model = pretrained("vit_tiny_patch16_384.augreg_in21k_ft_in1k")  # doctest: +SKIP
     >>> model.input_shape, model.output_shape  # doctest: +SKIP
     ((None, 384, 384, 3), (None, 1000))
+    >>> pretrained("hf:facebook/deit-tiny-distilled-patch16-224").output_shape  # doctest: +SKIP
+    (None, 1000)
     """
     source = name
     if isinstance(name, str) and name.startswith("timm:") and registry.is_registered(name[5:]):
         name = name[5:]
+    if not registry.is_registered(name) and (
+        isinstance(name, os.PathLike) or (isinstance(name, str) and name.startswith("hf:"))
+        or (isinstance(name, str) and os.path.isdir(name))
+    ):
+        directory = resolve_weights(os.fspath(name))
+        arguments = hf_model_arguments(directory)
+        clashes = sorted(set(kwargs) & (set(arguments) - {"include_top", "pooling"}))
+        if clashes:
+            raise ValueError(
+                f"pretrained() takes {', '.join(clashes)} from {directory}/config.json; to "
+                f"change them, fine-tune: keras_vit.ViT(weights={os.fspath(name)!r}, ...) "
+                "with the architecture's arguments."
+            )
+        model = ViT(**{**arguments, **kwargs})
+        load_pretrained(model, directory)
+        return model
     if not registry.is_registered(name) and isinstance(name, str) and ":" in name:
         raise ValueError(
-            f"pretrained({name!r}) takes a registry name (keras-vit weights lists them) or "
-            "timm:NAME of one; for other weights build the model and load them: "
+            f"pretrained({name!r}) takes a registry name (keras-vit weights lists them), "
+            "timm:NAME of one, an HF model directory or hf:ORG/NAME; for other weights "
+            "build the model and load them: "
             f"keras_vit.ViT(VARIANT, weights={name!r}, image_size=..., num_classes=...)."
         )
     entry = registry.get_weights(name)

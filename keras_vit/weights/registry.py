@@ -14,6 +14,10 @@ entry is timm's file. Sources:
   the authors recommend per variant and their ImageNet top-1 (vision_transformer README
   table; B/8 from the same table in `vit_jax_augreg.ipynb`). Where the file equals
   timm's, both names give the same cached file.
+- `fb_in1k`, `fb_in22k_ft_in1k` (DeiT, DeiT III): timm's safetensors copies of
+  Facebook's files (timm `deit.py`: `hf_hub_id='timm/'`, architectures, resolutions),
+  with the top-1 that facebookresearch/deit reports (`README_deit.md`,
+  `README_revenge.md`; none for DeiT III's medium model, which it does not list).
 """
 
 import dataclasses
@@ -414,5 +418,53 @@ def _official_entries():
     return entries
 
 
-for _entry in _official_entries():
+# ---------------------------------------------------------------------------
+# DeiT and DeiT III: timm's copies on the Hugging Face Hub.
+
+TIMM_HUB = "https://huggingface.co/timm/{name}/resolve/main/model.safetensors"
+_DEIT_MEDIUM = dict(patch_size=16, hidden_dim=512, mlp_dim=2048, num_heads=8, num_layers=12)
+_DEIT3 = dict(no_embed_class=True, layer_scale_init=1e-6)  # timm deit.py, every deit3_*
+# (timm architecture, variant (None: _DEIT_MEDIUM), resolution, switches,
+#  {tag: reported top-1 or None})
+_DEIT = [
+    ("deit_tiny_patch16_224", "Ti/16", 224, {}, {"fb_in1k": 72.2}),
+    ("deit_small_patch16_224", "S/16", 224, {}, {"fb_in1k": 79.9}),
+    ("deit_base_patch16_224", "B/16", 224, {}, {"fb_in1k": 81.8}),
+    ("deit_base_patch16_384", "B/16", 384, {}, {"fb_in1k": 82.9}),
+    ("deit_tiny_distilled_patch16_224", "Ti/16", 224, dict(distilled=True), {"fb_in1k": 74.5}),
+    ("deit_small_distilled_patch16_224", "S/16", 224, dict(distilled=True), {"fb_in1k": 81.2}),
+    ("deit_base_distilled_patch16_224", "B/16", 224, dict(distilled=True), {"fb_in1k": 83.4}),
+    ("deit_base_distilled_patch16_384", "B/16", 384, dict(distilled=True), {"fb_in1k": 85.2}),
+    ("deit3_small_patch16_224", "S/16", 224, _DEIT3, {"fb_in1k": 81.4, "fb_in22k_ft_in1k": 83.1}),
+    ("deit3_small_patch16_384", "S/16", 384, _DEIT3, {"fb_in1k": 83.4, "fb_in22k_ft_in1k": 84.8}),
+    ("deit3_medium_patch16_224", None, 224, _DEIT3, {"fb_in1k": None, "fb_in22k_ft_in1k": None}),
+    ("deit3_base_patch16_224", "B/16", 224, _DEIT3, {"fb_in1k": 83.8, "fb_in22k_ft_in1k": 85.7}),
+    ("deit3_base_patch16_384", "B/16", 384, _DEIT3, {"fb_in1k": 85.0, "fb_in22k_ft_in1k": 86.7}),
+    ("deit3_large_patch16_224", "L/16", 224, _DEIT3, {"fb_in1k": 84.9, "fb_in22k_ft_in1k": 87.0}),
+    ("deit3_large_patch16_384", "L/16", 384, _DEIT3, {"fb_in1k": 85.8, "fb_in22k_ft_in1k": 87.7}),
+    ("deit3_huge_patch14_224", "H/14", 224, _DEIT3, {"fb_in1k": 85.2, "fb_in22k_ft_in1k": 87.2}),
+]
+
+
+def _deit_entries():
+    entries = []
+    for arch, variant, image_size, switches, tags in _DEIT:
+        for tag, top1 in tags.items():
+            name = f"{arch}.{tag}"
+            entries.append(WeightsEntry(
+                name=name,
+                url=TIMM_HUB.format(name=name),
+                variant=variant,
+                image_size=image_size,
+                num_classes=IMAGENET1K_CLASSES,
+                labels="imagenet1k",
+                pretraining="ImageNet-21k" if tag == "fb_in22k_ft_in1k" else "ImageNet-1k",
+                finetuning="ImageNet-1k" if tag == "fb_in22k_ft_in1k" else None,
+                top1=top1,
+                model_args=dict(switches, **({} if variant else _DEIT_MEDIUM)),
+            ))
+    return entries
+
+
+for _entry in _official_entries() + _deit_entries():
     register_weights(_entry)
