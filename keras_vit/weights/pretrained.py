@@ -359,7 +359,8 @@ def _reconcile_head(layout, params, current, report):
                     "is not loaded."
                 )
             continue
-        if getattr(layout.parts, name) is None:  # _check_switches refused a head_dist here
+        if getattr(layout.parts, name) is None:  # reported as unexpected (strict: refused)
+            params.update(head)
             continue
         kernel = current[keys[0]]
         got = head.get(keys[0])
@@ -509,7 +510,8 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
             f"({'with' if have == 'token' else 'without'} a class token 'cls'), but the "
             f"model uses classifier={need!r}: build it with classifier={have!r}."
         )
-    _check_switches(layout, params, source)
+    if strict:  # otherwise the parts the model lacks are reported like other tensors
+        _check_switches(layout, params, source)
 
     checkpoint_shapes = {key: tuple(value.shape) for key, value in params.items()}
     current = layout.params()

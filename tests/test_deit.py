@@ -1,0 +1,361 @@
+"""DeiT and DeiT III on the one `keras_vit.ViT`: numerics against HF transformers and
+timm's formulas, on every Keras backend.
+
+The references are tiny randomly initialised HF `DeiTForImageClassificationWithTeacher`
+and `DeiTForImageClassification` models saved with `save_pretrained` (nothing downloads),
+and, for DeiT III (which HF lacks), timm's block `x + gamma * f(x)` with its
+`no_embed_class` embedding written out below in torch. Each comparison takes the logits
+and every block's output tokens, within 1e-4 of their largest magnitude, in float32.
+The module runs on the current backend; `test_other_backends` runs it on the others.
+"""
+
+import logging
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file, save_file
+from transformers import DeiTConfig, DeiTForImageClassification, DeiTForImageClassificationWithTeacher
+
+import keras_vit
+from conftest import assert_keras_file_round_trip, randomise_weights
+from test_checkpoints import randomise
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS, WIDTH, HEADS, CLASSES = 2, 32, 4, 10
+HF_CONFIG = dict(
+    hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+    intermediate_size=64, image_size=32, patch_size=8, num_labels=CLASSES,
+)  # layer_norm_eps left at DeiTConfig's 1e-12
+TINY = dict(image_size=32, patch_size=8, hidden_dim=WIDTH, num_layers=LAYERS, num_heads=HEADS,
+            mlp_dim=64, num_classes=CLASSES)
+IMAGES = np.random.default_rng(0).uniform(-1, 1, (3, 32, 32, 3)).astype("float32")
+
+
+def as_numpy(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def outputs(model):
+    """The model's logits and each block's output tokens, on `IMAGES`."""
+    blocks = [block.output for block in keras_vit.vit_parts(model).blocks]
+    probe = keras.Model(model.input, [model.output, *blocks])
+    return [as_numpy(x) for x in probe(IMAGES)]
+
+
+def relative_error(ours, reference):
+    """The largest difference, over the largest magnitude of the reference."""
+    return max(
+        np.abs(a - b).max() / np.abs(b).max() for a, b in zip(ours, reference, strict=True)
+    )
+
+
+def hf_reference(model_class, directory):
+    """A randomised HF DeiT saved in `directory`, and its logits and block outputs."""
+    model = randomise(model_class(DeiTConfig(**HF_CONFIG)), seed=3)
+    model.save_pretrained(directory)
+    with torch.no_grad():
+        out = model(pixel_values=torch.from_numpy(IMAGES.transpose(0, 3, 1, 2)),
+                    output_hidden_states=True)
+    # hidden_states: the embeddings, then each block's output (before the final norm).
+    return [out.logits.numpy(), *(h.numpy() for h in out.hidden_states[1:])]
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("deit_teacher")
+    return directory, hf_reference(DeiTForImageClassificationWithTeacher, directory)
+
+
+@pytest.fixture(scope="module")
+def single_head(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("deit_single")
+    return directory, hf_reference(DeiTForImageClassification, directory)
+
+
+def test_hf_teacher_directory_builds_and_matches_transformers(teacher):
+    directory, reference = teacher
+    model = keras_vit.pretrained(directory)  # from config.json: no constructor arguments
+    config = model.get_config()
+    assert config["distilled"] and config["layer_norm_epsilon"] == 1e-12
+    assert "distillation_head" not in config  # the default: both heads, averaged
+    assert relative_error(outputs(model), reference) < 1e-4
+
+
+def test_hf_single_head_deit_classifies_the_class_token(single_head):
+    directory, reference = single_head
+    model = keras_vit.pretrained(directory)
+    assert model.get_config()["distillation_head"] is False
+    assert keras_vit.vit_parts(model).head_dist is None
+    assert relative_error(outputs(model), reference) < 1e-4
+
+
+def test_negative_control_flipped_switches_miss_the_reference(teacher):
+    """The comparison can fail: the same weights with the heads not averaged (the class
+    token's head alone) miss HF's logits, though every block matches."""
+    directory, reference = teacher
+    one_head = keras_vit.ViT(**TINY, distilled=True, distillation_head=False,
+                             layer_norm_epsilon=1e-12)
+    with pytest.raises(ValueError, match=r"has a distillation head 'head_dist'.*"
+                       r"distillation_head=True"):
+        keras_vit.load_pretrained(one_head, directory)
+    report = keras_vit.load_pretrained(one_head, directory, strict=False)
+    assert report.unexpected == ["head_dist/bias", "head_dist/kernel"]
+    ours = outputs(one_head)
+    assert relative_error(ours[1:], reference[1:]) < 1e-4  # the same encoder
+    assert relative_error(ours[:1], reference[:1]) > 1e-2  # not its logits
+
+
+def timm_from_hf(files):
+    """HF DeiT teacher tensors -> timm's VisionTransformerDistilled state dict."""
+    out = {
+        "cls_token": files["deit.embeddings.cls_token"],
+        "dist_token": files["deit.embeddings.distillation_token"],
+        "pos_embed": files["deit.embeddings.position_embeddings"],
+        "patch_embed.proj.weight": files["deit.embeddings.patch_embeddings.projection.weight"],
+        "patch_embed.proj.bias": files["deit.embeddings.patch_embeddings.projection.bias"],
+        "norm.weight": files["deit.layernorm.weight"],
+        "norm.bias": files["deit.layernorm.bias"],
+    }
+    for head, timm in (("cls_classifier", "head"), ("distillation_classifier", "head_dist")):
+        for p in ("weight", "bias"):
+            out[f"{timm}.{p}"] = files[f"{head}.{p}"]
+    for i in range(LAYERS):
+        hf, timm = f"deit.encoder.layer.{i}.", f"blocks.{i}."
+        for p in ("weight", "bias"):
+            qkv = [files[f"{hf}attention.attention.{n}.{p}"] for n in ("query", "key", "value")]
+            out[f"{timm}attn.qkv.{p}"] = np.concatenate(qkv)
+            out[f"{timm}attn.proj.{p}"] = files[f"{hf}attention.output.dense.{p}"]
+            out[f"{timm}norm1.{p}"] = files[f"{hf}layernorm_before.{p}"]
+            out[f"{timm}norm2.{p}"] = files[f"{hf}layernorm_after.{p}"]
+            out[f"{timm}mlp.fc1.{p}"] = files[f"{hf}intermediate.dense.{p}"]
+            out[f"{timm}mlp.fc2.{p}"] = files[f"{hf}output.dense.{p}"]
+    return out
+
+
+def test_timm_distilled_safetensors_match_transformers(teacher, tmp_path):
+    directory, reference = teacher
+    save_file(timm_from_hf(load_file(directory / "model.safetensors")), tmp_path / "t.safetensors")
+    model = keras_vit.ViT(**TINY, distilled=True, layer_norm_epsilon=1e-12)
+    report = keras_vit.load_pretrained(model, tmp_path / "t.safetensors")
+    assert report.format == "timm" and not report.messages
+    assert relative_error(outputs(model), reference) < 1e-4
+
+
+# --- DeiT III: layer scale and no_embed_class, against timm's formulas -----------------
+
+
+def deit3_state(seed=5):
+    """A random timm DeiT III state dict (`no_embed_class`: a table of the patches only;
+    `ls1.gamma`, `ls2.gamma`), not near layer scale's 1e-6 start, so that it shows."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape, mean=0.0):
+        return (mean + 0.3 * rng.standard_normal(shape)).astype("float32")
+
+    patches = (32 // 8) ** 2
+    state = {
+        "cls_token": normal(1, 1, WIDTH), "pos_embed": normal(1, patches, WIDTH),
+        "patch_embed.proj.weight": normal(WIDTH, 3, 8, 8), "patch_embed.proj.bias": normal(WIDTH),
+        "norm.weight": normal(WIDTH, mean=1.0), "norm.bias": normal(WIDTH),
+        "head.weight": normal(CLASSES, WIDTH), "head.bias": normal(CLASSES),
+    }
+    for i in range(LAYERS):
+        b = f"blocks.{i}."
+        state.update({
+            b + "norm1.weight": normal(WIDTH, mean=1.0), b + "norm1.bias": normal(WIDTH),
+            b + "attn.qkv.weight": normal(3 * WIDTH, WIDTH), b + "attn.qkv.bias": normal(3 * WIDTH),
+            b + "attn.proj.weight": normal(WIDTH, WIDTH), b + "attn.proj.bias": normal(WIDTH),
+            b + "ls1.gamma": normal(WIDTH, mean=0.5),
+            b + "norm2.weight": normal(WIDTH, mean=1.0), b + "norm2.bias": normal(WIDTH),
+            b + "mlp.fc1.weight": normal(64, WIDTH), b + "mlp.fc1.bias": normal(64),
+            b + "mlp.fc2.weight": normal(WIDTH, 64), b + "mlp.fc2.bias": normal(WIDTH),
+            b + "ls2.gamma": normal(WIDTH, mean=0.5),
+        })
+    return state
+
+
+def timm_deit3_forward(state, images):
+    """timm's VisionTransformer with no_embed_class and LayerScale, from its formulas:
+    the logits and each block's output."""
+    w = {k: torch.from_numpy(v) for k, v in state.items()}
+    F = torch.nn.functional
+    x = F.conv2d(torch.from_numpy(images.transpose(0, 3, 1, 2)), w["patch_embed.proj.weight"],
+                 w["patch_embed.proj.bias"], stride=8)
+    x = x.flatten(2).transpose(1, 2) + w["pos_embed"]  # no_embed_class: add, then concat
+    x = torch.cat([w["cls_token"].expand(len(x), -1, -1), x], dim=1)
+    blocks = []
+    for i in range(LAYERS):
+        b = f"blocks.{i}."
+
+        def norm(t, name, b=b):
+            return F.layer_norm(t, (WIDTH,), w[f"{b}{name}.weight"], w[f"{b}{name}.bias"], 1e-6)
+
+        q, k, v = F.linear(norm(x, "norm1"), w[b + "attn.qkv.weight"], w[b + "attn.qkv.bias"]).chunk(3, -1)
+        q, k, v = (t.unflatten(-1, (HEADS, -1)).transpose(1, 2) for t in (q, k, v))
+        attention = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(WIDTH // HEADS), -1)
+        attended = F.linear((attention @ v).transpose(1, 2).flatten(2),
+                            w[b + "attn.proj.weight"], w[b + "attn.proj.bias"])
+        x = x + w[b + "ls1.gamma"] * attended
+        hidden = F.gelu(F.linear(norm(x, "norm2"), w[b + "mlp.fc1.weight"], w[b + "mlp.fc1.bias"]))
+        x = x + w[b + "ls2.gamma"] * F.linear(hidden, w[b + "mlp.fc2.weight"], w[b + "mlp.fc2.bias"])
+        blocks.append(x.numpy())
+    x = F.layer_norm(x, (WIDTH,), w["norm.weight"], w["norm.bias"], 1e-6)
+    return [F.linear(x[:, 0], w["head.weight"], w["head.bias"]).numpy(), *blocks]
+
+
+@pytest.fixture(scope="module")
+def deit3(tmp_path_factory):
+    path = tmp_path_factory.mktemp("deit3") / "model.safetensors"
+    state = deit3_state()
+    save_file(state, path)
+    return path, timm_deit3_forward(state, IMAGES)
+
+
+def test_timm_deit3_layer_scale_matches_timms_formula(deit3):
+    path, reference = deit3
+    model = keras_vit.ViT(**TINY, no_embed_class=True, layer_scale_init=1e-6)
+    report = keras_vit.load_pretrained(model, path)
+    assert report.format == "timm" and report.messages == [
+        "timm's no_embed_class model adds no position embedding to the class token: its "
+        "position row is set to zero."
+    ]
+    assert relative_error(outputs(model), reference) < 1e-4
+
+
+def test_negative_control_deit3_without_layer_scale_misses_timm(deit3):
+    path, reference = deit3
+    model = keras_vit.ViT(**TINY, no_embed_class=True)
+    with pytest.raises(ValueError, match=r"has layer scale \(DeiT III\).*layer_scale_init=1e-6"):
+        keras_vit.load_pretrained(model, path)
+    keras_vit.load_pretrained(model, path, strict=False)
+    assert relative_error(outputs(model), reference) > 1e-2
+
+
+def test_a_class_token_position_into_a_no_embed_class_model_is_refused(teacher):
+    model = keras_vit.ViT(**TINY, distilled=True, no_embed_class=True)
+    with pytest.raises(ValueError, match=r"position embedding for the token 'cls'.*"
+                       r"no_embed_class=False"):
+        keras_vit.load_pretrained(model, teacher[0])
+
+
+# --- the model's own round trips -------------------------------------------------------
+
+FAMILY = {
+    "deit_teacher": dict(distilled=True, layer_norm_epsilon=1e-12),
+    "deit_single_head": dict(distilled=True, distillation_head=False),
+    "deit3": dict(no_embed_class=True, layer_scale_init=1e-6),
+    "deit3_distilled": dict(distilled=True, no_embed_class=True, layer_scale_init=0.1),
+}
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_get_config_and_keras_file_round_trip(name, tmp_path):
+    model = keras_vit.ViT(**TINY, **FAMILY[name])
+    randomise_weights(model, seed=1)
+    config = model.get_config()
+    assert {key: config[key] for key in FAMILY[name]} == FAMILY[name]
+    rebuilt = keras_vit.VisionTransformer.from_config(config)
+    assert rebuilt.get_config() == config
+    assert [w.path for w in rebuilt.weights] == [w.path for w in model.weights]
+    assert_keras_file_round_trip(model, IMAGES, tmp_path / "model.keras")
+
+
+def test_paper_vit_config_has_no_family_keys():
+    """The paper's ViT records none of the new switches: its configs and `.keras` files
+    stay as keras-vit wrote them before."""
+    config = keras_vit.ViT(**TINY).get_config()
+    assert not set(config) & {"distilled", "distillation_head", "no_embed_class",
+                              "layer_scale_init", "layer_norm_epsilon"}
+
+
+def test_headless_distilled_model_pools_the_mean_of_both_tokens(teacher):
+    """timm's `pre_logits` of a distilled model: (class token + distillation token) / 2."""
+    model = keras_vit.ViT(**TINY, distilled=True, layer_norm_epsilon=1e-12, include_top=False)
+    keras_vit.load_pretrained(model, teacher[0])
+    tokens = keras_vit.ViT(**TINY, distilled=True, layer_norm_epsilon=1e-12, include_top=False,
+                           pooling=False)
+    keras_vit.load_pretrained(tokens, teacher[0])
+    every = as_numpy(tokens(IMAGES))
+    np.testing.assert_allclose(as_numpy(model(IMAGES)), (every[:, 0] + every[:, 1]) / 2, atol=1e-6)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(distilled=True, classifier="gap"), "distilled=True adds a distillation token"),
+    (dict(distillation_head=False), "distillation_head=False .* needs distilled=True"),
+    (dict(no_embed_class=True, classifier="gap"), "no_embed_class=True .* classifier='gap'"),
+    (dict(layer_scale_init="small"), "layer_scale_init must be None or a number .* 'small'"),
+    (dict(layer_norm_epsilon=0), "layer_norm_epsilon must be a positive number, got 0"),
+    (dict(distilled=True, representation_size=16), "representation_size .* distillation_head=False"),
+])
+def test_bad_family_switches_are_named(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        keras_vit.ViT(**TINY, **arguments)
+
+
+# --- registry and fine-tuning ------------------------------------------------------------
+
+
+def test_registry_lists_deit_checkpoints_with_their_switches_and_reported_top1():
+    from keras_vit.weights import registry
+    from keras_vit.weights.pretrained import registry_defaults
+
+    entries = {e.name: e for e in keras_vit.list_weights("deit")}
+    assert len(entries) == 24
+    # facebookresearch/deit README_deit.md and README_revenge.md
+    assert {name: entries[name].top1 for name in (
+        "deit_tiny_patch16_224.fb_in1k", "deit_small_distilled_patch16_224.fb_in1k",
+        "deit3_base_patch16_224.fb_in22k_ft_in1k",
+    )} == {"deit_tiny_patch16_224.fb_in1k": 72.2,
+           "deit_small_distilled_patch16_224.fb_in1k": 81.2,
+           "deit3_base_patch16_224.fb_in22k_ft_in1k": 85.7}
+    entry = entries["deit_base_distilled_patch16_384.fb_in1k"]
+    assert entry.url == registry.TIMM_HUB.format(name=entry.name)
+    # What ViT(weights=NAME) takes from the entry: the architecture and its switches.
+    assert registry_defaults("deit3_large_patch16_384.fb_in1k", {"num_classes": 5}) == dict(
+        variant="L/16", image_size=384, num_classes=5, no_embed_class=True, layer_scale_init=1e-6,
+    )
+
+
+@pytest.mark.slow
+def test_engine_fine_tuning_from_a_deit_source_resets_both_heads(teacher, tmp_path, caplog):
+    from keras_vit import cli
+    from keras_vit.training.config import apply_overrides
+    from keras_vit.training.engine import train
+
+    arch = ("model.kwargs={'patch_size': 8, 'hidden_dim': 32, 'num_layers': 2, 'num_heads': 4, "
+            "'mlp_dim': 64, 'distilled': True, 'layer_norm_epsilon': 1e-12}")
+    config = apply_overrides(cli.load_recipe("demo"), [
+        "model.variant=custom", arch, "model.image_size=16", "model.channels=3",
+        f"model.init_from={teacher[0]}", "data.classes=0-4", "schedule.epochs=1",
+        "schedule.warmup_updates=2", "checkpointing.tensorboard=False", f"out={tmp_path / 'run'}",
+    ])
+    with caplog.at_level(logging.INFO, logger="keras_vit"):
+        result = train(config, verbose=0)
+    for head in ("head", "head_dist"):
+        assert (f"the checkpoint's {head} has {CLASSES} classes, the model 5: the {head} is "
+                "reset to zeros.") in caplog.text
+    parts = keras_vit.vit_parts(result.model)
+    assert parts.head_dist is not None and parts.head_dist.kernel.shape == (WIDTH, 5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
+                    reason="started from the TensorFlow run")
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_other_backends(backend):
+    """This module's numeric tests, on the JAX and PyTorch backends (Keras picks its
+    backend once per process)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+         "tests/test_deit.py"],
+        cwd=ROOT, env={**os.environ, "KERAS_BACKEND": backend}, capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
+    assert " passed" in result.stdout and "failed" not in result.stdout
