@@ -323,6 +323,18 @@ def test_registry_lists_deit_checkpoints_with_their_switches_and_reported_top1()
     )
 
 
+def test_an_hf_model_folder_is_a_from_source_not_a_run_folder(teacher):
+    """Its config.json (the transformers model's) made --from take it for an unfinished
+    keras-vit run ("has neither model.keras nor a checkpoint")."""
+    from keras_vit.training import runs
+
+    directory = str(teacher[0])
+    assert runs.resolve_from(directory) == directory
+    assert runs.run_config(os.path.join(directory, "model.safetensors")) is None
+    message = runs.load_weights(keras_vit.ViT(**TINY, distilled=True), directory)
+    assert message.startswith(f"loaded {directory}:")
+
+
 @pytest.mark.slow
 def test_engine_fine_tuning_from_a_deit_source_resets_both_heads(teacher, tmp_path, caplog):
     from keras_vit import cli

@@ -35,6 +35,7 @@ from keras_vit import data as vit_data
 from keras_vit.training.callbacks import TrainingBackup
 from keras_vit.training.config import TrainConfig
 from keras_vit.weights.download import resolve_weights
+from keras_vit.weights.formats import holds_safetensors
 from keras_vit.weights.pretrained import load_pretrained
 
 CONFIG = "config.json"
@@ -163,9 +164,15 @@ def resolve_from(source):
     """
     if not isinstance(source, str) or not source:
         raise ValueError(f"--from needs a path, got {source!r}.")
-    if tf.io.gfile.isdir(source) and not tf.io.gfile.exists(os.path.join(source, CONFIG)):
+    # An HF transformers model folder has a config.json too: its safetensors tell it apart.
+    run_folder = (
+        tf.io.gfile.isdir(source)
+        and tf.io.gfile.exists(os.path.join(source, CONFIG))
+        and not holds_safetensors(source)
+    )
+    if tf.io.gfile.isdir(source) and not run_folder:
         check_not_a_results_folder(source)
-    if tf.io.gfile.isdir(source) and tf.io.gfile.exists(os.path.join(source, CONFIG)):
+    if run_folder:
         final = os.path.join(source, MODEL)
         if tf.io.gfile.exists(final):
             return final
@@ -258,7 +265,8 @@ def _run_file(source, name):
     folder = os.path.dirname(os.path.abspath(resolve_from(source)))
     for candidate in (folder, os.path.dirname(folder)):
         path = os.path.join(candidate, name)
-        if tf.io.gfile.exists(path):
+        # An HF model folder's config.json describes a transformers model, not a run.
+        if tf.io.gfile.exists(path) and not holds_safetensors(candidate):
             return path
     return None
 

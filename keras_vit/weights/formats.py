@@ -68,12 +68,21 @@ def write_bytes(path, data):
             f.write(data)
 
 
+SAFETENSORS_FILES = ("model.safetensors", "model.safetensors.index.json")
+
+
+def holds_safetensors(directory):
+    """Whether `directory` is an HF-style model folder: it holds `model.safetensors` or
+    a sharded `model.safetensors.index.json` (beside the `config.json` of a transformers
+    model, which alone does not tell it from a keras-vit run folder)."""
+    return _isdir(directory) and any(_exists(_join(directory, n)) for n in SAFETENSORS_FILES)
+
+
 def _checkpoint_files(source):
     if _isdir(source):
-        single = _join(source, "model.safetensors")
+        single, index = (_join(source, name) for name in SAFETENSORS_FILES)
         if _exists(single):
             return [single]
-        index = _join(source, "model.safetensors.index.json")
         if _exists(index):
             shards = json.loads(_read_bytes(index))["weight_map"].values()
             return [_join(source, name) for name in sorted(set(shards))]
