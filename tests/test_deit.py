@@ -286,6 +286,30 @@ def test_headless_distilled_model_pools_the_mean_of_both_tokens(teacher):
     np.testing.assert_allclose(as_numpy(model(IMAGES)), (every[:, 0] + every[:, 1]) / 2, atol=1e-6)
 
 
+def test_feature_maps_attention_maps_and_lora_of_a_distilled_model(teacher):
+    """The patch maps leave out both prefix tokens; the attention map is the class
+    token's row over the patches; LoRA trains both heads."""
+    from keras_vit.training.lora import enable_lora
+
+    model = keras_vit.ViT(**TINY, distilled=True, layer_norm_epsilon=1e-12)
+    keras_vit.load_pretrained(model, teacher[0])
+    maps, prefix = keras_vit.feature_model(model, prefix_tokens=True)(IMAGES)
+    last = outputs(model)[-1]
+    assert tuple(maps.shape) == (3, 4, 4, WIDTH) and tuple(prefix.shape) == (3, 2, WIDTH)
+    np.testing.assert_array_equal(as_numpy(maps).reshape(3, 16, WIDTH), last[:, 2:])
+    np.testing.assert_array_equal(as_numpy(prefix), last[:, :2])
+
+    _, attentions = keras_vit.attention_model(model)(IMAGES)
+    rollout = keras_vit.attention_rollout(attentions)
+    assert tuple(rollout.shape) == (3, 18, 18)
+    np.testing.assert_allclose(keras_vit.attention_map(rollout, (4, 4)).reshape(3, 16),
+                               rollout[:, 0, 2:], rtol=0, atol=0)
+
+    enable_lora(model, 2)
+    trainable = {v.path for v in model.trainable_weights}
+    assert {"head/kernel", "head_dist/kernel", "head/bias", "head_dist/bias"} <= trainable
+
+
 @pytest.mark.parametrize("arguments, message", [
     (dict(distilled=True, classifier="gap"), "distilled=True adds a distillation token"),
     (dict(distillation_head=False), "distillation_head=False .* needs distilled=True"),

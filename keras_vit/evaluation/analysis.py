@@ -100,14 +100,14 @@ def _stack_attentions(attentions):
 
 
 def _num_prefix_tokens(tokens, grid_size):
+    # A class token, and DeiT's distillation token after it, stand before the patches.
     rows, cols = grid_size
-    if tokens == rows * cols:
-        return 0
-    if tokens == rows * cols + 1:
-        return 1
+    if tokens - rows * cols in (0, 1, 2):
+        return tokens - rows * cols
     raise ValueError(
         f"{tokens} tokens do not fit grid_size {tuple(grid_size)}: expected "
-        f"{rows * cols} patch tokens, or {rows * cols + 1} with a class token."
+        f"{rows * cols} patch tokens, {rows * cols + 1} with a class token, or "
+        f"{rows * cols + 2} with DeiT's distillation token too."
     )
 
 
@@ -172,7 +172,7 @@ def attention_map(matrix, grid_size):
     if matrix.ndim != 3 or matrix.shape[-1] != matrix.shape[-2]:
         raise ValueError(f"Expected a (batch, tokens, tokens) matrix, got shape {matrix.shape}.")
     prefix = _num_prefix_tokens(matrix.shape[-1], grid_size)
-    pooled = matrix[:, 0, 1:] if prefix else matrix.mean(axis=1)
+    pooled = matrix[:, 0, prefix:] if prefix else matrix.mean(axis=1)
     return pooled.reshape(-1, *grid_size)
 
 

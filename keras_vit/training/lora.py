@@ -19,7 +19,8 @@ TARGETS = TransformerBlock.DENSE_LAYERS
 def enable_lora(model, rank, *, train_norms=False):
     """Adds rank-`rank` LoRA factors to the attention and MLP kernels and freezes the rest.
 
-    What stays trainable: the factors, the `head` (a new task's classifier) and, with
+    What stays trainable: the factors, the heads (a new task's classifier; DeiT's
+    `head_dist` too) and, with
     `train_norms`, the LayerNorm scales and offsets. The biases of the factored layers
     and every other weight (patch embedding, positions, class token) are frozen.
 
@@ -56,7 +57,7 @@ def enable_lora(model, rank, *, train_norms=False):
         layer.enable_lora(rank)
     trainable = {id(v) for layer in factored for v in (layer.lora_kernel_a, layer.lora_kernel_b)}
     # A headless encoder (include_top=False) trains its factors only.
-    trainable |= {id(v) for v in (parts.head.weights if parts.head is not None else [])}
+    trainable |= {id(v) for head in parts.heads for v in head.weights}
     if train_norms:
         norms = [parts.norm] + [norm for block in blocks for norm in (block.norm1, block.norm2)]
         trainable |= {id(v) for layer in norms for v in layer.weights}
