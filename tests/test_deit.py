@@ -12,6 +12,7 @@ The module runs on the current backend; `test_other_backends` runs it on the oth
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from transformers import DeiTConfig, DeiTForImageClassification, DeiTForImageCla
 
 import keras_vit
 from conftest import assert_keras_file_round_trip, randomise_weights
+import test_checkpoints
 from test_checkpoints import randomise
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,30 +115,15 @@ def test_negative_control_flipped_switches_miss_the_reference(teacher):
 
 
 def timm_from_hf(files):
-    """HF DeiT teacher tensors -> timm's VisionTransformerDistilled state dict."""
-    out = {
-        "cls_token": files["deit.embeddings.cls_token"],
-        "dist_token": files["deit.embeddings.distillation_token"],
-        "pos_embed": files["deit.embeddings.position_embeddings"],
-        "patch_embed.proj.weight": files["deit.embeddings.patch_embeddings.projection.weight"],
-        "patch_embed.proj.bias": files["deit.embeddings.patch_embeddings.projection.bias"],
-        "norm.weight": files["deit.layernorm.weight"],
-        "norm.bias": files["deit.layernorm.bias"],
-    }
-    for head, timm in (("cls_classifier", "head"), ("distillation_classifier", "head_dist")):
-        for p in ("weight", "bias"):
-            out[f"{timm}.{p}"] = files[f"{head}.{p}"]
-    for i in range(LAYERS):
-        hf, timm = f"deit.encoder.layer.{i}.", f"blocks.{i}."
-        for p in ("weight", "bias"):
-            qkv = [files[f"{hf}attention.attention.{n}.{p}"] for n in ("query", "key", "value")]
-            out[f"{timm}attn.qkv.{p}"] = np.concatenate(qkv)
-            out[f"{timm}attn.proj.{p}"] = files[f"{hf}attention.output.dense.{p}"]
-            out[f"{timm}norm1.{p}"] = files[f"{hf}layernorm_before.{p}"]
-            out[f"{timm}norm2.{p}"] = files[f"{hf}layernorm_after.{p}"]
-            out[f"{timm}mlp.fc1.{p}"] = files[f"{hf}intermediate.dense.{p}"]
-            out[f"{timm}mlp.fc2.{p}"] = files[f"{hf}output.dense.{p}"]
-    return out
+    """HF DeiT teacher tensors -> timm's VisionTransformerDistilled state dict: the
+    ViT's tensors as test_checkpoints converts them, the distillation token and head."""
+    as_vit = {re.sub(r"^deit\.", "vit.", key).replace("cls_classifier", "classifier"): value
+              for key, value in files.items()}
+    state = test_checkpoints.timm_from_hf(as_vit)
+    state["dist_token"] = files["deit.embeddings.distillation_token"]
+    for p in ("weight", "bias"):
+        state[f"head_dist.{p}"] = files[f"distillation_classifier.{p}"]
+    return state
 
 
 def test_timm_distilled_safetensors_match_transformers(teacher, tmp_path):
