@@ -73,7 +73,7 @@ def test_rollout_follows_abnar_zuidema_on_random_attention():
         (lambda: analysis.attention_rollout([_uniform(5)], discard_ratio=1.0), r"discard_ratio must be in \[0, 1\), got 1.0"),
         (lambda: analysis.attention_rollout([_uniform(5), _uniform(6)]), r"layer 1 has shape \(2, 3, 6, 6\), layer 0 has"),
         (lambda: analysis.attention_rollout([np.ones((3, 5, 5))]), r"layer 0 has shape \(3, 5, 5\): expected \(batch, heads"),
-        (lambda: analysis.mean_attention_distance([_uniform(18)], (4, 4), 8), r"18 tokens do not fit grid_size \(4, 4\)"),
+        (lambda: analysis.mean_attention_distance([_uniform(19)], (4, 4), 8), r"19 tokens do not fit grid_size \(4, 4\)"),
     ],
 )
 def test_bad_attention_arguments_raise_clear_errors(call, message):
