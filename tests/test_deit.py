@@ -90,6 +90,30 @@ def test_hf_teacher_directory_builds_and_matches_transformers(teacher):
     assert relative_error(outputs(model), reference) < 1e-4
 
 
+def test_vit_weights_from_an_hf_directory_fine_tunes_with_both_heads_reset(teacher):
+    """ViT(weights=HF_DIR) takes the architecture from config.json, as for a registry name."""
+    directory = teacher[0]
+    model = keras_vit.ViT(weights=directory, num_classes=5, image_size=48)
+    config = model.get_config()
+    assert (config["distilled"], config["layer_norm_epsilon"], config["hidden_dim"]) == (True, 1e-12, WIDTH)
+    for head in keras_vit.vit_parts(model).heads:
+        assert head.kernel.shape == (WIDTH, 5) and not np.any(as_numpy(head.kernel))
+    with pytest.raises(ValueError, match=r"takes num_classes from .*config.json.*"
+                       r"keras_vit.ViT\(weights=.*num_classes=\.\.\.\)"):
+        keras_vit.pretrained(directory, num_classes=5)
+
+
+def test_a_folder_without_a_transformers_model_is_named(tmp_path):
+    with pytest.raises(ValueError, match=r"is not an HF transformers model directory: .*"
+                       r"config.json and model.safetensors"):
+        keras_vit.pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "config.json").write_text('{"architectures": ["SiglipVisionModel"]}')
+    with pytest.raises(ValueError, match=r"describes a 'SiglipVisionModel' model: keras-vit "
+                       r"builds ViTForImageClassification"):
+        keras_vit.pretrained(tmp_path)
+
+
 def test_hf_single_head_deit_classifies_the_class_token(single_head):
     directory, reference = single_head
     model = keras_vit.pretrained(directory)
@@ -315,7 +339,7 @@ def test_bad_family_switches_are_named(arguments, message):
 
 def test_registry_lists_deit_checkpoints_with_their_switches_and_reported_top1():
     from keras_vit.weights import registry
-    from keras_vit.weights.pretrained import registry_defaults
+    from keras_vit.weights.pretrained import source_defaults
 
     entries = {e.name: e for e in keras_vit.list_weights("deit")}
     assert len(entries) == 24
@@ -329,7 +353,7 @@ def test_registry_lists_deit_checkpoints_with_their_switches_and_reported_top1()
     entry = entries["deit_base_distilled_patch16_384.fb_in1k"]
     assert entry.url == registry.TIMM_HUB.format(name=entry.name)
     # What ViT(weights=NAME) takes from the entry: the architecture and its switches.
-    assert registry_defaults("deit3_large_patch16_384.fb_in1k", {"num_classes": 5}) == dict(
+    assert source_defaults("deit3_large_patch16_384.fb_in1k", {"num_classes": 5}) == dict(
         variant="L/16", image_size=384, num_classes=5, no_embed_class=True, layer_scale_init=1e-6,
     )
 

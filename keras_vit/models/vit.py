@@ -548,7 +548,9 @@ def ViT(variant=None, *, weights=None, **kwargs):
             class count reset to zeros, `pre_logits` dropped without
             `representation_size`): a registry name (`keras_vit.list_weights()`),
             `hf:ORG/NAME`, `timm:NAME`, a URL or a local checkpoint. A registry name
-            also gives the variant, resolution, classes and GELU that are not passed.
+            or an HF model directory (`hf:ORG/NAME`) also gives the variant (or
+            sizes), resolution, classes, GELU and family switches (DeiT's
+            `distilled`, ...) that are not passed.
         **kwargs: the `VisionTransformer` arguments.
 
     Returns:
@@ -571,7 +573,7 @@ def ViT(variant=None, *, weights=None, **kwargs):
     # Imported here: models/ builds models, weights/ finds and fetches checkpoints.
     from keras_vit.weights import pretrained
 
-    arguments = pretrained.registry_defaults(weights, dict(variant=variant, **kwargs))
+    arguments = pretrained.source_defaults(weights, dict(variant=variant, **kwargs))
     model = VisionTransformer(**arguments)
     pretrained.load_pretrained(model, weights)
     return model

@@ -25,6 +25,7 @@ from keras_vit.weights.formats import (
     POS_KEY,
     QKV,
     hf_model_arguments,
+    holds_safetensors,
     read_official,
     write_bytes,
 )
@@ -583,12 +584,28 @@ _ARCHITECTURE = ("variant", "patch_size", "hidden_dim", "num_layers", "num_heads
                  "resnet_stages")
 
 
-def registry_defaults(weights, args):
-    """`keras_vit.ViT` arguments with what a registry checkpoint fixes filled in.
+def _hf_directory(source):
+    """The local HF transformers model directory `source` names (a directory holding
+    `config.json` and safetensors, or `hf:ORG/NAME`, downloaded), or None."""
+    if registry.is_registered(source) or not isinstance(source, (str, os.PathLike)):
+        return None
+    source = os.fspath(source)
+    if not (source.startswith("hf:") or os.path.isdir(source)):
+        return None
+    directory = resolve_weights(source)
+    if os.path.exists(os.path.join(directory, "config.json")) and holds_safetensors(directory):
+        return directory
+    return None
 
-    When `weights` is a registry name, the architecture (unless `args` gives one),
-    `image_size`, `num_classes`, `gelu_approximate` and the family switches (`distilled`,
-    `layer_scale_init`, ...) left as None come from its entry;
+
+def source_defaults(weights, args):
+    """`keras_vit.ViT` arguments with what a registry checkpoint or an HF model
+    directory fixes filled in.
+
+    When `weights` is a registry name, or an HF transformers directory (or
+    `hf:ORG/NAME`) whose `config.json` describes the model, the architecture (unless
+    `args` gives one), `image_size`, `num_classes`, `gelu_approximate` and the family
+    switches (`distilled`, `layer_scale_init`, ...) left as None come from it;
     `representation_size` does not (fine-tuning drops `pre_logits`, as vit_jax does).
     A variant other than the checkpoint's is a `ValueError`. Other sources leave `args`
     as they are.
@@ -596,13 +613,16 @@ def registry_defaults(weights, args):
     Example:
 
     >>> args = dict(variant=None, image_size=None, num_classes=10, gelu_approximate=None)
-    >>> registry_defaults("vit_base_patch16_224.augreg_in21k", args)
+    >>> source_defaults("vit_base_patch16_224.augreg_in21k", args)
     {'variant': 'B/16', 'image_size': 224, 'num_classes': 10, 'gelu_approximate': True}
     """
-    if not registry.is_registered(weights):
+    directory = _hf_directory(weights)
+    if directory is not None:
+        own = hf_model_arguments(directory)
+    elif registry.is_registered(weights):
+        own = registry.get_weights(weights).build_args()
+    else:
         return args
-    entry = registry.get_weights(weights)
-    own = entry.build_args()
     variant = args.get("variant")
     if variant is not None and own.get("variant") not in (None, variant):
         raise ValueError(
@@ -656,18 +676,20 @@ def pretrained(name, **kwargs):
     source = name
     if isinstance(name, str) and name.startswith("timm:") and registry.is_registered(name[5:]):
         name = name[5:]
-    if not registry.is_registered(name) and (
-        isinstance(name, os.PathLike) or (isinstance(name, str) and name.startswith("hf:"))
-        or (isinstance(name, str) and os.path.isdir(name))
-    ):
-        directory = resolve_weights(os.fspath(name))
+    directory = _hf_directory(name)
+    if directory is None and isinstance(name, (str, os.PathLike)) and os.path.isdir(name):
+        raise ValueError(
+            f"{os.fspath(name)} is not an HF transformers model directory: pretrained() "
+            "needs its config.json and model.safetensors, as save_pretrained writes them."
+        )
+    if directory is not None:
         arguments = hf_model_arguments(directory)
         clashes = sorted(set(kwargs) & (set(arguments) - {"include_top", "pooling"}))
         if clashes:
             raise ValueError(
                 f"pretrained() takes {', '.join(clashes)} from {directory}/config.json; to "
-                f"change them, fine-tune: keras_vit.ViT(weights={os.fspath(name)!r}, ...) "
-                "with the architecture's arguments."
+                f"change them, fine-tune: keras_vit.ViT(weights={os.fspath(name)!r}, "
+                f"{', '.join(f'{k}=...' for k in clashes)})."
             )
         model = ViT(**{**arguments, **kwargs})
         load_pretrained(model, directory)
