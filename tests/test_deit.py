@@ -103,6 +103,25 @@ def test_vit_weights_from_an_hf_directory_fine_tunes_with_both_heads_reset(teach
         keras_vit.pretrained(directory, num_classes=5)
 
 
+@pytest.mark.parametrize("model_class, config_class, output", [
+    ("ViTForImageClassification", "ViTConfig", "logits"),
+    ("ViTModel", "ViTConfig", "pooler_output"),
+    ("DeiTModel", "DeiTConfig", "pooler_output"),
+])
+def test_pretrained_builds_each_hf_architecture_from_its_config(model_class, config_class,
+                                                                output, tmp_path):
+    import transformers
+
+    config = getattr(transformers, config_class)(**HF_CONFIG, hidden_act="gelu_pytorch_tanh")
+    hf = randomise(getattr(transformers, model_class)(config), seed=4)
+    hf.save_pretrained(tmp_path)
+    with torch.no_grad():
+        expected = getattr(hf(pixel_values=torch.from_numpy(IMAGES.transpose(0, 3, 1, 2))), output)
+    model = keras_vit.pretrained(tmp_path)
+    assert model.get_config()["gelu_approximate"] is True
+    assert relative_error([as_numpy(model(IMAGES))], [expected.numpy()]) < 1e-4
+
+
 def test_a_folder_without_a_transformers_model_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"is not an HF transformers model directory: .*"
                        r"config.json and model.safetensors"):
