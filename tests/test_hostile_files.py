@@ -1,0 +1,116 @@
+"""Image folders as found: damaged files inside, files changed after the listing was cached,
+symbolic link loops, class folders without an image."""
+
+import logging
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_vit import data
+from keras_vit.data import folders
+
+
+def jpeg(seed, shape=(96, 128, 3)):
+    pixels = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+    return tf.io.encode_jpeg(pixels, quality=90).numpy()
+
+
+def write(path, payload):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(payload)
+    return path
+
+
+def decodes(payload):
+    try:
+        tf.io.decode_image(payload, expand_animations=False)
+        return True
+    except tf.errors.InvalidArgumentError:
+        return False
+
+
+def garbled(payload, seed=0):
+    """`payload` with its middle third overwritten by random bytes: header and end marker
+    intact, as a file damaged on disk or in a copy."""
+    data = bytearray(payload)
+    third = len(data) // 3
+    data[third:2 * third] = np.random.default_rng(seed).integers(0, 256, third, np.uint8).tobytes()
+    return bytes(data)
+
+
+def make_tree(root, per_class=4):
+    for label in ("a", "b"):
+        for i in range(per_class):
+            write(root / label / f"{i}.jpg", jpeg(10 * (label == "b") + i))
+    return root
+
+
+def test_a_jpeg_garbled_inside_is_skipped_and_named_before_training(tmp_path, caplog):
+    root = make_tree(tmp_path / "tree")
+    bad = write(root / "a" / "garbled.jpg", garbled(jpeg(99)))
+    payload = bad.read_bytes()
+    # As found: a JPEG's start and end, which the check used to read, and a decoder error.
+    assert payload[:3] == b"\xff\xd8\xff" and payload[-2:] == b"\xff\xd9"
+    assert not decodes(payload)
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        source = data.load_source(str(root))
+    assert source.skipped == [str(bad)] and source.size == 8
+    (line,) = [r.getMessage() for r in caplog.records if "not readable" in r.getMessage()]
+    assert f"{bad}: corrupt JPEG" in line and "1 of 9 files" in line
+    # A whole pass of training batches decodes: the garbled file is not in the stream.
+    stream = data.train_dataset(source, image_size=16, batch_size=8)
+    images, _ = next(iter(stream))
+    assert np.isfinite(images.numpy()).all()
+
+
+def test_a_file_truncated_after_the_listing_was_cached_is_checked_again(tmp_path):
+    root = make_tree(tmp_path / "tree")
+    cache = str(tmp_path / "cache")
+    assert not folders.load_listing(str(root), cache).damaged
+    victim = root / "b" / "2.jpg"
+    stamp = os.stat(root / "b").st_mtime_ns
+    with open(victim, "r+b") as f:  # truncated in place: the class folder's mtime stays
+        f.truncate(os.path.getsize(victim) // 2)
+    os.utime(root / "b", ns=(stamp, stamp))
+    assert not decodes(victim.read_bytes())
+    listing = folders.load_listing(str(root), cache)
+    assert listing.cached
+    assert listing.damaged == {str(victim): "truncated JPEG (no end marker)"}
+    assert str(victim) not in listing.paths and len(listing.paths) == 7
+    # The re-checked listing is what the cache holds now.
+    assert folders.load_listing(str(root), cache).damaged == listing.damaged
+
+
+def test_symbolic_link_loops_are_skipped_as_dangling_links_are(tmp_path, caplog):
+    root = make_tree(tmp_path / "tree")
+    os.symlink("loop", root / "loop")  # beside the class folders
+    os.symlink("self.jpg", root / "a" / "self.jpg")  # among the images
+    os.symlink("nothing.jpg", root / "b" / "dangling.jpg")
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        source = data.load_source(str(root))
+    assert source.class_names == ["a", "b"] and source.size == 8
+    assert source.skipped == [str(root / "a" / "self.jpg"), str(root / "b" / "dangling.jpg")]
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"{root / 'a' / 'self.jpg'}: unreadable (Too many levels of symbolic links)" in text
+    assert "1 loose files beside the class folders" in text
+
+
+def test_class_folders_without_an_image_are_not_classes(tmp_path, caplog):
+    root = make_tree(tmp_path / "tree")
+    (root / "empty").mkdir()
+    write(root / "nested" / "inner" / "0.jpg", jpeg(5))  # images only in a sub-folder
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        source = data.load_source(str(root))
+    # Three or four classes would have been a 4-way head with classes never seen.
+    assert source.class_names == ["a", "b"] and source.num_classes == 2
+    assert sorted(int(label) for _, label in source.records.as_numpy_iterator()) == [0] * 4 + [1] * 4
+    (line,) = [r.getMessage() for r in caplog.records if "hold no readable image" in r.getMessage()]
+    assert line == (
+        f"2 class folders in {root} hold no readable image and are not classes: "
+        "empty (no image files); nested (no image files directly inside, 1 sub-folders "
+        "(not read))."
+    )
+    with pytest.raises(ValueError, match="empty .no image files.*strict data mode"):
+        data.load_source(str(root), strict=True)
