@@ -13,6 +13,7 @@ from keras_vit.data.augment import AUGREG_LEVELS, as_layer, augmentation_layers
 from keras_vit.data.decode import (
     central_crop,
     check_crop_fraction,
+    decode_pixels,
     eval_resize,
     inception_crop_window,
     read_images,
@@ -30,7 +31,7 @@ from keras_vit.data.sources import (
 
 __all__ = [
     "AUGREG_LEVELS", "IMAGE_EXTENSIONS", "NoSplitError", "Source", "as_layer",
-    "augmentation_layers", "central_crop", "check_crop_fraction", "eval_dataset",
-    "eval_resize", "find_damaged", "inception_crop_window", "load_listing", "load_source",
+    "augmentation_layers", "central_crop", "check_crop_fraction", "decode_pixels",
+    "eval_dataset", "eval_resize", "find_damaged", "inception_crop_window", "load_listing", "load_source",
     "parse_classes", "read_images", "select_classes", "spec_split", "train_dataset",
 ]

@@ -1,6 +1,7 @@
 """Decoding and geometry: image files to pixels, crops and resizes (TensorFlow-only).
 
-`decode_crop` decodes a payload inside a crop window (JPEGs only inside it), the
+`decode_pixels` decodes any of the image formats to 1 or 3 channels, `decode_crop`
+decodes a payload inside a crop window (JPEGs only inside it), the
 `*_window` functions draw windows, and `eval_resize` / `central_crop` bring images to
 the model's size as evaluation does. `read_images` reads files as one batch of inputs.
 """
@@ -10,6 +11,7 @@ import os
 import keras
 import tensorflow as tf
 
+from keras_vit.data import headers
 from keras_vit.models.vit import preprocess
 from keras_vit.utils.checks import check_in_range
 
@@ -26,6 +28,39 @@ def to_channels(image, channels):
     if have == 4 and channels == 3:
         return image[..., :3]
     raise ValueError(f"Cannot convert {have}-channel images to {channels} channels.")
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def decode_pixels(payload, channels):
+    """uint8 pixels `(height, width, channels)` of an encoded JPEG, PNG, GIF, BMP or WebP
+    file (an animation's first frame), whatever its name says.
+
+    Args:
+        payload: a scalar string tensor, the file's bytes.
+        channels: 1 or 3 (grey and colour files converted), or 0 (as stored).
+
+    Example:
+
+    >>> png = tf.io.encode_png(tf.fill([2, 3, 3], tf.constant(7, tf.uint8)))
+    >>> decode_pixels(png, 1).shape
+    TensorShape([2, 3, 1])
+    """
+
+    def decode(channels):
+        return tf.io.decode_image(payload, channels=channels, expand_animations=False)
+
+    if channels != 1:
+        image = decode(channels)
+    else:
+        # The GIF, BMP and WebP decoders give no grey: their colour is converted.
+        own_grey = tf.logical_or(
+            tf.io.is_jpeg(payload), tf.strings.substr(payload, 0, 8) == PNG_SIGNATURE
+        )
+        image = tf.cond(own_grey, lambda: decode(1), lambda: tf.image.rgb_to_grayscale(decode(3)))
+    image.set_shape([None, None, channels or None])
+    return image
 
 
 def decode_crop(payload, encoded, channels, window_fn):
@@ -45,7 +80,7 @@ def decode_crop(payload, encoded, channels, window_fn):
         return tf.image.decode_and_crop_jpeg(payload, window, channels=channels)
 
     def other():
-        image = tf.io.decode_image(payload, channels=channels, expand_animations=False)
+        image = decode_pixels(payload, channels)
         offset, size = window_fn(tf.shape(image))
         return tf.slice(image, offset, size)
 
@@ -151,9 +186,10 @@ def check_crop_fraction(crop_fraction, size):
 def read_images(paths, image_size, *, channels=3, crop_fraction=None):
     """Image files as one batch of model inputs, `(len(paths), size, size, channels)`.
 
-    Decoded (JPEG, PNG, GIF, BMP), brought to `image_size` by `eval_resize` (the whole
-    image, or a run's central crop) and scaled to [-1, 1]. A missing or undecodable
-    file is an error naming it.
+    Checked without decoding first (`headers.image_problem`: damaged files and those
+    over the pixel limit are refused), decoded (JPEG, PNG, GIF, BMP, WebP), brought to
+    `image_size` by `eval_resize` (the whole image, or a run's central crop) and scaled
+    to [-1, 1]. A missing, damaged or oversize file is an error naming it.
 
     Example:
 
@@ -167,9 +203,14 @@ def read_images(paths, image_size, *, channels=3, crop_fraction=None):
     for path in paths:
         if not tf.io.gfile.exists(path):
             raise FileNotFoundError(f"No such image file: {path!r}.")
+        payload = tf.io.read_file(path)
+        problem = headers.image_problem(payload.numpy())
+        if problem:
+            raise ValueError(f"{path!r} is not a readable image: {problem}.")
         try:
-            image = decode_crop(tf.io.read_file(path), True, channels, full_window)
-        except tf.errors.InvalidArgumentError:
-            raise ValueError(f"{path!r} is not a JPEG, PNG, GIF or BMP image.") from None
+            image = decode_crop(payload, True, channels, full_window)
+        except tf.errors.InvalidArgumentError as error:
+            reason = error.message.splitlines()[0]
+            raise ValueError(f"{path!r} is not a readable image: {reason}") from None
         images.append(eval_resize(image, image_size, crop_fraction))
     return keras.ops.convert_to_numpy(preprocess(tf.stack(images).numpy()))

@@ -1,7 +1,7 @@
 """SavedModel export for serving: raw images in, probabilities and top-k classes out.
 
 TensorFlow-only (SavedModel is a TensorFlow format). The exported graph holds the
-eval preprocessing, so a client sends uint8 pixels or encoded JPEG/PNG files.
+eval preprocessing, so a client sends uint8 pixels or encoded image files.
 """
 
 import json
@@ -12,7 +12,7 @@ import keras
 import tensorflow as tf
 
 from keras_vit import __version__
-from keras_vit.data import check_crop_fraction, eval_resize
+from keras_vit.data import check_crop_fraction, decode_pixels, eval_resize
 from keras_vit.export.records import image_input_size
 from keras_vit.models.vit import preprocess, vit_parts
 from keras_vit.utils.checks import check_choice
@@ -154,12 +154,12 @@ def _serving_functions(
         images = _with_channels(images, channels, "images")
         return predictions(pixels_for_model(images))
 
-    # decode_image converts grey and colour files to 1 or 3 channels; other channel
+    # decode_pixels converts grey and colour files to 1 or 3 channels; other channel
     # counts must be stored in the file as they are.
     decode_channels = channels if channels in (1, 3) else 0
 
     def decode(image_bytes):
-        image = tf.io.decode_image(image_bytes, channels=decode_channels, expand_animations=False)
+        image = decode_pixels(image_bytes, decode_channels)
         image = _with_channels(image[None], channels, "decoded images")
         return pixels_for_model(image)
 
@@ -218,7 +218,7 @@ def export_saved_model(
       any height and width. Images are brought to the model's size as evaluation does
       (`keras_vit.data.eval_resize`: the whole image resized, bilinear, or with
       `crop_fraction` a central crop) unless already at that size, and scaled to [-1, 1].
-    - `serving_bytes(image_bytes)`: a batch of encoded JPEG, PNG, GIF or BMP files
+    - `serving_bytes(image_bytes)`: a batch of encoded JPEG, PNG, GIF, BMP or WebP files
       (a string tensor of shape `(batch,)`), decoded and then treated as above.
     - `logits(images)`: float32 pixels in [0, 255] at the model's size to `logits`.
 
