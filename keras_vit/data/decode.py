@@ -30,9 +30,6 @@ def to_channels(image, channels):
     raise ValueError(f"Cannot convert {have}-channel images to {channels} channels.")
 
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
 def decode_pixels(payload, channels):
     """uint8 pixels `(height, width, channels)` of an encoded JPEG, PNG, GIF, BMP or WebP
     file (an animation's first frame), whatever its name says.
@@ -56,11 +53,72 @@ def decode_pixels(payload, channels):
     else:
         # The GIF, BMP and WebP decoders give no grey: their colour is converted.
         own_grey = tf.logical_or(
-            tf.io.is_jpeg(payload), tf.strings.substr(payload, 0, 8) == PNG_SIGNATURE
+            tf.io.is_jpeg(payload), tf.strings.substr(payload, 0, 8) == headers.PNG_SIGNATURE
         )
         image = tf.cond(own_grey, lambda: decode(1), lambda: tf.image.rgb_to_grayscale(decode(3)))
     image.set_shape([None, None, channels or None])
     return image
+
+
+def encoded_size(payload):
+    """`[width, height]` (int64) an encoded file's header declares, read in the graph
+    without decoding (the SavedModel's counterpart of `headers.image_problem`, which
+    runs in Python): JPEG, PNG, GIF, BMP and WebP; `[0, 0]` for other bytes, which the
+    decoders refuse.
+
+    Example:
+
+    >>> png = tf.io.encode_png(tf.zeros([5, 7, 1], tf.uint8))
+    >>> [int(side) for side in encoded_size(png)]
+    [7, 5]
+    """
+    # The first 32 bytes, zero-padded, as integers: every header field read here.
+    head = tf.strings.substr(tf.strings.join([payload, b"\0" * 32]), 0, 32)
+    b = tf.cast(tf.io.decode_raw(head, tf.uint8), tf.int64)
+
+    def number(start, length, big_endian=False):
+        order = range(length - 1, -1, -1) if big_endian else range(length)
+        return sum(b[start + i] * 256**k for k, i in enumerate(order))
+
+    def signed(value):  # a 32-bit two's complement field (BMP heights may be negative)
+        return tf.abs(tf.where(value >= 2**31, value - 2**32, value))
+
+    def starts(kind, at=0):
+        return kind == tf.strings.substr(head, at, len(kind))
+
+    vp8l = number(21, 4)
+    is_bmp_core = number(14, 4) == 12  # OS/2 BITMAPCOREHEADER: 16-bit sides
+    def sides(width, height):
+        return lambda: tf.stack([width, height])
+
+    cases = [
+        (starts(headers.PNG_SIGNATURE), sides(number(16, 4, True), number(20, 4, True))),
+        (starts(b"GIF8"), sides(number(6, 2), number(8, 2))),
+        (tf.logical_and(starts(b"BM"), is_bmp_core), sides(number(18, 2), number(20, 2))),
+        (starts(b"BM"), sides(signed(number(18, 4)), signed(number(22, 4)))),
+        (starts(b"WEBPVP8 ", 8), sides(number(26, 2) % 2**14, number(28, 2) % 2**14)),
+        (starts(b"WEBPVP8L", 8), sides(vp8l % 2**14 + 1, vp8l // 2**14 % 2**14 + 1)),
+        (starts(b"WEBPVP8X", 8), sides(number(24, 3) + 1, number(27, 3) + 1)),
+        (tf.io.is_jpeg(payload),
+         lambda: tf.cast(tf.image.extract_jpeg_shape(payload)[1::-1], tf.int64)),
+    ]
+    return tf.case(cases, default=sides(tf.constant(0, tf.int64), tf.constant(0, tf.int64)))
+
+
+def limit_pixels(payload, max_pixels):
+    """`payload` once the size its header declares (`encoded_size`) is at most
+    `max_pixels` pixels (None: no limit), else an `InvalidArgumentError` naming the
+    size and the limit, before anything is decoded."""
+    if max_pixels is None:
+        return payload
+    width, height = tf.unstack(encoded_size(payload), num=2)
+    check = tf.debugging.Assert(
+        width * height <= max_pixels,
+        [f"Image over the pixel limit of {max_pixels} ({headers.MAX_PIXELS_VARIABLE} when "
+         "it was exported):", width, "x", height],
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(payload)
 
 
 def decode_crop(payload, encoded, channels, window_fn):

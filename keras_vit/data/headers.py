@@ -17,6 +17,7 @@ FORMATS = "JPEG, PNG, GIF, BMP or WebP"
 # Pillow's Image.MAX_IMAGE_PIXELS: an image of 3 bytes a pixel under a quarter of 1 GiB.
 DEFAULT_MAX_IMAGE_PIXELS = 1024 * 1024 * 1024 // 4 // 3
 MAX_PIXELS_VARIABLE = "KERAS_VIT_MAX_IMAGE_PIXELS"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 # The markers libjpeg-turbo reads (jdmarker.c `read_markers`); any other one after a
 # 0xFF byte (e.g. 0x3F in garbage) is its "Unsupported marker type" error.
@@ -59,7 +60,7 @@ def image_format(data):
     """`"jpeg"`, `"png"`, `"gif"`, `"bmp"`, `"webp"` from the first bytes, or None."""
     if data.startswith(b"\xff\xd8\xff"):
         return "jpeg"
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+    if data.startswith(PNG_SIGNATURE):
         return "png"
     if data.startswith((b"GIF87a", b"GIF89a")):
         return "gif"

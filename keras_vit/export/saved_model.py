@@ -12,7 +12,8 @@ import keras
 import tensorflow as tf
 
 from keras_vit import __version__
-from keras_vit.data import check_crop_fraction, decode_pixels, eval_resize
+from keras_vit.data import check_crop_fraction, decode_pixels, eval_resize, limit_pixels
+from keras_vit.data.headers import max_image_pixels
 from keras_vit.export.records import image_input_size
 from keras_vit.models.vit import preprocess, vit_parts
 from keras_vit.utils.checks import check_choice
@@ -157,9 +158,10 @@ def _serving_functions(
     # decode_pixels converts grey and colour files to 1 or 3 channels; other channel
     # counts must be stored in the file as they are.
     decode_channels = channels if channels in (1, 3) else 0
+    max_pixels = max_image_pixels()
 
     def decode(image_bytes):
-        image = decode_pixels(image_bytes, decode_channels)
+        image = decode_pixels(limit_pixels(image_bytes, max_pixels), decode_channels)
         image = _with_channels(image[None], channels, "decoded images")
         return pixels_for_model(image)
 
@@ -219,7 +221,9 @@ def export_saved_model(
       (`keras_vit.data.eval_resize`: the whole image resized, bilinear, or with
       `crop_fraction` a central crop) unless already at that size, and scaled to [-1, 1].
     - `serving_bytes(image_bytes)`: a batch of encoded JPEG, PNG, GIF, BMP or WebP files
-      (a string tensor of shape `(batch,)`), decoded and then treated as above.
+      (a string tensor of shape `(batch,)`), decoded and then treated as above. A file
+      whose header declares more pixels than `$KERAS_VIT_MAX_IMAGE_PIXELS` at export
+      (default 89,478,485, as Pillow's) is refused before it is decoded.
     - `logits(images)`: float32 pixels in [0, 255] at the model's size to `logits`.
 
     With `native_resolution=True` (a model built with `dynamic_image_size=True`), no
@@ -299,6 +303,7 @@ def export_saved_model(
         "top_k": top_k,
         "labels": labels,
         "crop_fraction": crop_fraction,
+        "max_image_pixels": max_image_pixels(),
         "native_resolution": bool(native_resolution),
         "preprocessing": (
             "none: each image at its own size"
