@@ -10,6 +10,7 @@ resume or another worker on the host reads one small file and checks again only 
 files changed in place.
 """
 
+import collections
 import concurrent.futures
 import dataclasses
 import hashlib
@@ -33,6 +34,7 @@ TAIL = 1024
 # Files checked at once: the check waits on storage, not on the CPU.
 CHECK_THREADS = 32
 CHECK_CHUNK = 64
+STAT_CHUNK = 1024
 CACHE_VERSION = 2
 
 
@@ -55,7 +57,7 @@ class Listing:
         ignored: `{kind: count}` of what is not an image of a class: hidden entries,
             nested folders, loose files and other file types (by extension).
         damaged: `{path: reason}` of image files left out by the check.
-        stamps: `{path: [size, mtime_ns]}` of each local file when it was checked.
+        stamps: `[size, mtime_ns]` of each of `files` (local) before it was checked.
         cached: whether this listing was read from the cache.
         classes: the class folders holding at least one kept image (labels are their
             indices); `empty` says why each other class folder was left out.
@@ -68,7 +70,7 @@ class Listing:
     nested: dict
     ignored: dict
     damaged: dict
-    stamps: dict
+    stamps: list
     cached: bool = False
     classes: list = dataclasses.field(init=False)
     paths: list = dataclasses.field(init=False)
@@ -76,15 +78,13 @@ class Listing:
     empty: dict = dataclasses.field(init=False)
 
     def __post_init__(self):
-        kept = [(path, index) for path, index in self.files if path not in self.damaged]
-        used = sorted({index for _, index in kept})
+        kept = [row for row in self.files if row[0] not in self.damaged]  # no new rows
+        used = sorted({row[1] for row in kept})
         label_of = {index: label for label, index in enumerate(used)}
         self.classes = [self.folders[index] for index in used]
-        self.paths = [path for path, _ in kept]
-        self.labels = [label_of[index] for _, index in kept]
-        counts = {}
-        for _, index in self.files:
-            counts[index] = counts.get(index, 0) + 1
+        self.paths = [row[0] for row in kept]
+        self.labels = [label_of[row[1]] for row in kept]
+        counts = collections.Counter(row[1] for row in self.files)
         self.empty = {}
         for index, name in enumerate(self.folders):
             if index in label_of:
@@ -162,9 +162,8 @@ def stamp(path):
 
 
 def damage(path):
-    """`(why path is not a readable image or None, its stamp)`: a local file is read
-    whole and judged by `headers.image_problem`; a remote one by its first and last
-    bytes (the stamp is then None)."""
+    """Why `path` is not a readable image, or None: a local file is read whole and
+    judged by `headers.image_problem`, a remote one by its first and last bytes."""
     try:
         if is_remote(path):
             with tf.io.gfile.GFile(path, "rb") as f:
@@ -175,52 +174,47 @@ def damage(path):
         else:  # Positioned reads, no buffering: a fraction of the syscalls of open().
             fd = os.open(path, os.O_RDONLY)
             try:
-                status = os.fstat(fd)
-                head = os.pread(fd, status.st_size, 0)
+                head = os.pread(fd, os.fstat(fd).st_size, 0)
             finally:
                 os.close(fd)
     except OSError as error:
-        return f"unreadable ({error.strerror or error.__class__.__name__})", None
+        return f"unreadable ({error.strerror or error.__class__.__name__})"
     except tf.errors.OpError as error:
-        return f"unreadable ({error.__class__.__name__})", None
+        return f"unreadable ({error.__class__.__name__})"
     if is_remote(path):
         complete = size <= len(head)
         problem = headers.image_problem(head, complete=complete)
         marker = END_MARKERS.get(headers.image_format(head))
         if problem is None and not complete and marker and marker not in tail:
             problem = f"truncated {headers.image_format(head).upper()} (no end marker)"
-        return problem, None
-    return headers.image_problem(head), [status.st_size, status.st_mtime_ns]
+        return problem
+    return headers.image_problem(head)
 
 
-def in_parallel(function, items):
+def in_parallel(function, items, chunk=CHECK_CHUNK):
     """`[function(item) for item in items]`, run in threads: they hide storage latency;
-    chunks keep the pool's own cost per item small."""
-    chunks = [items[i:i + CHECK_CHUNK] for i in range(0, len(items), CHECK_CHUNK)]
+    chunks of `chunk` items keep the pool's own cost per item small."""
+    chunks = [items[i:i + chunk] for i in range(0, len(items), chunk)]
     with concurrent.futures.ThreadPoolExecutor(CHECK_THREADS) as pool:
         results = pool.map(lambda chunk: [function(item) for item in chunk], chunks)
         return [result for chunk_results in results for result in chunk_results]
 
 
-def find_damaged(paths, stamps=None):
+def find_damaged(paths):
     """`{path: reason}` for the files of `paths` that `damage` finds, checked in parallel.
-
-    Args:
-        paths: file paths.
-        stamps: a dict to fill with the `[size, mtime_ns]` of each local file checked.
 
     Example:
 
     >>> find_damaged([])
     {}
     """
-    damaged = {}
-    for path, (reason, file_stamp) in zip(paths, in_parallel(damage, list(paths))):
-        if reason:
-            damaged[path] = reason
-        if stamps is not None and file_stamp is not None:
-            stamps[path] = file_stamp
-    return damaged
+    paths = list(paths)
+    return {path: reason for path, reason in zip(paths, in_parallel(damage, paths)) if reason}
+
+
+def stamps_of(paths):
+    """`[size, mtime_ns]` (None where unreadable) of each local file of `paths`."""
+    return [] if not paths or is_remote(paths[0]) else in_parallel(stamp, paths, STAT_CHUNK)
 
 
 def list_folder(folder):
@@ -251,8 +245,9 @@ def list_folder(folder):
     for kind, count in ignore_counts.items():
         ignore(kind, count)
     ignored = {kind: count for kind, count in ignored.items() if count}
-    stamps = {}
-    damaged = find_damaged([path for path, _ in found], stamps)
+    paths = [path for path, _ in found]
+    stamps = stamps_of(paths)  # before the check: a file changed during it is checked again
+    damaged = find_damaged(paths)
     nested = {name: count for name, count in nested.items() if count}
     return Listing(classes, found, nested, ignored, damaged, stamps)
 
@@ -282,16 +277,13 @@ def recheck(listing):
     again (a file rewritten or truncated in place keeps its folder's mtime), or None
     when none changed."""
     paths = [path for path, _ in listing.files]
-    changed = [
-        path for path, now in zip(paths, in_parallel(stamp, paths))
-        if now is None or now != listing.stamps.get(path)
-    ]
+    stamps = stamps_of(paths)
+    changed = [path for path, now, then in zip(paths, stamps, listing.stamps) if now != then]
     if not changed:
         return None
-    stamps = dict(listing.stamps)
     again = set(changed)
     damaged = {path: why for path, why in listing.damaged.items() if path not in again}
-    damaged.update(find_damaged(changed, stamps))
+    damaged.update(find_damaged(changed))
     order = {path: i for i, path in enumerate(paths)}
     damaged = dict(sorted(damaged.items(), key=lambda item: order[item[0]]))
     return dataclasses.replace(listing, damaged=damaged, stamps=stamps)
