@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from keras_vit import data
 from keras_vit.data import folders
+from tests.conftest import decodes
 
 
 def pixels(seed, shape=(24, 32, 3)):
@@ -72,14 +73,6 @@ def test_the_start_up_check_leaves_out_what_the_decoder_fails_on(tmp_path):
     }
     paths = {name: str(write(tmp_path / name, payload)) for name, payload in cases.items()}
     damaged = data.find_damaged(sorted(paths.values()))
-
-    def decodes(payload):
-        try:
-            tf.io.decode_image(payload, expand_animations=False)
-            return True
-        except tf.errors.InvalidArgumentError:
-            return False
-
     assert {os.path.basename(p) for p in damaged} == {
         name for name, payload in cases.items() if not decodes(payload)
     } == {"empty.jpg", "text.png", "half.jpg", "half.png"}

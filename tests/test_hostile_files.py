@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from keras_vit import data
 from keras_vit.data import folders
+from tests.conftest import decodes
 
 
 def jpeg(seed, shape=(96, 128, 3)):
@@ -21,14 +22,6 @@ def write(path, payload):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(payload)
     return path
-
-
-def decodes(payload):
-    try:
-        tf.io.decode_image(payload, expand_animations=False)
-        return True
-    except tf.errors.InvalidArgumentError:
-        return False
 
 
 def garbled(payload, seed=0):
@@ -105,7 +98,8 @@ def test_class_folders_without_an_image_are_not_classes(tmp_path, caplog):
         source = data.load_source(str(root))
     # Three or four classes would have been a 4-way head with classes never seen.
     assert source.class_names == ["a", "b"] and source.num_classes == 2
-    assert sorted(int(label) for _, label in source.records.as_numpy_iterator()) == [0] * 4 + [1] * 4
+    labels = sorted(int(label) for _, label in source.records.as_numpy_iterator())
+    assert labels == [0] * 4 + [1] * 4
     (line,) = [r.getMessage() for r in caplog.records if "hold no readable image" in r.getMessage()]
     assert line == (
         f"2 class folders in {root} hold no readable image and are not classes: "

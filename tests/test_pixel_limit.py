@@ -28,7 +28,8 @@ def huge_png(side=SIDE):
     row = b"\0" * (1 + (side + 7) // 8)  # filter byte, then the packed row
     packed = b"".join(rows.compress(row) for _ in range(side)) + rows.flush()
     header = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", packed) + chunk(b"IEND", b"")
+    chunks = chunk(b"IHDR", header) + chunk(b"IDAT", packed) + chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + chunks
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,8 @@ def test_the_folder_check_skips_and_names_an_oversize_image(tmp_path, huge, capl
 
 
 def test_read_images_refuses_an_oversize_image_naming_it(huge):
-    with pytest.raises(ValueError, match=rf"{huge}.*20000x20000 pixels, over the limit of 89478485"):
+    message = rf"{huge}.*20000x20000 pixels, over the limit of 89478485"
+    with pytest.raises(ValueError, match=message):
         data.read_images([str(huge)], 16)
 
 
@@ -80,7 +82,8 @@ def test_the_limit_is_set_by_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("KERAS_VIT_MAX_IMAGE_PIXELS", "none")
     assert headers.max_image_pixels() is None
     monkeypatch.setenv("KERAS_VIT_MAX_IMAGE_PIXELS", "-5")
-    with pytest.raises(ValueError, match="KERAS_VIT_MAX_IMAGE_PIXELS must be a positive number of pixels or 'none', got '-5'"):
+    message = "KERAS_VIT_MAX_IMAGE_PIXELS must be a positive number of pixels or 'none', got '-5'"
+    with pytest.raises(ValueError, match=message):
         data.read_images([str(path)], 16)
 
 

@@ -102,8 +102,9 @@ def jpeg_problem(data, complete):
         if marker in JPEG_SOF and pos + 7 <= n:
             height, width = struct.unpack(">HH", data[pos + 3:pos + 7])
             size = (width, height)
-        if marker == 0xC4 and pos + length <= n and not huffman_tables_fit(data[pos + 2:pos + length]):
-            return f"corrupt JPEG (Huffman table at byte {pos})", size
+        if marker == 0xC4 and pos + length <= n:
+            if not huffman_tables_fit(data[pos + 2:pos + length]):
+                return f"corrupt JPEG (Huffman table at byte {pos})", size
         pos += length
         if marker == 0xDA:  # start of scan: entropy-coded data up to the next marker
             if size is None:
@@ -141,7 +142,8 @@ def png_problem(data, complete):
             break
         # Ancillary chunks (lower-case first letter) with a bad checksum libpng drops.
         critical = kind[:1].isupper()
-        if critical and zlib.crc32(view[pos + 4:end - 4]) != int.from_bytes(view[end - 4:end], "big"):
+        checksum = int.from_bytes(view[end - 4:end], "big")
+        if critical and zlib.crc32(view[pos + 4:end - 4]) != checksum:
             return f"corrupt PNG (checksum of its {kind.decode('latin-1')} chunk)", size
         if kind == b"IEND":
             return None, size
@@ -178,7 +180,8 @@ def webp_problem(data, complete):
         bits = int.from_bytes(data[21:25], "little")
         size = ((bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1)
     elif chunk == b"VP8X" and len(data) >= 30:
-        size = (int.from_bytes(data[24:27], "little") + 1, int.from_bytes(data[27:30], "little") + 1)
+        width, height = (int.from_bytes(data[i:i + 3], "little") + 1 for i in (24, 27))
+        size = (width, height)
     if complete and len(data) < declared:
         return f"truncated WebP ({len(data)} of {declared} bytes)", size
     return None, size
