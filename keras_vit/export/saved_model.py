@@ -76,17 +76,20 @@ def _to_model_size(images, height, width, crop_fraction):
     )
 
 
-def _with_channels(images, channels, what):
-    """`images` once its channel count is `channels`, failing readably if not."""
+def _with_channels(images, channels, what, size=None):
+    """`images` once its channel count is `channels` (and with `size`, its height and
+    width are `size`), failing readably if not."""
+    expected = [channels] if size is None else [*size, channels]
     check = tf.debugging.assert_equal(
-        tf.shape(images)[-1],
-        channels,
-        message=f"{what} must have {channels} channels (the model's channel count)",
+        tf.shape(images)[-len(expected):],
+        expected,
+        message=f"{what} must have {channels} channels (the model's channel count)"
+        + ("" if size is None else f" and height and width {size[0]}, {size[1]}"),
     )
     with tf.control_dependencies([check]):
         images = tf.identity(images)
     # Static shape only: tf.ensure_shape could fail before the check, unreadably.
-    images.set_shape((None, None, None, channels))
+    images.set_shape((None, *(size or (None, None)), channels))
     return images
 
 
@@ -324,6 +327,12 @@ def export_saved_model(
     archive.track(model)
 
     def logits_from_pixels(images):
+        if keras.backend.backend() == "tensorflow":
+            # A signature is called with any shape of tensor (TensorFlow Serving, a
+            # loaded signature), which the graph would read as other images; jax2tf's
+            # module checks its input shapes itself.
+            fixed = None if native_resolution else (height, width)
+            images = _with_channels(images, channels, "pixels", fixed)
         return {"logits": model(preprocess(images), training=False)}
 
     # Under JAX, add_endpoint converts this function with jax2tf; everything else is

@@ -6,6 +6,12 @@ matrix products as int8, per output channel (the converter's dynamic-range
 quantization: activations stay float and are quantized on the fly); kernels of fewer
 than 1024 elements, the position table, norms and biases stay float32. The record of `keras_vit.export.records` is
 written beside the file as `<file>.json`.
+
+The file's input is `(-1, height, width, channels)`, but the LiteRT interpreter does not
+check the shape a client resizes it to: `resize_tensor_input(index, shape)` of a
+`(1, 16, 16, 3)` batch on a 1-channel model reads the buffer as three grey images and
+returns three rows. Resize with `strict=True` (the interpreter then refuses any change
+but the batch size), as `run_tflite` does.
 """
 
 import json
@@ -87,7 +93,8 @@ def run_tflite(path, images):
     """Runs a `.tflite` file on a float32 batch with the LiteRT interpreter.
 
     The interpreter comes from `ai_edge_litert` where it is installed, else from
-    TensorFlow (`tf.lite.Interpreter`).
+    TensorFlow (`tf.lite.Interpreter`). Images of another shape than the file's input
+    (batch size aside) are a `ValueError` naming both shapes.
 
     Example:
 
@@ -101,7 +108,16 @@ def run_tflite(path, images):
         Interpreter = tf.lite.Interpreter
     interpreter = Interpreter(model_path=os.fspath(path))
     (source,) = interpreter.get_input_details()
-    interpreter.resize_tensor_input(source["index"], images.shape)
+    expected = tuple(int(d) for d in source["shape_signature"])
+    shape = tuple(np.shape(images))
+    if len(shape) != len(expected) or any(e not in (-1, s) for e, s in zip(expected, shape)):
+        raise ValueError(
+            f"{os.fspath(path)} takes images of shape "
+            f"{tuple('batch' if d == -1 else d for d in expected)}, got {shape}: resize the "
+            "images to the model's size and channels (see its .json record)."
+        )
+    # strict: the interpreter itself refuses any change but the batch size.
+    interpreter.resize_tensor_input(source["index"], shape, strict=True)
     interpreter.allocate_tensors()
     interpreter.set_tensor(source["index"], np.asarray(images, np.float32))
     interpreter.invoke()
