@@ -70,3 +70,120 @@ def test_saved_model_serving_signature_refuses_another_channel_count(exports):
     assert served(images=tf.zeros((2, 20, 24, 1), tf.uint8))["probabilities"].shape == (2, 4)
     with pytest.raises(tf.errors.InvalidArgumentError, match="images must have 1 channels"):
         served(images=tf.zeros((1, 16, 16, 3), tf.uint8))
+
+
+# --- a kill while exporting leaves the previous export ------------------------------
+
+EXPORTER = """
+import os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import numpy as np
+import keras_vit
+from keras_vit.demo import save_encoder
+from keras_vit.export.onnx import export_onnx
+from keras_vit.export.saved_model import export_saved_model
+from keras_vit.export.tflite import export_tflite
+
+folder, loop = sys.argv[1], sys.argv[2] == "loop"
+model = keras_vit.ViT(image_size=16, patch_size=8, hidden_dim=16, num_layers=1, num_heads=2,
+                      mlp_dim=32, num_classes=4, channels=1)
+rng = np.random.default_rng(1)
+for v in model.weights:
+    v.assign(rng.normal(scale=0.2, size=v.shape).astype("float32"))
+print("ready", flush=True)
+while True:
+    export_saved_model(model, os.path.join(folder, "saved_model"))
+    export_onnx(model, os.path.join(folder, "model.onnx"))
+    export_tflite(model, os.path.join(folder, "model.tflite"))
+    keras_vit.save_npz(model, os.path.join(folder, "model.npz"))
+    save_encoder(model, os.path.join(folder, "encoder.npz"))
+    if not loop:
+        break
+"""
+
+
+def seeded_model(seed):
+    model = grey_model()
+    rng = np.random.default_rng(seed)
+    for v in model.weights:
+        v.assign(rng.normal(scale=0.2, size=v.shape).astype("float32"))
+    return model
+
+
+def export_all(model, folder):
+    from keras_vit.demo import save_encoder
+
+    export_saved_model(model, folder / "saved_model")
+    export_onnx(model, folder / "model.onnx")
+    export_tflite(model, folder / "model.tflite")
+    keras_vit.save_npz(model, folder / "model.npz")
+    save_encoder(model, folder / "encoder.npz")
+
+
+def served_outputs(folder, images):
+    """What each export in `folder` answers for `images` (pixels in [-1, 1])."""
+    import json
+
+    logits = tf.saved_model.load(str(folder / "saved_model")).signatures["logits"]
+    session = onnxruntime.InferenceSession(str(folder / "model.onnx"),
+                                           providers=["CPUExecutionProvider"])
+    loaded = grey_model()
+    keras_vit.load_pretrained(loaded, folder / "model.npz")
+    json.loads((folder / "model.tflite.json").read_text())
+    encoder = np.load(folder / "encoder.npz")
+    return dict(
+        saved_model=logits(images=tf.constant((images + 1) * 127.5))["logits"].numpy(),
+        onnx=session.run(None, {"images": images})[0],
+        tflite=run_tflite(folder / "model.tflite", images),
+        npz=np.asarray(loaded(images)),
+        encoder=np.concatenate([encoder[k].ravel() for k in sorted(encoder.files)])[None],
+    )
+
+
+def _run_exporter(folder, env_extra=None, kill_after=None):
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+           "TF_CPP_MIN_LOG_LEVEL": "3", **(env_extra or {})}
+    process = subprocess.Popen(
+        [sys.executable, "-c", EXPORTER, str(folder), "loop" if kill_after else "once"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    if kill_after:
+        assert process.stdout.readline() == "ready\n"
+        time.sleep(kill_after)
+        process.kill()
+    process.communicate(timeout=300)
+    return process.returncode
+
+
+@pytest.mark.slow
+def test_an_export_killed_at_any_moment_leaves_the_previous_export(tmp_path):
+    """Each export is re-written over a good one by a process killed (SIGKILL) in the
+    middle of writing it (the test hook of `keras_vit.utils.files`, just before its
+    rename), or at timed moments while it exports again and again: every file and
+    folder then loads and answers as the old model or as the new one, whole."""
+    import signal
+
+    images = np.random.default_rng(5).uniform(-1, 1, (2, 16, 16, 1)).astype("float32")
+    export_all(seeded_model(0), tmp_path)
+    old = served_outputs(tmp_path, images)
+    export_all(seeded_model(1), tmp_path / "new")
+    new = served_outputs(tmp_path / "new", images)
+
+    def check(when):
+        for kind, answer in served_outputs(tmp_path, images).items():
+            assert any(np.allclose(answer, known[kind], atol=1e-4) for known in (old, new)), (
+                f"{kind} after a kill {when}")
+
+    for name in ("saved_model", "model.onnx", "model.tflite", "model.npz", "encoder.npz"):
+        code = _run_exporter(tmp_path, {"KERAS_VIT_TEST_KILL_AT": f"{name}:1"})
+        assert code == -signal.SIGKILL, f"not killed while writing {name}"
+        check(f"while writing {name}")
+    for seconds in (0.3, 1.0, 2.0, 3.5, 5.0):
+        _run_exporter(tmp_path, kill_after=seconds)
+        check(f"{seconds} s into exporting")

@@ -16,6 +16,7 @@ from keras_vit.data import check_crop_fraction, eval_resize
 from keras_vit.export.records import image_input_size
 from keras_vit.models.vit import preprocess, vit_parts
 from keras_vit.utils.checks import check_choice
+from keras_vit.utils.files import atomic_folder
 
 logger = logging.getLogger("keras_vit")
 
@@ -238,6 +239,10 @@ def export_saved_model(
     The model's config, the labels and the export options are written to
     `assets.extra/keras_vit.json` in the SavedModel folder.
 
+    The folder is written beside `path` and swapped in whole
+    (`keras_vit.utils.files.atomic_folder`): a process killed while exporting leaves
+    the previous export at `path` as it was.
+
     Models built under the TensorFlow or the JAX backend (converted with jax2tf)
     export; under PyTorch, save the model as `.keras` and export it from a
     TensorFlow or JAX process.
@@ -362,10 +367,11 @@ def export_saved_model(
     )
     archive.add_endpoint("serving_default", serve_images)
     archive.add_endpoint("serving_bytes", serve_bytes)
-    archive.write_out(os.fspath(path), verbose=False)
-
-    config_path = os.path.join(os.fspath(path), CONFIG_FILE)
-    os.makedirs(os.path.dirname(config_path), exist_ok=True)
-    with open(config_path, "w") as f:
-        f.write(record_json)
+    # Built beside `path` and swapped in whole: a kill leaves the previous export.
+    with atomic_folder(path) as folder:
+        archive.write_out(folder, verbose=False)
+        config_path = os.path.join(folder, CONFIG_FILE)
+        tf.io.gfile.makedirs(os.path.dirname(config_path))
+        with tf.io.gfile.GFile(config_path, "w") as f:
+            f.write(record_json)
     return record

@@ -28,6 +28,7 @@ from keras_vit.export.records import (
     image_input_size,
 )
 from keras_vit.models.layers import tracing_for_export
+from keras_vit.utils.files import atomic_path, atomic_write
 
 INPUT_NAME = "images"
 QUANTIZATIONS = (None, "dynamic-int8")
@@ -82,10 +83,12 @@ def export_tflite(
     options = {"optimizations": [tf.lite.Optimize.DEFAULT]} if quantize else {}
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with tracing_for_export():
-        model.export(path, format="litert", verbose=False, input_signature=[spec], **options)
-    with open(path + ".json", "w") as f:
-        json.dump(record, f, indent=2)
+    # Each file under a temporary name, renamed into place whole (a kill leaves the old one).
+    with atomic_path(path) as temporary:
+        with tracing_for_export():
+            model.export(temporary, format="litert", verbose=False, input_signature=[spec],
+                         **options)
+    atomic_write(path + ".json", json.dumps(record, indent=2))
     return record
 
 

@@ -25,10 +25,10 @@ from keras_vit.weights.formats import (
     POS_KEY,
     QKV,
     read_official,
-    write_bytes,
 )
 from keras_vit.models.layers import sincos_2d_table
 from keras_vit.models.vit import vit_parts
+from keras_vit.utils.files import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -606,7 +606,8 @@ def save_npz(model, path):
     The file has the layout of the released checkpoints (query/key/value kernels
     `(D, heads, head_dim)`, `embedding/kernel` `(P, P, C, D)`, the position table with
     its class-token row, ...), so vit_jax, big_vision and timm load it, and
-    `load_pretrained` restores it exactly. `path` may be a `gs://` URL.
+    `load_pretrained` restores it exactly. `path` may be a `gs://` URL; the file is
+    written under a temporary name and renamed into place (`keras_vit.utils.files`).
 
     Example:
 
@@ -629,4 +630,4 @@ def save_npz(model, path):
     params[POS_KEY] = layout.position_table()
     buffer = io.BytesIO()
     np.savez(buffer, **params)
-    write_bytes(os.fspath(path), buffer.getvalue())
+    atomic_write(os.fspath(path), buffer.getvalue())
