@@ -141,6 +141,11 @@ class TrainingFailed(RuntimeError):
     exit_code = 1
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C (or SIGTERM, as the `keras-vit` command makes it); its
+    message says where the run stopped, from where rerunning resumes it."""
+
+
 @dataclasses.dataclass
 class TrainResult:
     """What `train` returns: the trained model, the history of every epoch (across
@@ -627,7 +632,8 @@ def train(config, *, callbacks=(), verbose="auto", restart=False):
     each epoch's metrics once (see `keras_vit.training.callbacks`). A
     `schedule.warmup_updates` that does not fit the run is shortened to half of it
     (logged). Returns a `TrainResult`; raises `FloatingPointError` (naming the last good
-    checkpoint) when the loss becomes NaN or infinite.
+    checkpoint) when the loss becomes NaN or infinite, and on Ctrl-C `TrainingInterrupted`
+    (a `KeyboardInterrupt`) saying where the run stopped.
 
     Args:
         config: a `TrainConfig`.
@@ -656,7 +662,18 @@ def train(config, *, callbacks=(), verbose="auto", restart=False):
     with hold_folder(config, written, restart) as finished:
         if finished:
             return finished
-        return _run(config, strategy, written, callbacks, verbose)
+        try:
+            return _run(config, strategy, written, callbacks, verbose)
+        except KeyboardInterrupt as error:
+            epoch, step = TrainingBackup.saved_position(os.path.join(config.out, runs.BACKUP))
+            where = (
+                f"its backup resumes it at epoch {epoch + 1}, micro-batch {step}"
+                if runs.status(config.out) == "unfinished"
+                else "no backup was written yet: it starts again"
+            )
+            raise TrainingInterrupted(
+                f"Interrupted: the run in {config.out} stopped; {where}."
+            ) from error
 
 
 def _run(config, strategy, written, callbacks, verbose):
