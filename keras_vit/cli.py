@@ -30,8 +30,11 @@ import importlib.util
 import logging
 import os
 import re
+import shlex
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 COMMANDS = {}
@@ -248,6 +251,9 @@ def _fewshot_arguments(parser):
     parser.add_argument("--l2", metavar="L2", help="ridge strength (e.g. 1024), or 'sweep'")
     add_out_argument(parser)
     parser.add_argument(
+        "--overwrite", action="store_true", help="replace results already in --out"
+    )
+    parser.add_argument(
         "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
         help="override a config key (repeatable), e.g. --set data.batch_size=64",
     )
@@ -257,7 +263,7 @@ def _fewshot_arguments(parser):
 def fewshot(args):
     from keras_vit.evaluation import fewshot as vit_fewshot
     from keras_vit.training.config import apply_overrides
-    from keras_vit.training.runs import load_model
+    from keras_vit.training.runs import FEWSHOT_RESULTS, load_model
 
     config = load_recipe(args.recipe or "fewshot", "fewshot")
     flags = dict(data=args.data, out=args.out, classes=args.classes)
@@ -277,8 +283,14 @@ def fewshot(args):
             raise ValueError(f"--l2 expects a positive number or 'sweep', got {args.l2!r}.") from None
     config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
     config = apply_overrides(config, args.assignments).validate()
+    previous = os.path.join(config.out, FEWSHOT_RESULTS)
+    if os.path.exists(previous) and not args.overwrite:
+        raise ValueError(
+            f"{config.out} already holds few-shot results ({previous}); pass another --out, "
+            "or --overwrite to replace them."
+        )
     model = load_model(args.source)
-    result = vit_fewshot.evaluate_source(model, config, verbose=1)
+    result = vit_fewshot.evaluate_source(model, config, verbose="auto")
     table = vit_fewshot.save_results({os.path.basename(os.path.normpath(args.source)): result}, config.out)
     print(table)
     print(f"Results: {os.path.join(config.out, 'fewshot.json')}, fewshot.png")
@@ -315,6 +327,15 @@ def _load_run_model(source):
     return runs.load_model(source), runs.run_config(source)
 
 
+def _labels(args):
+    """Class names: `--labels FILE`, else those the `--from` run stored, else None."""
+    from keras_vit.training import runs
+
+    if args.labels:
+        return runs.read_labels(args.labels)
+    return runs.class_names(args.source) if getattr(args, "source", None) else None
+
+
 def _crop_fraction(args, config):
     from keras_vit.training.runs import eval_crop_fraction
 
@@ -333,7 +354,8 @@ def _export_arguments(parser):
     add_from_argument(parser, required=True)
     add_out_argument(parser, required=True)
     parser.add_argument(
-        "--labels", metavar="FILE", help="class names, one per line, in class order"
+        "--labels", metavar="FILE",
+        help="class names, one per line, in class order (default: the run's labels.txt)",
     )
     parser.add_argument(
         "--top-k", type=int, default=5, metavar="K", help="classes returned (default 5)"
@@ -404,10 +426,7 @@ def export(args):
               "files take images at the model's size.", file=sys.stderr)
         return 2
     model, config = _load_run_model(args.source)
-    labels = None
-    if args.labels:
-        with open(args.labels, encoding="utf-8") as f:
-            labels = [line.strip() for line in f if line.strip()]
+    labels = _labels(args)
     activation = args.activation or output_activation(config)
     metadata = dict(
         source=args.source, file=resolve_from(args.source),
@@ -549,43 +568,71 @@ def _predict_arguments(parser):
     source.add_argument(
         "--from", dest="source", metavar="CKPT", help="a run's output folder or a .keras file"
     )
-    parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
+    parser.add_argument(
+        "images", nargs="+", metavar="IMAGE",
+        help="image files, folders (every image below) or quoted glob patterns ('photos/**/*.jpg')",
+    )
     parser.add_argument("--top-k", type=int, default=5, metavar="K", help="classes shown (default 5)")
-    parser.add_argument("--labels", metavar="FILE", help="class names, one per line, in class order")
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument(
+        "--batch-size", type=int, default=32, metavar="N", help="images per batch (default 32)"
+    )
+    parser.add_argument(
+        "--labels", metavar="FILE",
+        help="class names, one per line, in class order (default: the run's labels.txt)",
+    )
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print JSON")
+    output.add_argument(
+        "--csv", action="store_true", help="print CSV: image, rank, class, label, probability"
+    )
     _add_crop_argument(parser)
 
 
 @command("predict", "classify images with a pretrained checkpoint or a trained model",
          _predict_arguments)
 def predict(args):
+    import csv
     import json
 
     from keras_vit.inference import classify
+    from keras_vit.training.runs import output_activation
     from keras_vit.weights.pretrained import pretrained
 
-    labels = None
-    if args.labels:
-        with open(args.labels, encoding="utf-8") as f:
-            labels = [line.strip() for line in f if line.strip()]
+    labels = _labels(args)
     if args.weights:
         model, activation, crop_fraction = pretrained(args.weights), None, args.crop_fraction
     else:
         model, config = _load_run_model(args.source)
-        activation = "sigmoid" if (config or {}).get("loss") == "sigmoid" else "softmax"
+        activation = output_activation(config)
         crop_fraction = _crop_fraction(args, config)
     results = classify(
         model, args.images, top_k=args.top_k, labels=labels, activation=activation,
-        crop_fraction=crop_fraction,
+        crop_fraction=crop_fraction, batch_size=args.batch_size, skip_unreadable=True,
+        progress=_progress_line if sys.stderr.isatty() else None,
     )
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    if not results:
+        raise ValueError("No image could be read (see the lines above); nothing to classify.")
     if args.json:
         print(json.dumps(results, indent=2))
-        return 0
-    for result in results:
-        print(result["image"])
-        for top in result["top_k"]:
-            print(f"  {top['probability']:.4f}  {top['label']}")
+    elif args.csv:
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(["image", "rank", "class", "label", "probability"])
+        for result in results:
+            for rank, top in enumerate(result["top_k"], 1):
+                writer.writerow([result["image"], rank, top["class"], top["label"],
+                                 f"{top['probability']:.6f}"])
+    else:
+        for result in results:
+            print(result["image"])
+            for top in result["top_k"]:
+                print(f"  {top['probability']:.4f}  {top['label']}")
     return 0
+
+
+def _progress_line(done, total):
+    print(f"\rClassified {done}/{total} images", end="", file=sys.stderr, flush=True)
 
 
 # --- entry point -------------------------------------------------------------------
@@ -670,8 +717,27 @@ def main(argv=None):
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
     start_backend()
+    stopped_by = []
+
+    def stop(signum, frame):
+        stopped_by.append(signum)
+        raise KeyboardInterrupt
+
+    # SIGTERM (a scheduler, `kill`) stops a command as Ctrl-C does, with the same line.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop) if main_thread else None
     try:
         return COMMANDS[args.command][2](args)
+    except KeyboardInterrupt as error:
+        if os.environ.get("KERAS_VIT_DEBUG", "0") not in ("", "0"):
+            raise
+        name = signal.Signals(stopped_by[0] if stopped_by else signal.SIGINT).name
+        where = str(error) or "Interrupted."
+        if str(error):  # a run (keras_vit.training.engine.TrainingInterrupted)
+            words = sys.argv[1:] if argv is None else argv
+            where += f" Resume it with: keras-vit {shlex.join(words)}"
+        print(f"keras-vit {args.command}: {name}: {where}", file=sys.stderr)
+        return 128 + (stopped_by[0] if stopped_by else signal.SIGINT)
     except Exception as error:  # One line, never a traceback, unless asked for one.
         if os.environ.get("KERAS_VIT_DEBUG", "0") not in ("", "0"):
             raise
@@ -679,6 +745,9 @@ def main(argv=None):
         # 1: a run failed under way (a NaN loss, keras_vit.training.engine.TrainingFailed);
         # 2: anything else, bad input.
         return getattr(error, "exit_code", 1 if isinstance(error, FloatingPointError) else 2)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def describe_error(error):

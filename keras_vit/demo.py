@@ -20,6 +20,7 @@ OUT/summary.json, OUT/table.txt
 """
 
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from keras_vit.weights.pretrained import save_npz
 from keras_vit.evaluation.fewshot import FewshotConfig
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.engine import train
+from keras_vit.utils.files import atomic_write
 
 logger = logging.getLogger("keras_vit")
 
@@ -90,7 +92,9 @@ def save_encoder(model, path):
         save_npz(model, full)
         with np.load(full) as params:
             encoder = {key: params[key] for key in params.files if not key.startswith("head/")}
-    np.savez(path, **encoder)
+    buffer = io.BytesIO()
+    np.savez(buffer, **encoder)
+    atomic_write(os.fspath(path), buffer.getvalue())
 
 
 def _accuracy(result):
@@ -115,13 +119,14 @@ def _train_stage(title, config, seconds, verbose):
     return result
 
 
-def run_demo(config, *, out=None, verbose=1):
+def run_demo(config, *, out=None, verbose="auto"):
     """Runs the demo: pretrain, few-shot evaluate (pretrained and random init), fine-tune.
 
     Args:
         config: a `DemoConfig` (`recipes/demo.py`'s `DEMO`).
         out: the output folder (default `config.out`).
-        verbose: 1 shows Keras progress bars; every stage logs to the `keras_vit` logger.
+        verbose: Keras' progress display (`"auto"`: bars on a terminal, a line per
+            epoch otherwise); every stage logs to the `keras_vit` logger.
 
     Returns:
         The summary dict also written to `OUT/summary.json`: `pretrain_accuracy`,

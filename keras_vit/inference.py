@@ -1,16 +1,126 @@
-"""Classifying image files with a model: the top-k classes, named, with probabilities."""
+"""Classifying image files with a model: the top-k classes, named, with probabilities.
 
+Files, folders and glob patterns are expanded to image files (`image_paths`), decoded in
+parallel threads a few batches ahead of the model, and classified a batch at a time
+(`classify`).
+"""
+
+import collections
+import concurrent.futures
+import glob
+import logging
 import os
 
 import keras
 import numpy as np
 
-from keras_vit.data import read_images
+from keras_vit.data import IMAGE_EXTENSIONS, read_images
 from keras_vit.models.vit import default_image_size
 from keras_vit.weights import registry
 
+logger = logging.getLogger("keras_vit")
 
-def classify(model, images, *, top_k=5, labels=None, activation=None, crop_fraction=None):
+# Decoding waits on TensorFlow's kernels, which release the GIL: threads overlap it with
+# the model's batch.
+DECODE_THREADS = max(2, os.cpu_count() or 1)
+GLOB_CHARACTERS = "*?["
+
+
+def image_paths(specs):
+    """The image files that `specs` name, in order: a file is itself, a folder gives every
+    image file below it (by extension, hidden entries left out, sorted), a glob pattern
+    (`*`, `?`, `[...]`, `**` for any depth) its matches, sorted.
+
+    Args:
+        specs: a path or pattern, or a list of them.
+
+    Returns:
+        A list of paths (duplicates removed, first occurrence kept).
+
+    Example:
+
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> for name in ("b.png", "a.JPG", "notes.txt", ".hidden.png"):
+    ...     open(os.path.join(folder, name), "w").close()
+    >>> [os.path.basename(p) for p in image_paths(folder)]
+    ['a.JPG', 'b.png']
+    >>> [os.path.basename(p) for p in image_paths(os.path.join(folder, "*.png"))]
+    ['b.png']
+    """
+    specs = [specs] if isinstance(specs, (str, os.PathLike)) else list(specs)
+    paths = []
+    for spec in map(os.fspath, specs):
+        if os.path.isdir(spec):
+            found = [
+                os.path.join(folder, name)
+                for folder, folders, names in os.walk(spec, followlinks=False)
+                if not _hidden(folder, spec)
+                for name in names
+                if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
+            ]
+            if not found:
+                raise FileNotFoundError(
+                    f"Folder {spec!r} holds no image files ({'/'.join(IMAGE_EXTENSIONS)})."
+                )
+            paths.extend(sorted(found))
+        elif any(c in spec for c in GLOB_CHARACTERS) and not os.path.exists(spec):
+            found = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
+            if not found:
+                raise FileNotFoundError(f"No file matches {spec!r}.")
+            paths.extend(found)
+        else:
+            paths.append(spec)
+    return list(dict.fromkeys(paths))
+
+
+def _hidden(folder, root):
+    relative = os.path.relpath(folder, root)
+    return relative != "." and any(part.startswith(".") for part in relative.split(os.sep))
+
+
+def decoded_batches(paths, image_size, *, channels=3, crop_fraction=None, batch_size=32,
+                    skip_unreadable=False):
+    """Yields `(paths, inputs)` a batch at a time: each file read as `read_images` reads
+    it, in threads that stay up to two batches ahead of the consumer.
+
+    An unreadable file raises (naming it), or with `skip_unreadable` is logged and left
+    out; the batches then hold the files that were read.
+    """
+    window = 2 * batch_size
+    with concurrent.futures.ThreadPoolExecutor(DECODE_THREADS) as pool:
+
+        def submit(path):
+            return path, pool.submit(
+                read_images, [path], image_size, channels=channels, crop_fraction=crop_fraction
+            )
+
+        pending = collections.deque(submit(p) for p in paths[:window])
+        queued = len(pending)
+        batch_paths, batch = [], []
+        while pending:
+            path, future = pending.popleft()
+            if queued < len(paths):
+                pending.append(submit(paths[queued]))
+                queued += 1
+            try:
+                image = future.result()[0]
+            except (OSError, ValueError) as error:
+                if not skip_unreadable:
+                    raise
+                logger.warning("Skipped an unreadable file: %s", error)
+                continue
+            batch_paths.append(path)
+            batch.append(image)
+            if len(batch) == batch_size:
+                yield batch_paths, np.stack(batch)
+                batch_paths, batch = [], []
+        if batch:
+            yield batch_paths, np.stack(batch)
+
+
+def classify(model, images, *, top_k=5, labels=None, activation=None, crop_fraction=None,
+             batch_size=32, skip_unreadable=False, progress=None):
     """The `top_k` classes of each image file, as the checkpoint was evaluated.
 
     Each image is decoded, resized whole (bilinear) to the model's input size and scaled
@@ -19,17 +129,23 @@ def classify(model, images, *, top_k=5, labels=None, activation=None, crop_fract
 
     Args:
         model: a `keras_vit.ViT` model with a head, e.g. from `keras_vit.pretrained`.
-        images: an image file path, or a list of them.
+        images: an image file, a folder or a glob pattern, or a list of them
+            (`image_paths`).
         top_k: classes per image.
         labels: class names in class order; default: the label set of the model's
             registry checkpoint (`model.weights_entry`), else `"class {i}"`.
         activation: `"softmax"` or `"sigmoid"`; default: the checkpoint's (sigmoid for
             the ImageNet-21k heads, trained with the sigmoid cross-entropy), else softmax.
         crop_fraction: central crop of the preprocessing, or None for the whole image.
+        batch_size: images per forward pass (the last batch is padded to it, so the
+            model runs at one shape).
+        skip_unreadable: log and leave out files that are not readable images (else
+            the first one raises, naming it).
+        progress: called as `progress(done, total)` after each batch.
 
     Returns:
-        One dict per image: `{"image": path, "top_k": [{"class": index, "label": name,
-        "probability": p}, ...]}`, most probable first.
+        One dict per image read: `{"image": path, "top_k": [{"class": index, "label":
+        name, "probability": p}, ...]}`, most probable first.
 
     Example:
 
@@ -41,28 +157,43 @@ def classify(model, images, *, top_k=5, labels=None, activation=None, crop_fract
     >>> classify(model, path, top_k=1, labels=["a", "b", "c"])[0]["top_k"]
     [{'class': 0, 'label': 'a', 'probability': 0.3333333333333333}]
     """
-    paths = [images] if isinstance(images, (str, os.PathLike)) else list(images)
+    paths = image_paths(images)
     entry = getattr(model, "weights_entry", None)
     if labels is None and entry is not None and entry.labels is not None:
         labels = registry.class_names(entry.labels)
     activation = activation or (entry.activation if entry is not None else "softmax")
     if activation not in ("softmax", "sigmoid"):
         raise ValueError(f"activation must be 'softmax' or 'sigmoid', got {activation!r}.")
-    height, width = default_image_size(model)
-    channels = model.input_shape[-1]
     classes = model.output_shape[-1]
     if labels is not None and len(labels) != classes:
         raise ValueError(f"{len(labels)} labels for a model with {classes} classes.")
-    if not 1 <= top_k:
-        raise ValueError(f"top_k must be a positive integer, got {top_k!r}.")
-    batch = read_images(paths, (height, width), channels=channels, crop_fraction=crop_fraction)
-    logits = keras.ops.convert_to_numpy(model.predict_on_batch(batch)).astype("float64")
+    for name, value in (("top_k", top_k), ("batch_size", batch_size)):
+        if not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    batches = decoded_batches(
+        paths, default_image_size(model), channels=model.input_shape[-1],
+        crop_fraction=crop_fraction, batch_size=batch_size, skip_unreadable=skip_unreadable,
+    )
+    results = []
+    for batch_paths, batch in batches:
+        count = len(batch)
+        if count < batch_size and len(paths) > batch_size:  # one shape: no retracing
+            padding = np.zeros((batch_size - count, *batch.shape[1:]), batch.dtype)
+            batch = np.concatenate([batch, padding])
+        logits = keras.ops.convert_to_numpy(model.predict_on_batch(batch))[:count]
+        results.extend(_top_k(batch_paths, logits.astype("float64"), activation, labels, top_k))
+        if progress is not None:
+            progress(len(results), len(paths))
+    return results
+
+
+def _top_k(paths, logits, activation, labels, top_k):
+    """The result dicts of `classify` for a batch of logits."""
     if activation == "softmax":
         shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
         probabilities = shifted / shifted.sum(axis=-1, keepdims=True)
     else:
         probabilities = 1 / (1 + np.exp(-logits))
-    results = []
     for path, row in zip(paths, probabilities):
         best = np.argsort(-row, kind="stable")[:top_k]
         top = [
@@ -73,5 +204,4 @@ def classify(model, images, *, top_k=5, labels=None, activation=None, crop_fract
             }
             for i in best
         ]
-        results.append({"image": os.fspath(path), "top_k": top})
-    return results
+        yield {"image": os.fspath(path), "top_k": top}

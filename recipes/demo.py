@@ -16,9 +16,9 @@ architecture with random weights; fine-tuning on 5-9 at 16x16 (an 8x8 patch grid
 position embedding resampled) with SGD and momentum, no weight decay, cosine decay and a
 zero-initialised head, as the paper fine-tunes.
 
-    keras-vit pretrain --recipe demo
-    keras-vit finetune --recipe demo --from runs/demo --out runs/demo32 --set model.image_size=32
-    keras-vit demo
+    keras-vit pretrain --recipe demo                  # writes runs/digits
+    keras-vit finetune --recipe demo --from runs/digits --out runs/digits32 --set model.image_size=32
+    keras-vit demo                                    # writes runs/demo (pretrain/, finetune/)
 """
 
 import sys
@@ -40,7 +40,7 @@ CONFIG = TrainConfig(
     ),
     schedule=dict(learning_rate=2e-3, decay="cosine", warmup_updates=40, epochs=15),
     evaluation=dict(crop_fraction=1.0),
-    out="runs/demo",
+    out="runs/digits",
 )
 
 # Shifts of up to 15% of the side: without them the representation learns where strokes

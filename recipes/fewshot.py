@@ -5,7 +5,7 @@ representation (pooled or pre_logits output) to {-1, 1} targets with l2 = 2^10, 
 big_vision fixes it (`sweep=True` chooses it per shot count on held-out train examples).
 Images are resized to the model's input size, 256 per forward pass.
 
-    keras-vit fewshot --from runs/demo --data digits
+    keras-vit fewshot --from runs/digits --data digits
     keras-vit fewshot --from runs/demo/pretrain --data digits --classes 5-9 --l2 sweep
 """
 

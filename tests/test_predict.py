@@ -7,8 +7,11 @@ import functools
 import http.server
 import json
 import os
+import subprocess
+import sys
 import threading
 import types
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -281,3 +284,18 @@ def test_classify_runs_a_dynamic_size_model_at_its_trained_size(tmp_path):
     pixels = np.random.default_rng(0).integers(0, 256, (50, 40, 3), dtype="uint8")
     tf.io.write_file(path, tf.io.encode_png(pixels))
     assert keras_vit.classify(dynamic, path, top_k=3) == keras_vit.classify(fixed, path, top_k=3)
+
+
+@pytest.mark.parametrize("keras_home", [None, "keras_home"])
+def test_the_cache_defaults_to_keras_folder_with_no_variable_set(tmp_path, keras_home):
+    """As a user meets it: an empty HOME, no KERAS_VIT_* variable (a fresh process)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_VIT_", "KERAS_HOME"))}
+    env.update(HOME=str(tmp_path), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    expected = tmp_path / ".keras" / "models" / "keras_vit"
+    if keras_home:
+        env["KERAS_HOME"] = str(tmp_path / keras_home)
+        expected = tmp_path / keras_home / "models" / "keras_vit"
+    result = subprocess.run([sys.executable, "-m", "keras_vit", "weights", "vit_base_patch16_224*"],
+                            env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert f"Cache: {expected} (KERAS_VIT_CACHE)" in result.stdout

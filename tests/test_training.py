@@ -274,7 +274,7 @@ def test_run_killed_mid_epoch_resumes_to_the_same_weights(tmp_path, objective):
     assert TrainingBackup.saved_position(str(killed / runs.BACKUP)) == (1, 4)
     code, _, stderr = _finish(_python(RESUMABLE, config, str(killed)))
     assert code == 0, stderr[-3000:]
-    assert not (killed / runs.BACKUP / TrainingBackup.FILE).exists()  # finished: removed
+    assert not (killed / runs.BACKUP).exists()  # finished: the backup and its folder removed
     epochs = [line.split(",")[0] for line in (killed / runs.METRICS_CSV).read_text().splitlines()[1:]]
     assert epochs == ["0", "1", "2"]
     expected = keras.saving.load_model(straight / runs.MODEL).get_weights()

@@ -12,6 +12,7 @@ The names below are the package's API: `from keras_vit.data import load_source, 
 from keras_vit.data.augment import AUGREG_LEVELS, as_layer, augmentation_layers
 from keras_vit.data.decode import (
     central_crop,
+    channel_note,
     check_crop_fraction,
     decode_pixels,
     eval_resize,
@@ -32,8 +33,8 @@ from keras_vit.data.sources import (
 
 __all__ = [
     "AUGREG_LEVELS", "IMAGE_EXTENSIONS", "NoSplitError", "Source", "as_layer",
-    "augmentation_layers", "central_crop", "check_crop_fraction", "decode_pixels",
-    "eval_dataset", "eval_resize", "find_damaged", "inception_crop_window", "limit_pixels",
-    "load_listing", "load_source", "parse_classes", "read_images", "select_classes",
-    "spec_split", "train_dataset",
+    "augmentation_layers", "central_crop", "channel_note", "check_crop_fraction",
+    "decode_pixels", "eval_dataset", "eval_resize", "find_damaged", "inception_crop_window",
+    "limit_pixels", "load_listing", "load_source", "parse_classes", "read_images",
+    "select_classes", "spec_split", "train_dataset",
 ]

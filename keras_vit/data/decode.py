@@ -121,6 +121,37 @@ def limit_pixels(payload, max_pixels):
         return tf.identity(payload)
 
 
+def channel_note(source, channels):
+    """A line saying how a source's images are converted to `channels`, or None when
+    its (first) image has that many already.
+
+    Args:
+        source: a `keras_vit.data.Source`.
+        channels: the channels the model takes.
+
+    Example:
+
+    >>> from keras_vit.data.sources import load_source
+    >>> channel_note(load_source("digits", "test"), 3)
+    'Images of digits:test have 1 channel and the model takes 3: the grey channel is repeated as they are read.'
+    """
+    key, _ = next(iter(source.records.take(1)))
+    payload = source.read(key)
+    if source.encoded:
+        payload = decode_pixels(payload, 0)
+    have = int(payload.shape[-1])
+    if have == channels:
+        return None
+    how = "the grey channel is repeated" if have == 1 else (
+        "they are converted to greyscale" if channels == 1 else "the alpha channel is dropped"
+    )
+    return (
+        f"Images of {source.name} have {have} channel{'s' * (have > 1)} and the model takes "
+        f"{channels}: "
+        f"{how} as they are read."
+    )
+
+
 def decode_crop(payload, encoded, channels, window_fn):
     """Decodes `payload` and cuts the window `window_fn(shape) -> (offset, size)`.
 

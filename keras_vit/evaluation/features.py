@@ -11,6 +11,7 @@ import numpy as np
 
 from keras_vit.models.vit import vit_parts
 from keras_vit.utils.checks import check_positive_int
+from keras_vit.utils.keras_compat import progress_verbosity
 
 def representation_model(model, layer=None):
     """Returns a `keras.Model` from `model`'s input to its representation.
@@ -124,7 +125,7 @@ def extract_features(model, data, labels=None, *, batch_size=256, layer=None, ve
         labels: labels of array `data` (optional), passed through.
         batch_size: images per forward pass (and per batch of an unbatched dataset).
         layer: name of the layer whose output is the representation.
-        verbose: 1 shows a progress bar.
+        verbose: 1 shows a progress bar (`"auto"`: on a terminal only).
 
     Returns:
         `(features, labels)`: float32 array `(N, D)` and integer labels `(N,)`,
@@ -158,7 +159,7 @@ def extract_with(extractor, data, labels=None, *, batch_size=256, verbose=0):
     ((3, 32), [1, 2, 3])
     """
     batch_size = check_positive_int("batch_size", batch_size)
-    progress = keras.utils.Progbar(None, unit_name="image") if verbose else None
+    progress = keras.utils.Progbar(None, unit_name="image") if progress_verbosity(verbose) == 1 else None
     features, all_labels, full = [], [], None
     for images, batch_labels in image_batches(data, labels, batch_size):
         images = np.asarray(images)

@@ -17,6 +17,7 @@ from keras_vit.data.headers import max_image_pixels
 from keras_vit.export.records import image_input_size
 from keras_vit.models.vit import preprocess, vit_parts
 from keras_vit.utils.checks import check_choice
+from keras_vit.utils.files import atomic_folder
 
 logger = logging.getLogger("keras_vit")
 
@@ -77,17 +78,20 @@ def _to_model_size(images, height, width, crop_fraction):
     )
 
 
-def _with_channels(images, channels, what):
-    """`images` once its channel count is `channels`, failing readably if not."""
+def _with_channels(images, channels, what, size=None):
+    """`images` once its channel count is `channels` (and with `size`, its height and
+    width are `size`), failing readably if not."""
+    expected = [channels] if size is None else [*size, channels]
     check = tf.debugging.assert_equal(
-        tf.shape(images)[-1],
-        channels,
-        message=f"{what} must have {channels} channels (the model's channel count)",
+        tf.shape(images)[-len(expected):],
+        expected,
+        message=f"{what} must have {channels} channels (the model's channel count)"
+        + ("" if size is None else f" and height and width {size[0]}, {size[1]}"),
     )
     with tf.control_dependencies([check]):
         images = tf.identity(images)
     # Static shape only: tf.ensure_shape could fail before the check, unreadably.
-    images.set_shape((None, None, None, channels))
+    images.set_shape((None, *(size or (None, None)), channels))
     return images
 
 
@@ -239,6 +243,10 @@ def export_saved_model(
     The model's config, the labels and the export options are written to
     `assets.extra/keras_vit.json` in the SavedModel folder.
 
+    The folder is written beside `path` and swapped in whole
+    (`keras_vit.utils.files.atomic_folder`): a process killed while exporting leaves
+    the previous export at `path` as it was.
+
     Models built under the TensorFlow or the JAX backend (converted with jax2tf)
     export; under PyTorch, save the model as `.keras` and export it from a
     TensorFlow or JAX process.
@@ -329,6 +337,12 @@ def export_saved_model(
     archive.track(model)
 
     def logits_from_pixels(images):
+        if keras.backend.backend() == "tensorflow":
+            # A signature is called with any shape of tensor (TensorFlow Serving, a
+            # loaded signature), which the graph would read as other images; jax2tf's
+            # module checks its input shapes itself.
+            fixed = None if native_resolution else (height, width)
+            images = _with_channels(images, channels, "pixels", fixed)
         return {"logits": model(preprocess(images), training=False)}
 
     # Under JAX, add_endpoint converts this function with jax2tf; everything else is
@@ -358,10 +372,11 @@ def export_saved_model(
     )
     archive.add_endpoint("serving_default", serve_images)
     archive.add_endpoint("serving_bytes", serve_bytes)
-    archive.write_out(os.fspath(path), verbose=False)
-
-    config_path = os.path.join(os.fspath(path), CONFIG_FILE)
-    os.makedirs(os.path.dirname(config_path), exist_ok=True)
-    with open(config_path, "w") as f:
-        f.write(record_json)
+    # Built beside `path` and swapped in whole: a kill leaves the previous export.
+    with atomic_folder(path) as folder:
+        archive.write_out(folder, verbose=False)
+        config_path = os.path.join(folder, CONFIG_FILE)
+        tf.io.gfile.makedirs(os.path.dirname(config_path))
+        with tf.io.gfile.GFile(config_path, "w") as f:
+            f.write(record_json)
     return record

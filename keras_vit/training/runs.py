@@ -2,6 +2,7 @@
 
 ```
 OUT/config.json             the run's configuration
+OUT/labels.txt              class names, one per line (when the data names its classes)
 OUT/model.keras             the final model
 OUT/checkpoints/epoch_NNNN.keras
 OUT/backup/state.npz        full training state while the run is unfinished
@@ -34,7 +35,7 @@ from keras_vit import data as vit_data
 from keras_vit.training.callbacks import TrainingBackup
 from keras_vit.training.config import TrainConfig
 from keras_vit.weights.download import resolve_weights
-from keras_vit.weights.pretrained import load_pretrained, save_npz
+from keras_vit.weights.pretrained import load_pretrained, not_finite_weights
 
 CONFIG = "config.json"
 MODEL = "model.keras"
@@ -44,6 +45,10 @@ METRICS_CSV = "metrics.csv"
 METRICS_JSON = "metrics.json"
 LOGS = "logs"
 LOCK = ".lock"
+LABELS = "labels.txt"
+# Folders keras-vit writes that hold no model of their own (`check_not_a_results_folder`).
+DEMO_STAGES = {"finetune": "the fine-tuned model", "pretrain": "the pretrained one"}
+FEWSHOT_RESULTS = "fewshot.json"
 
 
 class RunFolderBusy(RuntimeError):
@@ -114,7 +119,7 @@ def clear(folder):
     folder that reads as new or as finished, never as a run to resume.
     """
     for name in (os.path.join(BACKUP, TrainingBackup.FILE), METRICS_JSON, MODEL, METRICS_CSV,
-                 CONFIG, "skipped_files.txt"):
+                 CONFIG, LABELS, "skipped_files.txt"):
         path = os.path.join(folder, name)
         if tf.io.gfile.exists(path):
             tf.io.gfile.remove(path)
@@ -158,6 +163,8 @@ def resolve_from(source):
     """
     if not isinstance(source, str) or not source:
         raise ValueError(f"--from needs a path, got {source!r}.")
+    if tf.io.gfile.isdir(source) and not tf.io.gfile.exists(os.path.join(source, CONFIG)):
+        check_not_a_results_folder(source)
     if tf.io.gfile.isdir(source) and tf.io.gfile.exists(os.path.join(source, CONFIG)):
         final = os.path.join(source, MODEL)
         if tf.io.gfile.exists(final):
@@ -173,6 +180,40 @@ def resolve_from(source):
     return resolve_weights(source)
 
 
+def check_not_a_results_folder(folder):
+    """Raises `ValueError` naming what to pass instead when `folder` is one that
+    keras-vit writes but that holds no model: the demo's folder (its runs are in
+    sub-folders) or few-shot results.
+
+    Example:
+
+    >>> folder = tempfile.mkdtemp()
+    >>> for stage in ("pretrain", "finetune"):
+    ...     os.makedirs(os.path.join(folder, stage))
+    ...     open(os.path.join(folder, stage, CONFIG), "w").close()
+    >>> check_not_a_results_folder(folder)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: ... is a keras-vit demo folder: its models are in sub-folders; pass .../finetune (the fine-tuned model) or .../pretrain (the pretrained one).
+    """
+    stages = [
+        name for name in DEMO_STAGES
+        if tf.io.gfile.exists(os.path.join(folder, name, CONFIG))
+    ]
+    if stages:
+        described = " or ".join(
+            f"{os.path.join(folder, name)} ({DEMO_STAGES[name]})" for name in stages
+        )
+        raise ValueError(
+            f"{folder} is a keras-vit demo folder: its models are in sub-folders; pass {described}."
+        )
+    if tf.io.gfile.exists(os.path.join(folder, FEWSHOT_RESULTS)):
+        raise ValueError(
+            f"{folder} holds few-shot results ({FEWSHOT_RESULTS}), not a model; pass the run "
+            "folder or checkpoint that was evaluated."
+        )
+
+
 def run_config(source):
     """The `TrainConfig` of the run a `--from` argument belongs to, or None.
 
@@ -185,12 +226,40 @@ def run_config(source):
     >>> run_config("ViT-B_16.npz") is None
     True
     """
+    path = _run_file(source, CONFIG)
+    if path is None:
+        return None
+    with tf.io.gfile.GFile(path) as f:
+        return TrainConfig.from_dict(json.load(f), where=path)
+
+
+def class_names(source):
+    """The class names of the run a `--from` argument belongs to (its `labels.txt`,
+    one name per line in label order, written when its data named its classes), or None.
+
+    Example:
+
+    >>> class_names("ViT-B_16.npz") is None
+    True
+    """
+    path = _run_file(source, LABELS)
+    return None if path is None else read_labels(path)
+
+
+def read_labels(path):
+    """Class names from a text file, one per line in class order (blank lines ignored)."""
+    with tf.io.gfile.GFile(path) as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def _run_file(source, name):
+    """`name` in the run folder of the file `source` resolves to (the folder itself,
+    or the one above `checkpoints/`), or None."""
     folder = os.path.dirname(os.path.abspath(resolve_from(source)))
     for candidate in (folder, os.path.dirname(folder)):
-        path = os.path.join(candidate, CONFIG)
+        path = os.path.join(candidate, name)
         if tf.io.gfile.exists(path):
-            with tf.io.gfile.GFile(path) as f:
-                return TrainConfig.from_dict(json.load(f), where=path)
+            return path
     return None
 
 
@@ -296,7 +365,7 @@ def load_weights(model, source, *, interpolation=None):
 
     A `.keras` model (or run folder) of the same architecture, resolution and classes is
     copied weight for weight. Any other case goes through `keras_vit.load_pretrained`
-    (a `.keras` model via its official `.npz` layout, `keras_vit.save_npz`), which
+    (a `.keras` model in its official layout), which
     resamples the position embedding to the model's patch grid and resets the head when
     the class count differs; other mismatches raise `ValueError` listing them.
 
@@ -320,17 +389,14 @@ def load_weights(model, source, *, interpolation=None):
             tuple(mine[k].shape) == tuple(theirs[k].shape) for k in mine
         )
         if same:
+            problem = not_finite_weights(
+                {k: keras.ops.convert_to_numpy(v.value) for k, v in theirs.items()}, path
+            )
+            if problem:
+                raise ValueError(f"{problem}: a run cannot start from it (a diverged run "
+                                 "saves such weights); pick an earlier checkpoint.")
             for key, variable in mine.items():
                 variable.assign(theirs[key].value)
             return f"copied {len(mine)} weights from {path}"
-        with tempfile.TemporaryDirectory(prefix="keras_vit_from_") as folder:
-            # The official layout is what load_pretrained adapts (grid, head, pre_logits).
-            npz = os.path.join(folder, os.path.basename(path) + ".npz")
-            save_npz(saved, npz)
-            return _load_pretrained(model, npz, source, interpolation)
-    return _load_pretrained(model, path, source, interpolation)
-
-
-def _load_pretrained(model, path, source, interpolation):
     report = load_pretrained(model, path, interpolation=interpolation)
     return " ".join([f"loaded {source}:", *report.messages])

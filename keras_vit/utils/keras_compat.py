@@ -7,9 +7,12 @@ strategy, and two trainer hooks (how `jit_compile="auto"` is resolved, and which
 builds the model before `fit`); and, for keras-cv's layers, their random generator and
 whether they augment a batch as a whole. Each is wrapped here, and `tests/test_keras_compat.py`
 checks that each still exists and behaves as relied on, so that a Keras release that
-changes one fails there, by name, rather than somewhere in training. `pyproject.toml`
+changes one fails there, by name, rather than somewhere in training. `progress_verbosity`
+works around how Keras' progress bar writes to a file or a pipe. `pyproject.toml`
 keeps `keras` below the next major version.
 """
+
+import sys
 
 
 def sublayers(layer):
@@ -149,3 +152,21 @@ class SymbolicBuildHook:
             if batch is not None:
                 return super()._maybe_symbolic_build(data_batch=batch)
         return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+
+
+def progress_verbosity(verbose="auto"):
+    """Keras' `verbose` for a progress display: `"auto"` is 1 (a live bar) on a terminal
+    and 2 (one line per epoch) otherwise; any other value is returned as it is.
+
+    Keras' `Progbar` treats every POSIX process as a live terminal (it tests for `posix`
+    in `sys.modules`), so a log written to a file or a pipe fills with carriage returns,
+    backspaces and ANSI escapes; Keras' docs recommend `verbose=2` when not interactive.
+
+    Example:
+
+    >>> progress_verbosity(0), progress_verbosity(1)
+    (0, 1)
+    """
+    if verbose != "auto":
+        return verbose
+    return 1 if sys.stdout.isatty() else 2

@@ -25,10 +25,10 @@ from keras_vit.weights.formats import (
     POS_KEY,
     QKV,
     read_official,
-    write_bytes,
 )
 from keras_vit.models.layers import sincos_2d_table
 from keras_vit.models.vit import vit_parts
+from keras_vit.utils.files import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -375,6 +375,25 @@ def _skipped(report):
     return f"strict=False: loaded {len(report.loaded)} tensors; " + "; ".join(parts) + "."
 
 
+def not_finite_weights(arrays, source):
+    """A line naming the arrays of `arrays` (name -> array or None) that hold NaN or
+    infinite values, read from checkpoint `source`; None when all are finite.
+
+    Example:
+
+    >>> not_finite_weights({"head/bias": np.array([0.0, np.inf]), "cls": None}, "x.npz")
+    'Checkpoint x.npz holds NaN or infinite values in head/bias'
+    """
+    names = sorted(
+        name for name, value in arrays.items()
+        if value is not None and not np.isfinite(np.asarray(value)).all()
+    )
+    if not names:
+        return None
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    return f"Checkpoint {source} holds NaN or infinite values in {', '.join(names[:5])}{more}"
+
+
 def load_pretrained(model, source, *, strict=True, interpolation=None):
     """Loads pretrained ViT weights into a `keras_vit.ViT` model.
 
@@ -382,8 +401,8 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
     cache), `hf:ORG/NAME` or `timm:NAME` (through `huggingface_hub`), an `https://` URL
     (cached too), a local path or a `gs://` URL (read through `tf.io.gfile`) of an
     official vit_jax / AugReg `.npz` (also in21k files with `pre_logits`, and gap
-    files without `cls`), a big_vision `.npz` (`params/`, `params/img/` or
-    `opt/target/` prefixes, scanned blocks), an HF transformers `model.safetensors`
+    files without `cls`), a `.keras` file of another `keras_vit.ViT`, a big_vision
+    `.npz` (`params/`, `params/img/` or `opt/target/` prefixes, scanned blocks), an HF transformers `model.safetensors`
     (or a directory holding it, sharded too) or a timm `.safetensors`; the format is
     told from the keys.
 
@@ -400,8 +419,9 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
         model: a `keras_vit.ViT` model; its `classifier` must match the checkpoint's.
         source: path or URL of the checkpoint file, or of an HF model directory.
         strict: if True, any missing, unexpected or mis-shaped tensor raises one
-            `ValueError` that lists them all; if False, what fits is loaded and one
-            logged warning (also in the report's messages) says what was not.
+            `ValueError` that lists them all, and so do NaN or infinite values; if
+            False, what fits is loaded and one logged warning (also in the report's
+            messages) says what was not, another which tensors are not finite.
         interpolation: `"bilinear_align_corners"` or `"bicubic_antialias"` to override
             the default resampling method.
 
@@ -427,7 +447,10 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
         posembed.check_interpolation(interpolation)
     source = resolve_weights(os.fspath(source))
     layout = _ModelLayout(model)
-    fmt, params, origin, notes = read_official(source, layout.heads, layout.encoder.grid_size)
+    if source.endswith(".keras"):
+        fmt, params, origin, notes = "vit_jax", _keras_file_params(source), {}, []
+    else:
+        fmt, params, origin, notes = read_official(source, layout.heads, layout.encoder.grid_size)
     report = LoadReport(source, fmt)
     for note in notes:
         report._note(note)
@@ -482,11 +505,35 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
         if strict:
             raise ValueError(_problems(report, origin, model_shapes, checkpoint_shapes))
         report._note(_skipped(report), logging.WARNING)
+    # A diverged run saves such weights: the model would answer NaN, silently.
+    problem = not_finite_weights({**values, POS_KEY: table}, source)
+    if problem and strict:
+        raise ValueError(f"{problem}; pass strict=False to load it anyway.")
+    if problem:
+        report._note(f"{problem}: the model will not give finite outputs.", logging.WARNING)
     layout.assign({**current, **values}, set(values))
     for variable, value in position:
         variable.assign(np.asarray(value, dtype=variable.dtype))
     report._log()
     return report
+
+
+def _keras_file_params(path):
+    """The weights of the ViT saved in the `.keras` file `path`, in the official layout."""
+    return _official_params(keras.saving.load_model(path, compile=False))
+
+
+def _official_params(model):
+    """A `keras_vit.ViT` model's weights by official key, the position table included."""
+    layout = _ModelLayout(model)
+    if layout.unmapped:
+        raise ValueError(
+            f"The official layout has no key for these weights of model {model.name!r}: "
+            f"{', '.join(v.path for v in layout.unmapped)}."
+        )
+    params = layout.params()
+    params[POS_KEY] = layout.position_table()
+    return params
 
 
 _ARCHITECTURE = ("variant", "patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim",
@@ -580,7 +627,8 @@ def save_npz(model, path):
     The file has the layout of the released checkpoints (query/key/value kernels
     `(D, heads, head_dim)`, `embedding/kernel` `(P, P, C, D)`, the position table with
     its class-token row, ...), so vit_jax, big_vision and timm load it, and
-    `load_pretrained` restores it exactly. `path` may be a `gs://` URL.
+    `load_pretrained` restores it exactly. `path` may be a `gs://` URL; the file is
+    written under a temporary name and renamed into place (`keras_vit.utils.files`).
 
     Example:
 
@@ -593,14 +641,6 @@ def save_npz(model, path):
     >>> np.load(path)[query].shape
     (32, 4, 8)
     """
-    layout = _ModelLayout(model)
-    if layout.unmapped:
-        raise ValueError(
-            f"save_npz has no official key for these weights of model {model.name!r}: "
-            f"{', '.join(v.path for v in layout.unmapped)}."
-        )
-    params = layout.params()
-    params[POS_KEY] = layout.position_table()
     buffer = io.BytesIO()
-    np.savez(buffer, **params)
-    write_bytes(os.fspath(path), buffer.getvalue())
+    np.savez(buffer, **_official_params(model))
+    atomic_write(os.fspath(path), buffer.getvalue())
