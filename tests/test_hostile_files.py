@@ -130,3 +130,17 @@ def test_the_check_agrees_with_the_decoder_on_randomly_garbled_jpegs():
             flagged[ok] += data.headers.image_problem(bytes(damaged)) is not None
     assert flagged[True] == 0
     assert refused >= 40 and flagged[False] >= 0.95 * refused, (flagged, refused)
+
+
+def test_a_remote_folder_is_checked_from_its_first_and_last_bytes():
+    # TensorFlow's in-memory file system stands for gs://: the same tf.io.gfile calls.
+    root = "ram://hostile_remote"
+    big = jpeg(0, shape=(400, 400, 3))  # longer than the first bytes read
+    for label in ("a", "b"):
+        tf.io.gfile.makedirs(f"{root}/{label}")
+        for i in range(2):
+            tf.io.write_file(f"{root}/{label}/{i}.jpg", big)
+    tf.io.write_file(f"{root}/a/half.jpg", big[:len(big) // 2])
+    tf.io.write_file(f"{root}/b/garbled.jpg", garbled(jpeg(1)))  # short: read whole
+    source = data.load_source(root)
+    assert source.size == 4 and source.skipped == [f"{root}/a/half.jpg", f"{root}/b/garbled.jpg"]

@@ -168,7 +168,7 @@ def damage(path):
         if is_remote(path):
             with tf.io.gfile.GFile(path, "rb") as f:
                 head = f.read(HEAD)
-                size = f.seek(0, 2)
+                size = f.size()  # (GFile.seek returns None)
                 f.seek(max(size - TAIL, 0))
                 tail = f.read()
         else:  # Positioned reads, no buffering: a fraction of the syscalls of open().
