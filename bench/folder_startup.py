@@ -1,8 +1,8 @@
 """Start-up on an image folder: time to the first training step against the number of files.
 
 For each folder size, in one process, one after the other:
-1. `load_source` without a cached listing (list the tree, read each file's first and
-   last bytes: `keras_vit.data.folders`),
+1. `load_source` without a cached listing (list the tree, read and check each file:
+   `keras_vit.data.folders`),
 2. `load_source` again (the listing cache, as a resume or another worker on the host),
 3. from there to the first training step: `train_dataset` (224 px, inception crop, the
    whole folder in the shuffle buffer), its first batch, and one training step of a

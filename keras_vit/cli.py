@@ -30,8 +30,11 @@ import importlib.util
 import logging
 import os
 import re
+import shlex
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 COMMANDS = {}
@@ -714,8 +717,27 @@ def main(argv=None):
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
     start_backend()
+    stopped_by = []
+
+    def stop(signum, frame):
+        stopped_by.append(signum)
+        raise KeyboardInterrupt
+
+    # SIGTERM (a scheduler, `kill`) stops a command as Ctrl-C does, with the same line.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop) if main_thread else None
     try:
         return COMMANDS[args.command][2](args)
+    except KeyboardInterrupt as error:
+        if os.environ.get("KERAS_VIT_DEBUG", "0") not in ("", "0"):
+            raise
+        name = signal.Signals(stopped_by[0] if stopped_by else signal.SIGINT).name
+        where = str(error) or "Interrupted."
+        if str(error):  # a run (keras_vit.training.engine.TrainingInterrupted)
+            words = sys.argv[1:] if argv is None else argv
+            where += f" Resume it with: keras-vit {shlex.join(words)}"
+        print(f"keras-vit {args.command}: {name}: {where}", file=sys.stderr)
+        return 128 + (stopped_by[0] if stopped_by else signal.SIGINT)
     except Exception as error:  # One line, never a traceback, unless asked for one.
         if os.environ.get("KERAS_VIT_DEBUG", "0") not in ("", "0"):
             raise
@@ -723,6 +745,9 @@ def main(argv=None):
         # 1: a run failed under way (a NaN loss, keras_vit.training.engine.TrainingFailed);
         # 2: anything else, bad input.
         return getattr(error, "exit_code", 1 if isinstance(error, FloatingPointError) else 2)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def describe_error(error):

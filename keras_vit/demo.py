@@ -20,6 +20,7 @@ OUT/summary.json, OUT/table.txt
 """
 
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from keras_vit.weights.pretrained import save_npz
 from keras_vit.evaluation.fewshot import FewshotConfig
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.engine import train
+from keras_vit.utils.files import atomic_write
 
 logger = logging.getLogger("keras_vit")
 
@@ -90,7 +92,9 @@ def save_encoder(model, path):
         save_npz(model, full)
         with np.load(full) as params:
             encoder = {key: params[key] for key in params.files if not key.startswith("head/")}
-    np.savez(path, **encoder)
+    buffer = io.BytesIO()
+    np.savez(buffer, **encoder)
+    atomic_write(os.fspath(path), buffer.getvalue())
 
 
 def _accuracy(result):

@@ -59,3 +59,15 @@ def assert_keras_file_round_trip(model, inputs, path):
     np.testing.assert_array_equal(
         keras.ops.convert_to_numpy(loaded(inputs)), keras.ops.convert_to_numpy(model(inputs))
     )
+
+
+def decodes(payload):
+    """Whether TensorFlow's decoder reads the file bytes `payload` (the reference the
+    start-up check of image folders is held to)."""
+    import tensorflow as tf
+
+    try:
+        tf.io.decode_image(payload, expand_animations=False)
+        return True
+    except tf.errors.InvalidArgumentError:
+        return False

@@ -173,3 +173,33 @@ def test_keras_cv_batch_augment_tells_the_mixing_layers():
     assert keras_compat.keras_cv_mixes_batch(keras_cv.layers.Mosaic())
     assert keras_compat.keras_cv_mixes_batch(keras_cv.layers.FourierMix())
     assert not keras_compat.keras_cv_mixes_batch(keras_cv.layers.GridMask())
+
+
+@pytest.mark.slow  # installs the lowest Keras the pin allows into a venv (pip, from PyPI)
+def test_every_wrapped_internal_holds_on_the_lowest_keras_the_pin_allows(tmp_path):
+    """The checks above and keras_compat's examples, on `keras==FLOOR` of pyproject's pin
+    (this process runs them on the newest Keras pip installs)."""
+    import re
+
+    floor = re.search(r'"keras>=([\d.]+)', (ROOT / "pyproject.toml").read_text()).group(1)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", "--no-deps", f"keras=={floor}"],
+        capture_output=True, text=True, timeout=600,
+    )
+    if install.returncode:
+        pytest.skip(f"keras=={floor} could not be installed from PyPI: {install.stderr[-300:]}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    version = subprocess.run([python, "-c", "import keras; print(keras.__version__)"],
+                             env=env, capture_output=True, text=True).stdout.strip()
+    from packaging.version import Version
+
+    assert Version(version) == Version(floor)
+    result = subprocess.run(
+        [python, "-m", "pytest", "-p", "no:cacheprovider", "-m", "not slow", "-q",
+         "tests/test_keras_compat.py", "keras_vit/utils/keras_compat.py"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]

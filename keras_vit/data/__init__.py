@@ -14,8 +14,10 @@ from keras_vit.data.decode import (
     central_crop,
     channel_note,
     check_crop_fraction,
+    decode_pixels,
     eval_resize,
     inception_crop_window,
+    limit_pixels,
     read_images,
 )
 from keras_vit.data.folders import IMAGE_EXTENSIONS, find_damaged, load_listing
@@ -31,7 +33,8 @@ from keras_vit.data.sources import (
 
 __all__ = [
     "AUGREG_LEVELS", "IMAGE_EXTENSIONS", "NoSplitError", "Source", "as_layer",
-    "augmentation_layers", "central_crop", "channel_note", "check_crop_fraction", "eval_dataset",
-    "eval_resize", "find_damaged", "inception_crop_window", "load_listing", "load_source",
-    "parse_classes", "read_images", "select_classes", "spec_split", "train_dataset",
+    "augmentation_layers", "central_crop", "channel_note", "check_crop_fraction",
+    "decode_pixels", "eval_dataset", "eval_resize", "find_damaged", "inception_crop_window",
+    "limit_pixels", "load_listing", "load_source", "parse_classes", "read_images",
+    "select_classes", "spec_split", "train_dataset",
 ]

@@ -1,6 +1,7 @@
 """Decoding and geometry: image files to pixels, crops and resizes (TensorFlow-only).
 
-`decode_crop` decodes a payload inside a crop window (JPEGs only inside it), the
+`decode_pixels` decodes any of the image formats to 1 or 3 channels, `decode_crop`
+decodes a payload inside a crop window (JPEGs only inside it), the
 `*_window` functions draw windows, and `eval_resize` / `central_crop` bring images to
 the model's size as evaluation does. `read_images` reads files as one batch of inputs.
 """
@@ -10,6 +11,7 @@ import os
 import keras
 import tensorflow as tf
 
+from keras_vit.data import headers
 from keras_vit.models.vit import preprocess
 from keras_vit.utils.checks import check_in_range
 
@@ -26,6 +28,97 @@ def to_channels(image, channels):
     if have == 4 and channels == 3:
         return image[..., :3]
     raise ValueError(f"Cannot convert {have}-channel images to {channels} channels.")
+
+
+def decode_pixels(payload, channels):
+    """uint8 pixels `(height, width, channels)` of an encoded JPEG, PNG, GIF, BMP or WebP
+    file (an animation's first frame), whatever its name says.
+
+    Args:
+        payload: a scalar string tensor, the file's bytes.
+        channels: 1 or 3 (grey and colour files converted), or 0 (as stored).
+
+    Example:
+
+    >>> png = tf.io.encode_png(tf.fill([2, 3, 3], tf.constant(7, tf.uint8)))
+    >>> decode_pixels(png, 1).shape
+    TensorShape([2, 3, 1])
+    """
+
+    def decode(channels):
+        return tf.io.decode_image(payload, channels=channels, expand_animations=False)
+
+    if channels != 1:
+        image = decode(channels)
+    else:
+        # The GIF, BMP and WebP decoders give no grey: their colour is converted.
+        own_grey = tf.logical_or(
+            tf.io.is_jpeg(payload), tf.strings.substr(payload, 0, 8) == headers.PNG_SIGNATURE
+        )
+        image = tf.cond(own_grey, lambda: decode(1), lambda: tf.image.rgb_to_grayscale(decode(3)))
+    image.set_shape([None, None, channels or None])
+    return image
+
+
+def encoded_size(payload):
+    """`[width, height]` (int64) an encoded file's header declares, read in the graph
+    without decoding (the SavedModel's counterpart of `headers.image_problem`, which
+    runs in Python): JPEG, PNG, GIF, BMP and WebP; `[0, 0]` for other bytes, which the
+    decoders refuse.
+
+    Example:
+
+    >>> png = tf.io.encode_png(tf.zeros([5, 7, 1], tf.uint8))
+    >>> [int(side) for side in encoded_size(png)]
+    [7, 5]
+    """
+    # The first 32 bytes, zero-padded, as integers: every header field read here.
+    head = tf.strings.substr(tf.strings.join([payload, b"\0" * 32]), 0, 32)
+    b = tf.cast(tf.io.decode_raw(head, tf.uint8), tf.int64)
+
+    def number(start, length, big_endian=False):
+        order = range(length - 1, -1, -1) if big_endian else range(length)
+        return sum(b[start + i] * 256**k for k, i in enumerate(order))
+
+    def signed(value):  # a 32-bit two's complement field (BMP heights may be negative)
+        return tf.abs(tf.where(value >= 2**31, value - 2**32, value))
+
+    def starts(kind, at=0):
+        return kind == tf.strings.substr(head, at, len(kind))
+
+    vp8l = number(21, 4)
+    is_bmp_core = number(14, 4) == 12  # OS/2 BITMAPCOREHEADER: 16-bit sides
+    def sides(width, height):
+        return lambda: tf.stack([width, height])
+
+    cases = [
+        (starts(headers.PNG_SIGNATURE), sides(number(16, 4, True), number(20, 4, True))),
+        (starts(b"GIF8"), sides(number(6, 2), number(8, 2))),
+        (tf.logical_and(starts(b"BM"), is_bmp_core), sides(number(18, 2), number(20, 2))),
+        (starts(b"BM"), sides(signed(number(18, 4)), signed(number(22, 4)))),
+        (starts(b"WEBPVP8 ", 8), sides(number(26, 2) % 2**14, number(28, 2) % 2**14)),
+        (starts(b"WEBPVP8L", 8), sides(vp8l % 2**14 + 1, vp8l // 2**14 % 2**14 + 1)),
+        (starts(b"WEBPVP8X", 8), sides(number(24, 3) + 1, number(27, 3) + 1)),
+        (tf.io.is_jpeg(payload),
+         lambda: tf.cast(tf.image.extract_jpeg_shape(payload)[1::-1], tf.int64)),
+    ]
+    return tf.case(cases, default=sides(tf.constant(0, tf.int64), tf.constant(0, tf.int64)))
+
+
+def limit_pixels(payload, max_pixels):
+    """`payload` once the size its header declares (`encoded_size`) is at most
+    `max_pixels` pixels (None: no limit), else an `InvalidArgumentError` naming the
+    size and the limit, before anything is decoded."""
+    if max_pixels is None:
+        return payload
+    width, height = tf.unstack(encoded_size(payload), num=2)
+    check = tf.debugging.Assert(
+        width * height <= max_pixels,
+        [f"Image over the pixel limit of {max_pixels} ({headers.MAX_PIXELS_VARIABLE} when "
+         "it was exported):", width, "x", height],
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(payload)
 
 
 def channel_note(source, channels):
@@ -45,7 +138,7 @@ def channel_note(source, channels):
     key, _ = next(iter(source.records.take(1)))
     payload = source.read(key)
     if source.encoded:
-        payload = tf.io.decode_image(payload, expand_animations=False)
+        payload = decode_pixels(payload, 0)
     have = int(payload.shape[-1])
     if have == channels:
         return None
@@ -76,7 +169,7 @@ def decode_crop(payload, encoded, channels, window_fn):
         return tf.image.decode_and_crop_jpeg(payload, window, channels=channels)
 
     def other():
-        image = tf.io.decode_image(payload, channels=channels, expand_animations=False)
+        image = decode_pixels(payload, channels)
         offset, size = window_fn(tf.shape(image))
         return tf.slice(image, offset, size)
 
@@ -182,9 +275,10 @@ def check_crop_fraction(crop_fraction, size):
 def read_images(paths, image_size, *, channels=3, crop_fraction=None):
     """Image files as one batch of model inputs, `(len(paths), size, size, channels)`.
 
-    Decoded (JPEG, PNG, GIF, BMP), brought to `image_size` by `eval_resize` (the whole
-    image, or a run's central crop) and scaled to [-1, 1]. A missing or undecodable
-    file is an error naming it.
+    Checked without decoding first (`headers.image_problem`: damaged files and those
+    over the pixel limit are refused), decoded (JPEG, PNG, GIF, BMP, WebP), brought to
+    `image_size` by `eval_resize` (the whole image, or a run's central crop) and scaled
+    to [-1, 1]. A missing, damaged or oversize file is an error naming it.
 
     Example:
 
@@ -198,9 +292,14 @@ def read_images(paths, image_size, *, channels=3, crop_fraction=None):
     for path in paths:
         if not tf.io.gfile.exists(path):
             raise FileNotFoundError(f"No such image file: {path!r}.")
+        payload = tf.io.read_file(path)
+        problem = headers.image_problem(payload.numpy())
+        if problem:
+            raise ValueError(f"{path!r} is not a readable image: {problem}.")
         try:
-            image = decode_crop(tf.io.read_file(path), True, channels, full_window)
-        except tf.errors.InvalidArgumentError:
-            raise ValueError(f"{path!r} is not a JPEG, PNG, GIF or BMP image.") from None
+            image = decode_crop(payload, True, channels, full_window)
+        except tf.errors.InvalidArgumentError as error:
+            reason = error.message.splitlines()[0]
+            raise ValueError(f"{path!r} is not a readable image: {reason}") from None
         images.append(eval_resize(image, image_size, crop_fraction))
     return keras.ops.convert_to_numpy(preprocess(tf.stack(images).numpy()))

@@ -1,13 +1,16 @@
-"""Image folders at scale: listing, a cheap check of every file, and a listing cache.
+"""Image folders at scale: listing, a check of every file without decoding, a listing cache.
 
-Start-up reads the folder tree and a few bytes of each file, never decodes it: a file is
-kept when it starts like a JPEG, PNG, GIF or BMP file and a JPEG or PNG also ends like
-one (its end-of-image marker or `IEND` chunk, which a truncated download lacks). The
-result is cached under the folder's path and the modification times of its class
-folders (which change when a file is added, removed or renamed), so a resume or another
-worker on the host reads one small file instead of the tree.
+Start-up reads the folder tree and each file (local folders; a remote file's first and
+last bytes), never decodes it: `headers.image_problem` names and leaves out files that
+are empty, not JPEG, PNG, GIF, BMP or WebP, truncated, corrupt inside or over the pixel
+limit. Class folders left without an image are not classes. The result is cached under
+the folder's path and the modification times of its class folders (which change when a
+file is added, removed or renamed), with each file's size and modification time, so a
+resume or another worker on the host reads one small file and checks again only the
+files changed in place.
 """
 
+import collections
 import concurrent.futures
 import dataclasses
 import hashlib
@@ -18,25 +21,21 @@ from typing import Optional
 
 import tensorflow as tf
 
+from keras_vit.data import headers
+
 logger = logging.getLogger("keras_vit")
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
-# How files of the decoders' formats begin; `decode_image` reads all four.
-MAGIC = {
-    b"\xff\xd8\xff": "jpeg",
-    b"\x89PNG\r\n\x1a\n": "png",
-    b"GIF87a": "gif",
-    b"GIF89a": "gif",
-    b"BM": "bmp",
-}
-# How complete JPEG and PNG files end, looked for in their last TAIL bytes (some
-# writers pad after the marker).
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
+# A remote file is judged from its first HEAD and last TAIL bytes (the end markers of
+# JPEG and PNG files, which a truncated download lacks; some writers pad after them).
 END_MARKERS = {"jpeg": b"\xff\xd9", "png": b"IEND"}
+HEAD = 1 << 16
 TAIL = 1024
 # Files checked at once: the check waits on storage, not on the CPU.
 CHECK_THREADS = 32
 CHECK_CHUNK = 64
-CACHE_VERSION = 1
+STAT_CHUNK = 1024
+CACHE_VERSION = 2
 
 
 def cache_folder():
@@ -51,21 +50,53 @@ class Listing:
     """A class folder tree, listed and checked.
 
     Attributes:
-        classes: class folder names, sorted (labels are their indices).
-        paths: image files kept, in class then name order.
-        labels: the label of each kept file.
-        damaged: `{path: reason}` of image files left out by the check.
+        folders: every class folder name, sorted.
+        files: `[path, folder index]` of every file with an image extension directly
+            inside a class folder, in folder then name order.
+        nested: `{folder: count}` of the sub-folders inside class folders (not read).
         ignored: `{kind: count}` of what is not an image of a class: hidden entries,
             nested folders, loose files and other file types (by extension).
+        damaged: `{path: reason}` of image files left out by the check.
+        stamps: `[size, mtime_ns]` of each of `files` (local) before it was checked.
         cached: whether this listing was read from the cache.
+        classes: the class folders holding at least one kept image (labels are their
+            indices); `empty` says why each other class folder was left out.
+        paths: image files kept, in class then name order.
+        labels: the label of each kept file.
     """
 
-    classes: list
-    paths: list
-    labels: list
-    damaged: dict
+    folders: list
+    files: list
+    nested: dict
     ignored: dict
+    damaged: dict
+    stamps: list
     cached: bool = False
+    classes: list = dataclasses.field(init=False)
+    paths: list = dataclasses.field(init=False)
+    labels: list = dataclasses.field(init=False)
+    empty: dict = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        kept = [row for row in self.files if row[0] not in self.damaged]  # no new rows
+        used = sorted({row[1] for row in kept})
+        label_of = {index: label for label, index in enumerate(used)}
+        self.classes = [self.folders[index] for index in used]
+        self.paths = [row[0] for row in kept]
+        self.labels = [label_of[row[1]] for row in kept]
+        counts = collections.Counter(row[1] for row in self.files)
+        self.empty = {}
+        for index, name in enumerate(self.folders):
+            if index in label_of:
+                continue
+            if counts.get(index):
+                self.empty[name] = f"its {counts[index]} image files are all damaged"
+            elif self.nested.get(name):
+                self.empty[name] = (
+                    f"no image files directly inside, {self.nested[name]} sub-folders (not read)"
+                )
+            else:
+                self.empty[name] = "no image files"
 
     def ignored_line(self, folder):
         """One line saying what was ignored in `folder`, or None."""
@@ -75,9 +106,31 @@ class Listing:
         return f"Ignored in {folder}: {parts} (classes are the sub-folders; images are " \
             f"{'/'.join(IMAGE_EXTENSIONS)} files directly inside them)."
 
+    def empty_line(self, folder):
+        """One line naming the class folders of `folder` left out as empty, or None."""
+        if not self.empty:
+            return None
+        names = "; ".join(f"{name} ({why})" for name, why in sorted(self.empty.items()))
+        return f"{len(self.empty)} class folders in {folder} hold no readable image and " \
+            f"are not classes: {names}."
+
+    def saved(self):
+        """What the listing cache keeps: the fields the others are derived from."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                if field.init and field.name != "cached"}
+
 
 def is_remote(path):
     return "://" in path
+
+
+def is_folder(entry):
+    """Whether the `os.DirEntry` is a folder; a symbolic link loop is judged as a file,
+    as a dangling link is (the check then names it unreadable)."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def scan(folder):
@@ -86,7 +139,7 @@ def scan(folder):
         folders, files = [], []
         with os.scandir(folder) as entries:
             for entry in entries:
-                (folders if entry.is_dir() else files).append(entry.name)
+                (folders if is_folder(entry) else files).append(entry.name)
         return folders, files
     folders, files = [], []
     for name in tf.io.gfile.listdir(folder):
@@ -99,34 +152,52 @@ def scan(folder):
     return folders, files
 
 
+def stamp(path):
+    """`[size, mtime_ns]` of a local file, or None where it cannot be read."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return [status.st_size, status.st_mtime_ns]
+
+
 def damage(path):
-    """Why `path` is not a readable image ("empty", "truncated", ...), or None."""
+    """Why `path` is not a readable image, or None: a local file is read whole and
+    judged by `headers.image_problem`, a remote one by its first and last bytes."""
     try:
         if is_remote(path):
             with tf.io.gfile.GFile(path, "rb") as f:
-                head = f.read(16)
-                size = f.seek(0, 2)
+                head = f.read(HEAD)
+                size = f.size()  # (GFile.seek returns None)
                 f.seek(max(size - TAIL, 0))
                 tail = f.read()
-        else:  # Two positioned reads, no buffering: a fraction of the syscalls of open().
+        else:  # Positioned reads, no buffering: a fraction of the syscalls of open().
             fd = os.open(path, os.O_RDONLY)
             try:
-                size = os.fstat(fd).st_size
-                head = os.pread(fd, 16, 0)
-                tail = os.pread(fd, TAIL, max(size - TAIL, 0))
+                head = os.pread(fd, os.fstat(fd).st_size, 0)
             finally:
                 os.close(fd)
-    except (OSError, tf.errors.OpError) as error:
+    except OSError as error:
+        return f"unreadable ({error.strerror or error.__class__.__name__})"
+    except tf.errors.OpError as error:
         return f"unreadable ({error.__class__.__name__})"
-    if not head:
-        return "empty"
-    kind = next((kind for magic, kind in MAGIC.items() if head.startswith(magic)), None)
-    if kind is None:
-        return "not a JPEG, PNG, GIF or BMP file"
-    marker = END_MARKERS.get(kind)
-    if marker and marker not in tail:
-        return f"truncated {kind.upper()} (no end marker)"
-    return None
+    if is_remote(path):
+        complete = size <= len(head)
+        problem = headers.image_problem(head, complete=complete)
+        marker = END_MARKERS.get(headers.image_format(head))
+        if problem is None and not complete and marker and marker not in tail:
+            problem = f"truncated {headers.image_format(head).upper()} (no end marker)"
+        return problem
+    return headers.image_problem(head)
+
+
+def in_parallel(function, items, chunk=CHECK_CHUNK):
+    """`[function(item) for item in items]`, run in threads: they hide storage latency;
+    chunks of `chunk` items keep the pool's own cost per item small."""
+    chunks = [items[i:i + chunk] for i in range(0, len(items), chunk)]
+    with concurrent.futures.ThreadPoolExecutor(CHECK_THREADS) as pool:
+        results = pool.map(lambda chunk: [function(item) for item in chunk], chunks)
+        return [result for chunk_results in results for result in chunk_results]
 
 
 def find_damaged(paths):
@@ -137,22 +208,19 @@ def find_damaged(paths):
     >>> find_damaged([])
     {}
     """
-    # Threads hide storage latency; chunks keep the pool's own cost per file small.
-    chunks = [paths[i:i + CHECK_CHUNK] for i in range(0, len(paths), CHECK_CHUNK)]
-    with concurrent.futures.ThreadPoolExecutor(CHECK_THREADS) as pool:
-        reasons = pool.map(lambda chunk: [damage(path) for path in chunk], chunks)
-        return {
-            path: reason
-            for chunk, chunk_reasons in zip(chunks, reasons)
-            for path, reason in zip(chunk, chunk_reasons)
-            if reason
-        }
+    paths = list(paths)
+    return {path: reason for path, reason in zip(paths, in_parallel(damage, paths)) if reason}
+
+
+def stamps_of(paths):
+    """`[size, mtime_ns]` (None where unreadable) of each local file of `paths`."""
+    return [] if not paths or is_remote(paths[0]) else in_parallel(stamp, paths, STAT_CHUNK)
 
 
 def list_folder(folder):
     """Lists and checks the class folder tree at `folder` (no cache; see `load_listing`)."""
     folders, files = scan(folder)
-    ignored = {}
+    ignored, nested, found = {}, {}, []
 
     def ignore(kind, count=1):
         ignored[kind] = ignored.get(kind, 0) + count
@@ -162,27 +230,26 @@ def list_folder(folder):
         "hidden entries": sum(name.startswith(".") for name in folders + files),
         "loose files beside the class folders": sum(not name.startswith(".") for name in files),
     }
-    paths, labels = [], []
-    for label, name in enumerate(classes):
+    for index, name in enumerate(classes):
         class_folder = os.path.join(folder, name)
         sub_folders, names = scan(class_folder)
         ignore_counts["hidden entries"] += sum(n.startswith(".") for n in sub_folders + names)
-        ignore("nested folders", sum(not n.startswith(".") for n in sub_folders))
+        nested[name] = sum(not n.startswith(".") for n in sub_folders)
+        ignore("nested folders", nested[name])
         for file in sorted(n for n in names if not n.startswith(".")):
             extension = os.path.splitext(file)[1].lower()
             if extension in IMAGE_EXTENSIONS:
-                paths.append(os.path.join(class_folder, file))
-                labels.append(label)
+                found.append([os.path.join(class_folder, file), index])
             else:
                 ignore(f"{extension or 'extension-less'} files")
     for kind, count in ignore_counts.items():
         ignore(kind, count)
     ignored = {kind: count for kind, count in ignored.items() if count}
+    paths = [path for path, _ in found]
+    stamps = stamps_of(paths)  # before the check: a file changed during it is checked again
     damaged = find_damaged(paths)
-    if damaged:
-        kept = [i for i, path in enumerate(paths) if path not in damaged]
-        paths, labels = [paths[i] for i in kept], [labels[i] for i in kept]
-    return Listing(classes, paths, labels, damaged, ignored)
+    nested = {name: count for name, count in nested.items() if count}
+    return Listing(classes, found, nested, ignored, damaged, stamps)
 
 
 def folder_key(folder):
@@ -194,7 +261,7 @@ def folder_key(folder):
     try:
         with os.scandir(root) as entries:
             stamps = sorted(
-                (entry.name, entry.stat().st_mtime_ns) for entry in entries if entry.is_dir()
+                (entry.name, entry.stat().st_mtime_ns) for entry in entries if is_folder(entry)
             )
         text = json.dumps(
             dict(version=CACHE_VERSION, folder=folder, root=root,
@@ -205,32 +272,52 @@ def folder_key(folder):
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def recheck(listing):
+    """`listing` with the files whose size or mtime changed since it was made checked
+    again (a file rewritten or truncated in place keeps its folder's mtime), or None
+    when none changed."""
+    paths = [path for path, _ in listing.files]
+    stamps = stamps_of(paths)
+    changed = [path for path, now, then in zip(paths, stamps, listing.stamps) if now != then]
+    if not changed:
+        return None
+    again = set(changed)
+    damaged = {path: why for path, why in listing.damaged.items() if path not in again}
+    damaged.update(find_damaged(changed))
+    order = {path: i for i, path in enumerate(paths)}
+    damaged = dict(sorted(damaged.items(), key=lambda item: order[item[0]]))
+    return dataclasses.replace(listing, damaged=damaged, stamps=stamps)
+
+
 def load_listing(folder, cache_dir: Optional[str] = None):
     """`list_folder(folder)`, read from the listing cache when the folder is unchanged.
 
-    A cached listing's damaged files are checked again (a file fixed in place keeps its
-    folder's modification time). Writing the cache is best effort: an unwritable cache
-    folder only costs the next start-up a new listing.
+    The files of a cached listing whose size or modification time changed are checked
+    again. Writing the cache is best effort: an unwritable cache folder only costs the
+    next start-up a new listing.
     """
     key = folder_key(folder)
     path = key and os.path.join(cache_dir or cache_folder(), "listings", f"{key}.json")
+    listing = None
     if path and os.path.exists(path):
         try:
             with open(path) as f:
                 listing = Listing(**json.load(f), cached=True)
-        except (OSError, ValueError, TypeError):
+        except (OSError, ValueError, TypeError, KeyError, IndexError):
             listing = None
-        if listing is not None and find_damaged(list(listing.damaged)) == listing.damaged:
+    if listing is not None:
+        updated = recheck(listing)
+        if updated is None:
             return listing
-    listing = list_folder(folder)
+        listing = updated
+    else:
+        listing = list_folder(folder)
     if path:
-        saved = dataclasses.asdict(listing)
-        del saved["cached"]
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             partial = f"{path}.{os.getpid()}.tmp"
             with open(partial, "w") as f:
-                json.dump(saved, f)
+                json.dump(listing.saved(), f)
             os.replace(partial, path)
         except OSError as error:
             logger.info("Listing of %s not cached (%s).", folder, error)

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.data.folders import IMAGE_EXTENSIONS, load_listing, scan
+from keras_vit.data.folders import IMAGE_EXTENSIONS, load_listing
 
 logger = logging.getLogger("keras_vit")
 
@@ -61,13 +61,13 @@ def load_source(spec, split="train", *, strict=False, data_dir=None):
         spec: `"digits"` (scikit-learn's 8x8 digits, 1437 train / 360 test images,
             built in), `"tfds:NAME"` or `"tfds:NAME:SPLIT"` (any TensorFlow Datasets
             split, slicing included, e.g. `"tfds:imagenet2012:train[:99%]"`), or a
-            folder with one sub-folder of JPEG/PNG files per class (optionally inside
+            folder with one sub-folder of image files per class (optionally inside
             `train/` and `val/`, `validation/` or `test/` split folders). A split
             written in `spec` wins over `split`.
         split: `"train"` or `"test"` (for TFDS any split name; `"test"` falls back to
             `"validation"` when a dataset has no test split).
-        strict: raise on image files that are not readable (see
-            `keras_vit.data.folders`) instead of skipping them.
+        strict: raise on image files that are not readable and on class folders
+            without one (see `keras_vit.data.folders`) instead of skipping them.
         data_dir: where TFDS datasets are prepared (default: `TFDS_DATA_DIR`, else
             `~/tensorflow_datasets`); datasets prepared there are found by name alone.
 
@@ -327,9 +327,7 @@ def _train_labels(train, folder, classes, labels):
     Each split numbers its own class folders; a class missing from the evaluation folder
     would shift the labels of every class after it.
     """
-    train_classes = sorted(
-        name for name in scan(train)[0] if not name.startswith(".")
-    )
+    train_classes = load_listing(train).classes
     if classes == train_classes:
         return classes, labels
     unknown = sorted(set(classes) - set(train_classes))
@@ -362,6 +360,10 @@ def _folder(root, split, *, strict):
     classes, paths, labels = listing.classes, listing.paths, listing.labels
     if listing.ignored:
         logger.warning(listing.ignored_line(folder))
+    if listing.empty:
+        if strict:
+            raise ValueError(listing.empty_line(folder) + " (strict data mode; remove them)")
+        logger.warning(listing.empty_line(folder))
     if folder != root and split != "train":
         classes, labels = _train_labels(os.path.join(root, "train"), folder, classes, labels)
     if len(classes) < 2 or not paths:

@@ -15,6 +15,7 @@ import keras
 
 from keras_vit.export.records import compare_with_keras, export_record, image_input_size
 from keras_vit.models.layers import tracing_for_export
+from keras_vit.utils.files import atomic_path
 
 INPUT_NAME = "images"
 METADATA_KEY = "keras_vit"
@@ -67,14 +68,16 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     spec = keras.InputSpec(shape=(None, height, width, channels), dtype="float32",
                            name=INPUT_NAME)
-    with tracing_for_export():
-        model.export(path, format="onnx", verbose=False, input_signature=[spec],
-                     opset_version=opset)
-    proto = onnx.load(path)
-    del proto.metadata_props[:]
-    entry = proto.metadata_props.add()
-    entry.key, entry.value = METADATA_KEY, json.dumps(record)
-    onnx.save(proto, path)
+    # Written under a temporary name, renamed into place whole (a kill leaves the old file).
+    with atomic_path(path) as temporary:
+        with tracing_for_export():
+            model.export(temporary, format="onnx", verbose=False, input_signature=[spec],
+                         opset_version=opset)
+        proto = onnx.load(temporary)
+        del proto.metadata_props[:]
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = METADATA_KEY, json.dumps(record)
+        onnx.save(proto, temporary)
     return record
 
 

@@ -1,7 +1,7 @@
 """SavedModel export for serving: raw images in, probabilities and top-k classes out.
 
 TensorFlow-only (SavedModel is a TensorFlow format). The exported graph holds the
-eval preprocessing, so a client sends uint8 pixels or encoded JPEG/PNG files.
+eval preprocessing, so a client sends uint8 pixels or encoded image files.
 """
 
 import json
@@ -12,10 +12,12 @@ import keras
 import tensorflow as tf
 
 from keras_vit import __version__
-from keras_vit.data import check_crop_fraction, eval_resize
+from keras_vit.data import check_crop_fraction, decode_pixels, eval_resize, limit_pixels
+from keras_vit.data.headers import max_image_pixels
 from keras_vit.export.records import image_input_size
 from keras_vit.models.vit import preprocess, vit_parts
 from keras_vit.utils.checks import check_choice
+from keras_vit.utils.files import atomic_folder
 
 logger = logging.getLogger("keras_vit")
 
@@ -76,17 +78,20 @@ def _to_model_size(images, height, width, crop_fraction):
     )
 
 
-def _with_channels(images, channels, what):
-    """`images` once its channel count is `channels`, failing readably if not."""
+def _with_channels(images, channels, what, size=None):
+    """`images` once its channel count is `channels` (and with `size`, its height and
+    width are `size`), failing readably if not."""
+    expected = [channels] if size is None else [*size, channels]
     check = tf.debugging.assert_equal(
-        tf.shape(images)[-1],
-        channels,
-        message=f"{what} must have {channels} channels (the model's channel count)",
+        tf.shape(images)[-len(expected):],
+        expected,
+        message=f"{what} must have {channels} channels (the model's channel count)"
+        + ("" if size is None else f" and height and width {size[0]}, {size[1]}"),
     )
     with tf.control_dependencies([check]):
         images = tf.identity(images)
     # Static shape only: tf.ensure_shape could fail before the check, unreadably.
-    images.set_shape((None, None, None, channels))
+    images.set_shape((None, *(size or (None, None)), channels))
     return images
 
 
@@ -154,12 +159,13 @@ def _serving_functions(
         images = _with_channels(images, channels, "images")
         return predictions(pixels_for_model(images))
 
-    # decode_image converts grey and colour files to 1 or 3 channels; other channel
+    # decode_pixels converts grey and colour files to 1 or 3 channels; other channel
     # counts must be stored in the file as they are.
     decode_channels = channels if channels in (1, 3) else 0
+    max_pixels = max_image_pixels()
 
     def decode(image_bytes):
-        image = tf.io.decode_image(image_bytes, channels=decode_channels, expand_animations=False)
+        image = decode_pixels(limit_pixels(image_bytes, max_pixels), decode_channels)
         image = _with_channels(image[None], channels, "decoded images")
         return pixels_for_model(image)
 
@@ -218,8 +224,10 @@ def export_saved_model(
       any height and width. Images are brought to the model's size as evaluation does
       (`keras_vit.data.eval_resize`: the whole image resized, bilinear, or with
       `crop_fraction` a central crop) unless already at that size, and scaled to [-1, 1].
-    - `serving_bytes(image_bytes)`: a batch of encoded JPEG, PNG, GIF or BMP files
-      (a string tensor of shape `(batch,)`), decoded and then treated as above.
+    - `serving_bytes(image_bytes)`: a batch of encoded JPEG, PNG, GIF, BMP or WebP files
+      (a string tensor of shape `(batch,)`), decoded and then treated as above. A file
+      whose header declares more pixels than `$KERAS_VIT_MAX_IMAGE_PIXELS` at export
+      (default 89,478,485, as Pillow's) is refused before it is decoded.
     - `logits(images)`: float32 pixels in [0, 255] at the model's size to `logits`.
 
     With `native_resolution=True` (a model built with `dynamic_image_size=True`), no
@@ -234,6 +242,10 @@ def export_saved_model(
     `top_k_probabilities` (batch, top_k) and, with `labels`, `top_k_labels`.
     The model's config, the labels and the export options are written to
     `assets.extra/keras_vit.json` in the SavedModel folder.
+
+    The folder is written beside `path` and swapped in whole
+    (`keras_vit.utils.files.atomic_folder`): a process killed while exporting leaves
+    the previous export at `path` as it was.
 
     Models built under the TensorFlow or the JAX backend (converted with jax2tf)
     export; under PyTorch, save the model as `.keras` and export it from a
@@ -299,6 +311,7 @@ def export_saved_model(
         "top_k": top_k,
         "labels": labels,
         "crop_fraction": crop_fraction,
+        "max_image_pixels": max_image_pixels(),
         "native_resolution": bool(native_resolution),
         "preprocessing": (
             "none: each image at its own size"
@@ -324,6 +337,12 @@ def export_saved_model(
     archive.track(model)
 
     def logits_from_pixels(images):
+        if keras.backend.backend() == "tensorflow":
+            # A signature is called with any shape of tensor (TensorFlow Serving, a
+            # loaded signature), which the graph would read as other images; jax2tf's
+            # module checks its input shapes itself.
+            fixed = None if native_resolution else (height, width)
+            images = _with_channels(images, channels, "pixels", fixed)
         return {"logits": model(preprocess(images), training=False)}
 
     # Under JAX, add_endpoint converts this function with jax2tf; everything else is
@@ -353,10 +372,11 @@ def export_saved_model(
     )
     archive.add_endpoint("serving_default", serve_images)
     archive.add_endpoint("serving_bytes", serve_bytes)
-    archive.write_out(os.fspath(path), verbose=False)
-
-    config_path = os.path.join(os.fspath(path), CONFIG_FILE)
-    os.makedirs(os.path.dirname(config_path), exist_ok=True)
-    with open(config_path, "w") as f:
-        f.write(record_json)
+    # Built beside `path` and swapped in whole: a kill leaves the previous export.
+    with atomic_folder(path) as folder:
+        archive.write_out(folder, verbose=False)
+        config_path = os.path.join(folder, CONFIG_FILE)
+        tf.io.gfile.makedirs(os.path.dirname(config_path))
+        with tf.io.gfile.GFile(config_path, "w") as f:
+            f.write(record_json)
     return record

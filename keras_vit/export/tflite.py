@@ -6,6 +6,12 @@ matrix products as int8, per output channel (the converter's dynamic-range
 quantization: activations stay float and are quantized on the fly); kernels of fewer
 than 1024 elements, the position table, norms and biases stay float32. The record of `keras_vit.export.records` is
 written beside the file as `<file>.json`.
+
+The file's input is `(-1, height, width, channels)`, but the LiteRT interpreter does not
+check the shape a client resizes it to: `resize_tensor_input(index, shape)` of a
+`(1, 16, 16, 3)` batch on a 1-channel model reads the buffer as three grey images and
+returns three rows. Resize with `strict=True` (the interpreter then refuses any change
+but the batch size), as `run_tflite` does.
 """
 
 import json
@@ -22,6 +28,7 @@ from keras_vit.export.records import (
     image_input_size,
 )
 from keras_vit.models.layers import tracing_for_export
+from keras_vit.utils.files import atomic_path, atomic_write
 
 INPUT_NAME = "images"
 QUANTIZATIONS = (None, "dynamic-int8")
@@ -76,10 +83,12 @@ def export_tflite(
     options = {"optimizations": [tf.lite.Optimize.DEFAULT]} if quantize else {}
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with tracing_for_export():
-        model.export(path, format="litert", verbose=False, input_signature=[spec], **options)
-    with open(path + ".json", "w") as f:
-        json.dump(record, f, indent=2)
+    # Each file under a temporary name, renamed into place whole (a kill leaves the old one).
+    with atomic_path(path) as temporary:
+        with tracing_for_export():
+            model.export(temporary, format="litert", verbose=False, input_signature=[spec],
+                         **options)
+    atomic_write(path + ".json", json.dumps(record, indent=2))
     return record
 
 
@@ -87,7 +96,8 @@ def run_tflite(path, images):
     """Runs a `.tflite` file on a float32 batch with the LiteRT interpreter.
 
     The interpreter comes from `ai_edge_litert` where it is installed, else from
-    TensorFlow (`tf.lite.Interpreter`).
+    TensorFlow (`tf.lite.Interpreter`). Images of another shape than the file's input
+    (batch size aside) are a `ValueError` naming both shapes.
 
     Example:
 
@@ -101,7 +111,16 @@ def run_tflite(path, images):
         Interpreter = tf.lite.Interpreter
     interpreter = Interpreter(model_path=os.fspath(path))
     (source,) = interpreter.get_input_details()
-    interpreter.resize_tensor_input(source["index"], images.shape)
+    expected = tuple(int(d) for d in source["shape_signature"])
+    shape = tuple(np.shape(images))
+    if len(shape) != len(expected) or any(e not in (-1, s) for e, s in zip(expected, shape)):
+        raise ValueError(
+            f"{os.fspath(path)} takes images of shape "
+            f"{tuple('batch' if d == -1 else d for d in expected)}, got {shape}: resize the "
+            "images to the model's size and channels (see its .json record)."
+        )
+    # strict: the interpreter itself refuses any change but the batch size.
+    interpreter.resize_tensor_input(source["index"], shape, strict=True)
     interpreter.allocate_tensors()
     interpreter.set_tensor(source["index"], np.asarray(images, np.float32))
     interpreter.invoke()

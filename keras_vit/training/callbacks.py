@@ -22,9 +22,26 @@ from keras_vit.utils.files import atomic_path, atomic_write
 logger = logging.getLogger("keras_vit")
 
 
-def _finite(logs):
-    loss = (logs or {}).get("loss")
-    return loss is None or math.isfinite(float(loss))
+def not_finite(logs):
+    """The names of the metrics in `logs` (the loss, `val_loss`, accuracies, ...) that
+    are NaN or infinite, sorted: a state with any is never backed up or checkpointed,
+    and a run ending with any is not finished.
+
+    Example:
+
+    >>> not_finite({"loss": 0.5, "val_loss": float("nan"), "val_top1": 0.1})
+    ['val_loss']
+    """
+    return sorted(k for k, v in (logs or {}).items() if not math.isfinite(float(v)))
+
+
+class TerminateOnNotFinite(keras.callbacks.TerminateOnNaN):
+    """`keras.callbacks.TerminateOnNaN` (a batch's loss), and any epoch metric, the
+    evaluation's too (see `not_finite`)."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not_finite(logs):
+            self.model.stop_training = True
 
 
 class TrainingBackup(keras.callbacks.Callback):
@@ -44,7 +61,8 @@ class TrainingBackup(keras.callbacks.Callback):
       `saved_position`);
     - a state whose loss is not finite is never backed up, and the backup outlives
       `fit`: the engine removes it (`remove`) only once the run's final files are in
-      place, so a NaN, or a kill at any moment, leaves the last good state on disk.
+      place, so a NaN (in the loss or any metric, evaluation's too), or a kill at any
+      moment, leaves the last good state on disk.
 
     With several workers (`MultiWorkerMirroredStrategy`) every worker restores from
     `directory`, which only the chief writes (see `keras_vit.training.multiworker.write_path`).
@@ -153,11 +171,11 @@ class TrainingBackup(keras.callbacks.Callback):
         if step <= self._passed:  # passed over on resuming: the backup holds this state
             return
         self._passed = 0
-        if self.every and step % self.every == 0 and step != steps and _finite(logs):
+        if self.every and step % self.every == 0 and step != steps and not not_finite(logs):
             self._save(self._epoch, step)
 
     def on_epoch_end(self, epoch, logs=None):
-        if _finite(logs):
+        if not not_finite(logs):
             self._save(epoch + 1, 0)
 
     @classmethod
@@ -172,7 +190,7 @@ class TrainingBackup(keras.callbacks.Callback):
 
 
 class EpochCheckpoints(keras.callbacks.Callback):
-    """Saves a model as `epoch_NNNN.keras` after each epoch whose loss is finite.
+    """Saves a model as `epoch_NNNN.keras` after each epoch whose metrics are finite.
 
     Keeps the newest `keep` files. The saved model is `model` (the network itself,
     without optimizer state), which may differ from the model being fit (e.g. a
@@ -205,10 +223,11 @@ class EpochCheckpoints(keras.callbacks.Callback):
             )
 
     def on_epoch_end(self, epoch, logs=None):
-        if not _finite(logs):
+        if not_finite(logs):
             logger.warning(
-                "Loss is not finite after epoch %d: no checkpoint written; the last good one "
-                "is %s.", epoch + 1, self.saved[-1] if self.saved else "none",
+                "%s not finite after epoch %d: no checkpoint written; the last good one "
+                "is %s.", ", ".join(not_finite(logs)), epoch + 1,
+                self.saved[-1] if self.saved else "none",
             )
             return
         path = os.path.join(self.directory, f"epoch_{epoch + 1:04d}.keras")

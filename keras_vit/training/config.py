@@ -26,13 +26,19 @@ import logging
 import typing
 from typing import Optional
 
-from keras_vit.utils.checks import check_choice, check_positive_int
+from keras_vit.utils.checks import (
+    check_choice,
+    check_in_range,
+    check_non_negative_int,
+    check_positive_int,
+)
 
 logger = logging.getLogger("keras_vit")
 
 LOSSES = ("softmax", "sigmoid")
 OBJECTIVES = ("supervised", "mpp")
 JIT_COMPILE = ("auto", "on", "off")
+MAX_LEARNING_RATE = 10
 
 
 @dataclasses.dataclass
@@ -66,6 +72,8 @@ class ModelConfig:
         from keras_vit.models.vit import check_arguments, parse_variant
 
         check_positive_int("model.image_size", self.image_size)
+        check_choice("model.channels", self.channels, (1, 3))
+        check_in_range("model.head_bias_init", self.head_bias_init, "(-inf, inf)", optional=True)
         check_positive_int("model.lora_rank", self.lora_rank, optional=True)
         if self.variant != "custom":
             parse_variant(self.variant)
@@ -123,6 +131,16 @@ class DataConfig:
         check_positive_int("data.shuffle_buffer", self.shuffle_buffer, optional=True)
         if self.classes is not None:
             vit_data.parse_classes(self.classes)
+        # MixUp's and CutMix's Beta alpha; 0 turns them off.
+        check_in_range("data.mixup", self.mixup, "[0, inf)", optional=True)
+        check_in_range("data.cutmix", self.cutmix, "[0, inf)", optional=True)
+        if self.randaugment is not None:
+            if len(self.randaugment) != 2:
+                raise ValueError(
+                    f"data.randaugment must be (num_ops, magnitude), got {self.randaugment!r}."
+                )
+            check_positive_int("data.randaugment num_ops", self.randaugment[0])
+            check_in_range("data.randaugment magnitude", self.randaugment[1], "[0, 30]")
         low, high = self.crop_area
         if not 0 < low <= high <= 1:
             raise ValueError(
@@ -169,6 +187,11 @@ class OptimizationConfig:
         check_choice("optimization.loss", self.loss, LOSSES)
         check_choice("optimization.optimizer", self.optimizer, OPTIMIZERS)
         check_positive_int("optimization.micro_batches_per_update", self.micro_batches_per_update)
+        check_in_range("optimization.label_smoothing", self.label_smoothing, "[0, 1)")
+        check_in_range("optimization.weight_decay", self.weight_decay, "[0, inf)")
+        check_in_range("optimization.momentum", self.momentum, "[0, 1)")
+        check_in_range("optimization.beta_2", self.beta_2, "[0, 1)")
+        check_in_range("optimization.clip_norm", self.clip_norm, "(0, inf)", optional=True)
         if self.objective != "mpp":
             return
         check_positive_int("optimization.mpp_bits", self.mpp_bits)
@@ -212,8 +235,12 @@ class ScheduleConfig:
         check_positive_int("schedule.epochs", self.epochs)
         check_positive_int("schedule.updates", self.updates, optional=True)
         check_positive_int("schedule.micro_batches_per_epoch", self.micro_batches_per_epoch, optional=True)
-        if not self.learning_rate > 0:
-            raise ValueError(f"schedule.learning_rate must be > 0, got {self.learning_rate!r}.")
+        # Past 10 every optimizer here diverges: such a value is a typo, not a setting.
+        check_in_range("schedule.learning_rate", self.learning_rate, f"(0, {MAX_LEARNING_RATE}]")
+        check_in_range(
+            "schedule.end_learning_rate", self.end_learning_rate, f"[0, {MAX_LEARNING_RATE}]"
+        )
+        check_non_negative_int("schedule.warmup_updates", self.warmup_updates)
 
 
 @dataclasses.dataclass
@@ -278,6 +305,7 @@ class EvaluationConfig:
 
     def validate(self):
         check_positive_int("evaluation.every_epochs", self.every_epochs)
+        check_in_range("evaluation.crop_fraction", self.crop_fraction, "(0, 1]", optional=True)
 
 
 SECTIONS = dict(
@@ -505,6 +533,7 @@ class TrainConfig:
         """Raises `ValueError` naming the first key with a bad value; returns self."""
         for name in SECTIONS:
             getattr(self, name).validate()
+        check_non_negative_int("seed", self.seed)
         batches = self.optimization.micro_batches_per_update
         if self.data.batch_size % batches:
             raise ValueError(

@@ -17,14 +17,19 @@ import os
 import time
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from keras_vit import data as vit_data
 from keras_vit.models import mpp as vit_mpp
 from keras_vit.models.vit import ViT, vit_parts
 from keras_vit.training import distribute, multiworker, runs
-from keras_vit.training.callbacks import EpochCheckpoints, EpochLog, TrainingBackup
+from keras_vit.training.callbacks import (
+    EpochCheckpoints,
+    EpochLog,
+    TerminateOnNotFinite,
+    TrainingBackup,
+    not_finite,
+)
 from keras_vit.training.config import TrainConfig  # noqa: F401  (keras_vit.training.engine.TrainConfig)
 from keras_vit.training.losses import SigmoidCrossEntropy
 from keras_vit.training.optimizers import make_optimizer
@@ -135,6 +140,11 @@ class TrainingFailed(RuntimeError):
     """
 
     exit_code = 1
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C (or SIGTERM, as the `keras-vit` command makes it); its
+    message says where the run stopped, from where rerunning resumes it."""
 
 
 @dataclasses.dataclass
@@ -536,14 +546,15 @@ def make_callbacks(config, vit, written, initial_epoch):
         TrainingBackup(
             os.path.join(config.out, runs.BACKUP), every=checkpointing.backup_every_micro_batches
         ),
-        keras.callbacks.TerminateOnNaN(),
+        TerminateOnNotFinite(),
     ]
 
 
 def fit(config, model, pipelines, plan, initial_epoch, callbacks, verbose):
     """`model.fit` over the plan; returns the history of every epoch of the run (across
     restarts, from its `EpochLog`) and the seconds it took. Raises `FloatingPointError`
-    naming the last good checkpoint when the loss is not finite."""
+    naming the last good checkpoint when the loss or a metric (evaluation's too) is not
+    finite."""
     train_data, eval_data = pipelines
     start = time.time()
     try:
@@ -570,30 +581,42 @@ def fit(config, model, pipelines, plan, initial_epoch, callbacks, verbose):
         ) from error
     seconds = time.time() - start
     (epoch_log,) = [c for c in callbacks if isinstance(c, EpochLog)]
-    history = epoch_log.history()
-    losses = history.get("loss", [])
-    if losses and not np.isfinite(losses[-1]):
-        last_good = runs.latest_checkpoint(config.out)
-        backup = os.path.join(config.out, runs.BACKUP, TrainingBackup.FILE)
-        state = (
-            f"the backup {backup} holds the last good training state"
-            if tf.io.gfile.exists(backup)
-            else "no backup was written yet: lower the learning rate and start over (--restart)"
-        )
-        raise FloatingPointError(
-            f"Training stopped: the loss became {losses[-1]} in epoch {len(losses)}. "
-            f"Last good checkpoint: {last_good or 'none'}; {state}."
-        )
-    return history, seconds
+    if epoch_log.rows:
+        last = epoch_log.rows[-1]
+        check_finite(config, {k: v for k, v in last.items() if k != "epoch"},
+                     f"in epoch {last['epoch'] + 1}")
+    return epoch_log.history(), seconds
 
 
-def write_results(model, vit, eval_data, written, record):
-    """Saves the final model, evaluates it, writes `metrics.json` (`record` plus the
+def check_finite(config, metrics, when):
+    """Raises `FloatingPointError` naming the metrics that are not finite (`when`: where
+    they were measured) and the last good checkpoint and backup of the run."""
+    bad = not_finite(metrics)
+    if not bad:
+        return
+    last_good = runs.latest_checkpoint(config.out)
+    backup = os.path.join(config.out, runs.BACKUP, TrainingBackup.FILE)
+    state = (
+        f"the backup {backup} holds the last good training state"
+        if tf.io.gfile.exists(backup)
+        else "no backup was written yet: lower the learning rate and start over (--restart)"
+    )
+    values = ", ".join(f"{name} {metrics[name]}" for name in bad)
+    raise FloatingPointError(
+        f"Training stopped: {values} {when}. Last good checkpoint: {last_good or 'none'}; "
+        f"{state}."
+    )
+
+
+def write_results(config, model, vit, eval_data, written, record):
+    """Evaluates the final model (raising `FloatingPointError` if a metric is not
+    finite: the run is not finished), saves it, writes `metrics.json` (`record` plus the
     final metrics); returns the final metrics. Only then is the backup removed: the
     run is finished once these files are in place."""
+    final = model.evaluate(eval_data, verbose=0, return_dict=True) if eval_data else {}
+    check_finite(config, final, "in the final evaluation")
     with atomic_path(written(runs.MODEL)) as path:
         vit.save(path)
-    final = model.evaluate(eval_data, verbose=0, return_dict=True) if eval_data else {}
     _write_json(written(runs.METRICS_JSON), dict(final=final, **record))
     if multiworker.is_chief(model.distribute_strategy):
         TrainingBackup.remove(os.path.join(os.path.dirname(written(runs.MODEL)), runs.BACKUP))
@@ -615,7 +638,8 @@ def train(config, *, callbacks=(), verbose="auto", restart=False):
     each epoch's metrics once (see `keras_vit.training.callbacks`). A
     `schedule.warmup_updates` that does not fit the run is shortened to half of it
     (logged). Returns a `TrainResult`; raises `FloatingPointError` (naming the last good
-    checkpoint) when the loss becomes NaN or infinite.
+    checkpoint) when the loss becomes NaN or infinite, and on Ctrl-C `TrainingInterrupted`
+    (a `KeyboardInterrupt`) saying where the run stopped.
 
     Args:
         config: a `TrainConfig`.
@@ -645,7 +669,18 @@ def train(config, *, callbacks=(), verbose="auto", restart=False):
     with hold_folder(config, written, restart) as finished:
         if finished:
             return finished
-        return _run(config, strategy, written, callbacks, verbose)
+        try:
+            return _run(config, strategy, written, callbacks, verbose)
+        except KeyboardInterrupt as error:
+            epoch, step = TrainingBackup.saved_position(os.path.join(config.out, runs.BACKUP))
+            where = (
+                f"its backup resumes it at epoch {epoch + 1}, micro-batch {step}"
+                if runs.status(config.out) == "unfinished"
+                else "no backup was written yet: it starts again"
+            )
+            raise TrainingInterrupted(
+                f"Interrupted: the run in {config.out} stopped; {where}."
+            ) from error
 
 
 def _run(config, strategy, written, callbacks, verbose):
@@ -662,7 +697,7 @@ def _run(config, strategy, written, callbacks, verbose):
         config, model, pipelines, plan, position[0], engine_callbacks + list(callbacks), verbose
     )
     final = write_results(
-        model, vit, pipelines[1], written,
+        config, model, vit, pipelines[1], written,
         dict(
             history=history,
             epochs=plan.epochs,

@@ -36,7 +36,7 @@ from keras_vit.training.callbacks import TrainingBackup
 from keras_vit.training.config import TrainConfig
 from keras_vit.weights.download import resolve_weights
 from keras_vit.weights.formats import holds_safetensors
-from keras_vit.weights.pretrained import load_pretrained
+from keras_vit.weights.pretrained import load_pretrained, not_finite_weights
 
 CONFIG = "config.json"
 MODEL = "model.keras"
@@ -397,6 +397,12 @@ def load_weights(model, source, *, interpolation=None):
             tuple(mine[k].shape) == tuple(theirs[k].shape) for k in mine
         )
         if same:
+            problem = not_finite_weights(
+                {k: keras.ops.convert_to_numpy(v.value) for k, v in theirs.items()}, path
+            )
+            if problem:
+                raise ValueError(f"{problem}: a run cannot start from it (a diverged run "
+                                 "saves such weights); pick an earlier checkpoint.")
             for key, variable in mine.items():
                 variable.assign(theirs[key].value)
             return f"copied {len(mine)} weights from {path}"

@@ -68,6 +68,23 @@ def check_positive_int(name, value, optional=False):
     return int(value)
 
 
+def check_non_negative_int(name, value):
+    """Returns `value` as an `int`, or raises `ValueError` unless it is an integer >= 0.
+
+    Example:
+
+    >>> check_non_negative_int("warmup_updates", 0)
+    0
+    >>> check_non_negative_int("seed", -1)
+    Traceback (most recent call last):
+        ...
+    ValueError: seed must be an integer >= 0, got -1.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}.")
+    return int(value)
+
+
 def check_positive_number(name, value):
     """Returns `value` as a `float`, or raises `ValueError` unless it is a number > 0.
 
@@ -85,8 +102,10 @@ def check_positive_number(name, value):
     return float(value)
 
 
-def check_in_range(name, value, interval, purpose=""):
+def check_in_range(name, value, interval, purpose="", optional=False):
     """Raises `ValueError` unless the number `value` lies in `interval`.
+
+    NaN lies in no interval; `"[0, inf)"` takes every finite number >= 0.
 
     Args:
         name: what the value is, as the message names it (`"dropout"`).
@@ -94,6 +113,7 @@ def check_in_range(name, value, interval, purpose=""):
         interval: the interval in mathematical notation: `"[0, 1)"` includes 0 and
             excludes 1.
         purpose: words after the interval in the message (`" to choose l2"`).
+        optional: whether `None` is accepted (the message then says "or None").
 
     Example:
 
@@ -102,7 +122,15 @@ def check_in_range(name, value, interval, purpose=""):
     Traceback (most recent call last):
         ...
     ValueError: rate must be in [0, 1), got 1.0.
+    >>> check_in_range("clip_norm", float("nan"), "(0, inf)", optional=True)
+    Traceback (most recent call last):
+        ...
+    ValueError: clip_norm must be in (0, inf) or None, got nan.
     """
+    if optional:
+        if value is None:
+            return
+        purpose = f" or None{purpose}"
     low, high = (float(bound) for bound in interval[1:-1].split(","))
     inside = (
         isinstance(value, numbers.Real)

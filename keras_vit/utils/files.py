@@ -17,8 +17,10 @@ has been written. It lets tests kill a real run in the middle of a real write
 """
 
 import contextlib
+import ctypes
 import fnmatch
 import os
+import shutil
 import signal
 
 TEMP_PREFIX = ".tmp-"
@@ -54,7 +56,7 @@ def _kill_if_asked(path, temporary):
     _writes[pattern] = _writes.get(pattern, 0) + 1
     if _writes[pattern] != int(count):
         return
-    if not _is_url(temporary):
+    if not _is_url(temporary) and os.path.isfile(temporary):
         size = os.path.getsize(temporary)
         with open(temporary, "r+b") as f:
             f.truncate(size // 2)
@@ -158,3 +160,58 @@ def remove_temporaries(folder, skip=()):
                 os.remove(path)
                 removed.append(path)
     return removed
+
+
+def _exchange(first, second):
+    """Swaps two paths in one atomic step (Linux `renameat2(RENAME_EXCHANGE)`); False
+    where the system cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    result = renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second),
+                       rename_exchange)
+    return result == 0
+
+
+@contextlib.contextmanager
+def atomic_folder(path):
+    """Yields a temporary folder to fill; on success it replaces the folder `path`.
+
+    As `atomic_path` for a folder (a SavedModel): the new folder is built beside `path`
+    and swapped with the old one in one atomic exchange where the system has one
+    (Linux), so a reader, or a process killed at any moment, finds the old folder or
+    the new one whole; elsewhere the old folder is renamed aside first, a moment
+    without either. If the body raises, `path` is left as it was. Other paths
+    (`gs://`, ...) are written in place.
+
+    Example:
+
+    >>> import tempfile
+    >>> target = os.path.join(tempfile.mkdtemp(), "export")
+    >>> with atomic_folder(target) as temporary:
+    ...     open(os.path.join(temporary, "saved_model.pb"), "w").close()
+    >>> os.listdir(target), sorted(os.listdir(os.path.dirname(target)))
+    (['saved_model.pb'], ['export'])
+    """
+    if _is_url(path):
+        yield path
+        return
+    path = os.path.abspath(os.fspath(path))
+    temporary = temporary_name(path)
+    shutil.rmtree(temporary, ignore_errors=True)
+    os.makedirs(temporary)
+    try:
+        yield temporary
+        _kill_if_asked(path, temporary)
+        if not os.path.isdir(path):
+            os.replace(temporary, path)
+        elif not _exchange(temporary, path):
+            aside = temporary_name(os.path.join(os.path.dirname(path), "old-" + os.path.basename(path)))
+            os.replace(path, aside)
+            os.replace(temporary, path)
+            temporary = aside
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)

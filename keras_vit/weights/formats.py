@@ -58,16 +58,6 @@ def _read_bytes(path):
         return f.read()
 
 
-def write_bytes(path, data):
-    """Writes `data` to a local path, or to a URL such as `gs://...` via `tf.io.gfile`."""
-    if _is_url(path):
-        with _gfile().GFile(path, "wb") as f:
-            f.write(data)
-    else:
-        with open(path, "wb") as f:
-            f.write(data)
-
-
 SAFETENSORS_FILES = ("model.safetensors", "model.safetensors.index.json")
 
 

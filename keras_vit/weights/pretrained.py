@@ -27,10 +27,10 @@ from keras_vit.weights.formats import (
     hf_model_arguments,
     holds_safetensors,
     read_official,
-    write_bytes,
 )
 from keras_vit.models.layers import sincos_2d_table
 from keras_vit.models.vit import vit_parts
+from keras_vit.utils.files import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -443,6 +443,25 @@ def _skipped(report):
     return f"strict=False: loaded {len(report.loaded)} tensors; " + "; ".join(parts) + "."
 
 
+def not_finite_weights(arrays, source):
+    """A line naming the arrays of `arrays` (name -> array or None) that hold NaN or
+    infinite values, read from checkpoint `source`; None when all are finite.
+
+    Example:
+
+    >>> not_finite_weights({"head/bias": np.array([0.0, np.inf]), "cls": None}, "x.npz")
+    'Checkpoint x.npz holds NaN or infinite values in head/bias'
+    """
+    names = sorted(
+        name for name, value in arrays.items()
+        if value is not None and not np.isfinite(np.asarray(value)).all()
+    )
+    if not names:
+        return None
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    return f"Checkpoint {source} holds NaN or infinite values in {', '.join(names[:5])}{more}"
+
+
 def load_pretrained(model, source, *, strict=True, interpolation=None):
     """Loads pretrained ViT weights into a `keras_vit.ViT` model.
 
@@ -468,8 +487,9 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
         model: a `keras_vit.ViT` model; its `classifier` must match the checkpoint's.
         source: path or URL of the checkpoint file, or of an HF model directory.
         strict: if True, any missing, unexpected or mis-shaped tensor raises one
-            `ValueError` that lists them all; if False, what fits is loaded and one
-            logged warning (also in the report's messages) says what was not.
+            `ValueError` that lists them all, and so do NaN or infinite values; if
+            False, what fits is loaded and one logged warning (also in the report's
+            messages) says what was not, another which tensors are not finite.
         interpolation: `"bilinear_align_corners"` or `"bicubic_antialias"` to override
             the default resampling method.
 
@@ -555,6 +575,12 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
         if strict:
             raise ValueError(_problems(report, origin, model_shapes, checkpoint_shapes))
         report._note(_skipped(report), logging.WARNING)
+    # A diverged run saves such weights: the model would answer NaN, silently.
+    problem = not_finite_weights({**values, POS_KEY: table}, source)
+    if problem and strict:
+        raise ValueError(f"{problem}; pass strict=False to load it anyway.")
+    if problem:
+        report._note(f"{problem}: the model will not give finite outputs.", logging.WARNING)
     layout.assign({**current, **values}, set(values))
     for variable, value in position:
         variable.assign(np.asarray(value, dtype=variable.dtype))
@@ -721,7 +747,8 @@ def save_npz(model, path):
     The file has the layout of the released checkpoints (query/key/value kernels
     `(D, heads, head_dim)`, `embedding/kernel` `(P, P, C, D)`, the position table with
     its class-token row, ...), so vit_jax, big_vision and timm load it, and
-    `load_pretrained` restores it exactly. `path` may be a `gs://` URL.
+    `load_pretrained` restores it exactly. `path` may be a `gs://` URL; the file is
+    written under a temporary name and renamed into place (`keras_vit.utils.files`).
 
     Example:
 
@@ -736,4 +763,4 @@ def save_npz(model, path):
     """
     buffer = io.BytesIO()
     np.savez(buffer, **_official_params(model))
-    write_bytes(os.fspath(path), buffer.getvalue())
+    atomic_write(os.fspath(path), buffer.getvalue())
