@@ -1,0 +1,69 @@
+"""A user's bad input (a file, a dataset name, a folder) is one line naming it and what
+to do, exit code 2, never "unexpected ... bug report" (issue 35, item 11).
+
+Each case is made as a user meets it: a real file written and damaged on disk, a real
+TFDS builder, a real read-only folder.
+"""
+
+import zipfile
+
+import numpy as np
+import pytest
+from conftest import tiny_vit
+
+import keras_vit
+from keras_vit import cli
+
+
+def one_line_error(capsys, argv, *expected):
+    """Runs the CLI; returns its one error line, checked to hold each of `expected`."""
+    assert cli.main(argv) == 2
+    stderr = capsys.readouterr().err
+    errors = [line for line in stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr
+    assert "unexpected" not in errors[0], errors[0]
+    for text in expected:
+        assert text in errors[0], errors[0]
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def official_arrays(tmp_path_factory):
+    """The tensors of a tiny model's official `.npz`, as `keras_vit.save_npz` writes it."""
+    path = tmp_path_factory.mktemp("npz") / "vit.npz"
+    keras_vit.save_npz(tiny_vit(), path)
+    with np.load(path) as npz:
+        return dict(npz)
+
+
+def text_member(path, arrays):
+    """An .npz with a text file among its arrays (`np.load` returns such a member as bytes)."""
+    np.savez(path, **arrays)
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("notes.txt", "trained on my photos")
+    return "'notes.txt'"
+
+
+def pickled_member(path, arrays):
+    """An .npz whose `cls` is an object array (pickled Python objects)."""
+    np.savez(path, **dict(arrays, cls=np.array([{"token": 1}], dtype=object)))
+    return "'cls'"
+
+
+def string_member(path, arrays):
+    """An .npz whose `head/bias` holds strings."""
+    np.savez(path, **dict(arrays, **{"head/bias": np.array(["x"] * 10)}))
+    return "'head/bias'"
+
+
+@pytest.mark.parametrize("make", [text_member, pickled_member, string_member])
+def test_an_npz_member_that_is_not_a_numeric_array_is_named(tmp_path, capsys, official_arrays, make):
+    path = tmp_path / "weights.npz"
+    member = make(path, official_arrays)
+    with pytest.raises(ValueError, match=f"member {member} is not a numeric array"):
+        keras_vit.load_pretrained(tiny_vit(), str(path))
+    one_line_error(
+        capsys,
+        ["finetune", "--recipe", "demo", "--from", str(path), "--out", str(tmp_path / "run")],
+        str(path), f"member {member} is not a numeric array",
+    )
