@@ -9,6 +9,7 @@ import zipfile
 
 import numpy as np
 import pytest
+from PIL import Image
 from conftest import tiny_vit
 
 import keras_vit
@@ -67,3 +68,24 @@ def test_an_npz_member_that_is_not_a_numeric_array_is_named(tmp_path, capsys, of
         ["finetune", "--recipe", "demo", "--from", str(path), "--out", str(tmp_path / "run")],
         str(path), f"member {member} is not a numeric array",
     )
+
+
+@pytest.mark.parametrize(
+    "where, member", [(0.5, "model.weights.h5"), (0.002, "config.json")], ids=["weights", "config"]
+)
+def test_a_byte_flipped_keras_file_is_named_as_corrupt(tmp_path, capsys, where, member):
+    """64 bytes flipped inside a saved model (its weights, or its config.json near the
+    start): the zip's directory is intact, the member fails its CRC check."""
+    path = tmp_path / "model.keras"
+    tiny_vit().save(path)
+    data = bytearray(path.read_bytes())
+    start = int(len(data) * where) + 120
+    data[start:start + 64] = bytes(b ^ 0xFF for b in data[start:start + 64])
+    path.write_bytes(bytes(data))
+    assert zipfile.is_zipfile(path)
+    image = tmp_path / "photo.png"
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(image)
+    line = one_line_error(
+        capsys, ["predict", "--from", str(path), str(image)], f"{path} is corrupt (Bad CRC-32 for file {member!r}",
+    )
+    assert "use another checkpoint of the run, or save the model again" in line
