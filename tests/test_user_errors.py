@@ -5,10 +5,13 @@ Each case is made as a user meets it: a real file written and damaged on disk, a
 TFDS builder, a real read-only folder.
 """
 
+import importlib
+import importlib.util
 import zipfile
 
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 from PIL import Image
 from conftest import tiny_vit
 
@@ -89,3 +92,60 @@ def test_a_byte_flipped_keras_file_is_named_as_corrupt(tmp_path, capsys, where, 
         capsys, ["predict", "--from", str(path), str(image)], f"{path} is corrupt (Bad CRC-32 for file {member!r}",
     )
     assert "use another checkpoint of the run, or save the model again" in line
+
+
+class NeedsAbsentPackage(tfds.core.GeneratorBasedBuilder):
+    """A dataset whose preparation needs a package that is not installed, as TFDS's own
+    builders import theirs (apache_beam, pydub, ...) only when they prepare."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return tfds.core.DatasetInfo(
+            builder=self,
+            features=tfds.features.FeaturesDict({
+                "image": tfds.features.Image(shape=(None, None, 3)),
+                "label": tfds.features.ClassLabel(num_classes=2),
+            }),
+            supervised_keys=("image", "label"),
+        )
+
+    def _split_generators(self, dl_manager):
+        importlib.import_module("keras_vit_absent_package")
+
+    def _generate_examples(self):
+        yield from ()
+
+
+@pytest.fixture
+def saved_model(tmp_path):
+    path = tmp_path / "model.keras"
+    tiny_vit().save(path)
+    return str(path)
+
+
+def test_a_tfds_dataset_whose_builder_needs_an_absent_package_is_named(
+    tmp_path, capsys, monkeypatch, saved_model
+):
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
+    argv = ["fewshot", "--from", saved_model, "--data", "tfds:needs_absent_package",
+            "--out", str(tmp_path / "fewshot")]
+    line = one_line_error(
+        capsys, argv, "TFDS dataset 'needs_absent_package'", "'keras_vit_absent_package'",
+    )
+    assert "pip install keras_vit_absent_package" in line
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("importlib_resources") is not None,
+    reason="TFDS has its dependencies here: preparing mnist would download it",
+)
+def test_preparing_a_tfds_dataset_without_a_tfds_dependency_is_one_line(
+    tmp_path, capsys, monkeypatch, saved_model
+):
+    """As found: TFDS (through etils) imports `importlib_resources` when it prepares one of
+    its own datasets, and nothing installs it; nothing is downloaded before that."""
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
+    argv = ["fewshot", "--from", saved_model, "--data", "tfds:mnist",
+            "--out", str(tmp_path / "fewshot")]
+    one_line_error(capsys, argv, "TFDS dataset 'mnist'", "pip install importlib_resources")
