@@ -7,7 +7,12 @@ TFDS builder, a real read-only folder.
 
 import importlib
 import importlib.util
+import os
+import shutil
+import subprocess
+import sys
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -149,3 +154,57 @@ def test_preparing_a_tfds_dataset_without_a_tfds_dependency_is_one_line(
     argv = ["fewshot", "--from", saved_model, "--data", "tfds:mnist",
             "--out", str(tmp_path / "fewshot")]
     one_line_error(capsys, argv, "TFDS dataset 'mnist'", "pip install importlib_resources")
+
+
+WEIGHTS = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+
+
+@pytest.fixture
+def photo(tmp_path):
+    path = tmp_path / "photo.png"
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(path)
+    return str(path)
+
+
+def test_a_cache_folder_that_cannot_be_made_is_named_before_any_download(
+    tmp_path, capsys, monkeypatch, photo
+):
+    """KERAS_VIT_CACHE below a regular file: a folder no user, root included, can create."""
+    (tmp_path / "file").write_text("not a folder")
+    cache = tmp_path / "file" / "cache"
+    monkeypatch.setenv("KERAS_VIT_CACHE", str(cache))
+    one_line_error(
+        capsys, ["predict", "--weights", WEIGHTS, photo],
+        f"The weights cache {cache} cannot be written (Not a directory", "KERAS_VIT_CACHE",
+    )
+
+
+def read_only_mount(folder):
+    """`argv` prefix that runs a command with an empty read-only file system on `folder`,
+    in a private mount namespace (nothing outside the command sees it); root writes to a
+    read-only folder, not to a read-only file system. None where namespaces are refused."""
+    if shutil.which("unshare") is None:
+        return None
+    prefix = ["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o ro tmpfs "$0" && exec "$@"',
+              str(folder)]
+    probe = subprocess.run([*prefix, "true"], capture_output=True)
+    return prefix if probe.returncode == 0 else None
+
+
+def test_an_empty_read_only_cache_is_named_with_what_to_do(tmp_path, photo):
+    """The cache an empty folder on a read-only file system (Errno 30), as found."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    prefix = read_only_mount(cache)
+    if prefix is None:
+        pytest.skip("no mount namespace here (unshare -rm) to make a read-only file system")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, KERAS_VIT_CACHE=str(cache), PYTHONPATH=str(root))
+    run = subprocess.run(
+        [*prefix, sys.executable, "-m", "keras_vit", "predict", "--weights", WEIGHTS, photo],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    errors = [line for line in run.stderr.splitlines() if ": error: " in line]
+    assert run.returncode == 2 and len(errors) == 1 and "Traceback" not in run.stderr, run.stderr
+    assert f"The weights cache {cache} cannot be written (Read-only file system" in errors[0]
+    assert "set KERAS_VIT_CACHE to a writable folder" in errors[0], errors[0]
