@@ -36,6 +36,13 @@ def one_line_error(capsys, argv, *expected):
     return errors[0]
 
 
+@pytest.fixture
+def photo(tmp_path):
+    path = tmp_path / "photo.png"
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(path)
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def official_arrays(tmp_path_factory):
     """The tensors of a tiny model's official `.npz`, as `keras_vit.save_npz` writes it."""
@@ -66,7 +73,9 @@ def string_member(path, arrays):
 
 
 @pytest.mark.parametrize("make", [text_member, pickled_member, string_member])
-def test_an_npz_member_that_is_not_a_numeric_array_is_named(tmp_path, capsys, official_arrays, make):
+def test_an_npz_member_that_is_not_a_numeric_array_is_named(
+    tmp_path, capsys, official_arrays, make
+):
     path = tmp_path / "weights.npz"
     member = make(path, official_arrays)
     with pytest.raises(ValueError, match=f"member {member} is not a numeric array"):
@@ -81,7 +90,7 @@ def test_an_npz_member_that_is_not_a_numeric_array_is_named(tmp_path, capsys, of
 @pytest.mark.parametrize(
     "where, member", [(0.5, "model.weights.h5"), (0.002, "config.json")], ids=["weights", "config"]
 )
-def test_a_byte_flipped_keras_file_is_named_as_corrupt(tmp_path, capsys, where, member):
+def test_a_byte_flipped_keras_file_is_named_as_corrupt(tmp_path, capsys, photo, where, member):
     """64 bytes flipped inside a saved model (its weights, or its config.json near the
     start): the zip's directory is intact, the member fails its CRC check."""
     path = tmp_path / "model.keras"
@@ -91,10 +100,9 @@ def test_a_byte_flipped_keras_file_is_named_as_corrupt(tmp_path, capsys, where, 
     data[start:start + 64] = bytes(b ^ 0xFF for b in data[start:start + 64])
     path.write_bytes(bytes(data))
     assert zipfile.is_zipfile(path)
-    image = tmp_path / "photo.png"
-    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(image)
     line = one_line_error(
-        capsys, ["predict", "--from", str(path), str(image)], f"{path} is corrupt (Bad CRC-32 for file {member!r}",
+        capsys, ["predict", "--from", str(path), photo],
+        f"{path} is corrupt (Bad CRC-32 for file {member!r}",
     )
     assert "use another checkpoint of the run, or save the model again" in line
 
@@ -157,13 +165,6 @@ def test_preparing_a_tfds_dataset_without_a_tfds_dependency_is_one_line(
 
 
 WEIGHTS = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
-
-
-@pytest.fixture
-def photo(tmp_path):
-    path = tmp_path / "photo.png"
-    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(path)
-    return str(path)
 
 
 def test_a_cache_folder_that_cannot_be_made_is_named_before_any_download(
