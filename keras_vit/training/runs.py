@@ -314,7 +314,7 @@ def eval_source(config, spec=None):
 def read_keras(path):
     """`keras.saving.load_model(path, compile=False)`, with a truncated or corrupt file
     reported as such (Keras says "File not found" for any file that is not a zip, and
-    lets zipfile's error on a member whose bytes changed through).
+    passes on zipfile's own error for a member whose bytes changed on disk).
 
     Example:
 
