@@ -224,7 +224,18 @@ def _tfds(name, split, data_dir=None, chosen=True):
         ) from None
     if not builder.is_prepared():
         check_manual_download(builder)
-        builder.download_and_prepare()
+        try:
+            builder.download_and_prepare()
+        except ImportError as err:  # TFDS and its builders import what they need only here
+            module = (err.name or "").split(".")[0]
+            needed = (
+                f"the Python module {module!r}, which is not installed: pip install {module}"
+                if module else f"a module that cannot be imported ({err})"
+            )
+            raise ValueError(
+                f"Preparing TFDS dataset {name!r} needs {needed} (or prepare the dataset "
+                "where it is installed, and set TFDS_DATA_DIR to the folder that holds it)."
+            ) from None
     info = builder.info
     if split == "test" and "test" not in info.splits:
         split = "validation"

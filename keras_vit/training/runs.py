@@ -321,7 +321,8 @@ def eval_source(config, spec=None):
 
 def read_keras(path):
     """`keras.saving.load_model(path, compile=False)`, with a truncated or corrupt file
-    reported as such (Keras says "File not found" for any file that is not a zip).
+    reported as such (Keras says "File not found" for any file that is not a zip, and
+    passes on zipfile's own error for a member whose bytes changed on disk).
 
     Example:
 
@@ -344,7 +345,13 @@ def read_keras(path):
                 f"{path} is not a complete .keras file ({tf.io.gfile.stat(path).length} bytes, "
                 "truncated or corrupt); use another checkpoint of the run, or save the model again."
             )
-    return keras.saving.load_model(path, compile=False)
+    try:
+        return keras.saving.load_model(path, compile=False)
+    except zipfile.BadZipFile as err:  # e.g. a member fails its CRC check: bytes changed on disk
+        raise ValueError(
+            f"{path} is corrupt ({err}: the file was damaged after it was saved); use "
+            "another checkpoint of the run, or save the model again."
+        ) from None
 
 
 def load_model(source):

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 import zipfile
 
 import keras
@@ -146,7 +147,15 @@ def fetch(url, *, sha256=None):
     if os.path.isfile(final):
         return final
     folder, name = os.path.split(final)
-    os.makedirs(folder, exist_ok=True)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        # Tried before downloading: a download the cache cannot keep would be wasted.
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as err:  # read-only, not a folder, no permission, full
+        raise DownloadError(
+            f"The weights cache {cache_dir()} cannot be written ({err.strerror}: "
+            f"{err.filename or folder}); set {CACHE_ENV} to a writable folder."
+        ) from None
     origin = download_url(url)
     partial = f".{name}.{os.getpid()}.part"
     where = f"a copy placed at {final} is used without downloading"

@@ -107,13 +107,37 @@ def _safetensors_arrays(data):
     return arrays
 
 
+class NotAnArray(ValueError):
+    """A checkpoint member that is not a numeric array."""
+
+
+def _npz_member(npz, key, path):
+    """One member of an .npz archive, which must be a numeric array: `np.load` gives
+    other members (a text file) as bytes, and refuses pickled object arrays."""
+    try:
+        value = npz[key]
+    except ValueError as err:  # an object array (loading it would run pickled code)
+        reason = str(err)
+    else:
+        if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+            return value
+        is_array = isinstance(value, np.ndarray)
+        reason = f"its dtype is {value.dtype}" if is_array else "it is a file, not an .npy array"
+    raise NotAnArray(
+        f"Cannot read checkpoint {path}: its member {key!r} is not a numeric array ({reason}); "
+        "a checkpoint holds numeric arrays only: save it again with numpy.savez of arrays."
+    )
+
+
 def _read_arrays(path):
     data = _read_bytes(path)
     try:
         if data[:4] == b"PK\x03\x04":  # .npz files are zip archives
             with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-                return {key: npz[key] for key in npz.files}
+                return {key: _npz_member(npz, key, path) for key in npz.files}
         return _safetensors_arrays(data)
+    except NotAnArray:
+        raise
     except Exception as err:  # every reader's own error becomes one that names the file
         raise ValueError(
             f"Cannot read checkpoint {path}: it is truncated or corrupt, or neither an .npz "
