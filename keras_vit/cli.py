@@ -94,12 +94,21 @@ def add_out_argument(parser, required=False):
 # --- recipes and overrides ---------------------------------------------------------
 
 
+def shipped_recipes():
+    """The folder of the recipes that come with keras-vit: `keras_vit/recipes` in an
+    installed wheel (setup.py maps the repository's `recipes/` there), the repository's
+    `recipes/` in a source checkout or an editable install."""
+    package = Path(__file__).resolve().parent
+    for folder in (package / "recipes", package.parent / "recipes"):
+        if folder.is_dir():
+            return folder
+    return None
+
+
 def recipe_folders():
-    """Where `--recipe NAME` looks: `./recipes`, then the `recipes/` folder beside the
-    package (a source checkout or an editable install)."""
-    here = Path(__file__).resolve().parent.parent / "recipes"
-    folders = [Path.cwd() / "recipes", here]
-    return list(dict.fromkeys(f for f in folders if f.is_dir()))
+    """Where `--recipe NAME` looks: `./recipes`, then `shipped_recipes()`."""
+    folders = [Path.cwd() / "recipes", shipped_recipes()]
+    return list(dict.fromkeys(f for f in folders if f is not None and f.is_dir()))
 
 
 def find_recipe(name, command=None):
@@ -670,6 +679,11 @@ def start_backend():
     """
     if "keras" in sys.modules:
         return
+    backend = os.environ.get("KERAS_BACKEND")
+    if backend in ("jax", "torch"):  # Keras would fail on import with a bare ImportError.
+        from keras_vit.utils.extras import optional_import
+
+        optional_import(backend, f"KERAS_BACKEND={backend}")
     if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
         import keras  # noqa: F401
         return
@@ -716,7 +730,6 @@ def main(argv=None):
     if not logger.handlers:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
-    start_backend()
     stopped_by = []
 
     def stop(signum, frame):
@@ -727,6 +740,7 @@ def main(argv=None):
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, stop) if main_thread else None
     try:
+        start_backend()
         return COMMANDS[args.command][2](args)
     except KeyboardInterrupt as error:
         if os.environ.get("KERAS_VIT_DEBUG", "0") not in ("", "0"):

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from keras_vit.utils import keras_compat
 from keras_vit.utils.checks import check_choice
+from keras_vit.utils.extras import optional_import
 
 logger = logging.getLogger("keras_vit")
 # keras-cv layers that mix the images of a batch in an order from `tf.random.shuffle`.
@@ -251,6 +252,8 @@ def as_layer(layer):
     if isinstance(layer, keras.layers.Layer):
         return layer
     if isinstance(layer, dict):
+        if str(layer.get("module", "")).startswith("keras_cv"):
+            optional_import("keras_cv", f"The augmentation {layer.get('class_name')!r}")
         # A new layer without a seed draws one from Python's `random`; that draw must not
         # move the run's seeded stream (the model is initialised after the pipeline is
         # made), and the layer's seed is unused: `seed_from_stream` replaces it.

@@ -15,10 +15,13 @@ import keras
 
 from keras_vit.export.records import compare_with_keras, export_record, image_input_size
 from keras_vit.models.layers import tracing_for_export
+from keras_vit.utils.extras import optional_import
 from keras_vit.utils.files import atomic_path
 
 INPUT_NAME = "images"
 METADATA_KEY = "keras_vit"
+# The package Keras' `model.export(format="onnx")` exports with, by backend.
+EXPORTERS = {"tensorflow": "tf2onnx", "jax": "jax2onnx", "torch": "onnxscript"}
 
 
 def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, metadata=None):
@@ -51,7 +54,8 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
     >>> record["input"]["shape"]
     ['batch', 32, 32, 3]
     """
-    import onnx
+    onnx = optional_import("onnx", "ONNX export")
+    optional_import(EXPORTERS[keras.backend.backend()], "ONNX export")
 
     record = export_record(
         model, "ONNX export", INPUT_NAME, crop_fraction=crop_fraction, labels=labels,
@@ -83,7 +87,7 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
 
 def read_onnx_record(path):
     """The `keras_vit` record `export_onnx` stored in an ONNX file (None if absent)."""
-    import onnx
+    onnx = optional_import("onnx", "Reading an ONNX file")
 
     proto = onnx.load(os.fspath(path), load_external_data=False)
     for entry in proto.metadata_props:
@@ -98,7 +102,7 @@ def check_onnx(model, path, batch_size=3, seed=0):
     Returns the largest absolute difference; raises a `ValueError` naming it when it
     exceeds `keras_vit.export.records.TOLERANCE` (see `compare_with_keras`).
     """
-    import onnxruntime
+    onnxruntime = optional_import("onnxruntime", "Checking an ONNX file")
 
     session = onnxruntime.InferenceSession(os.fspath(path), providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name

@@ -10,7 +10,7 @@ against the SHA-256 when the registry knows it, otherwise by reading the whole a
 interrupted, truncated or corrupt download is never kept.
 `KERAS_VIT_WEIGHTS_MIRROR=BASE_URL` replaces the official prefix, for mirrors and
 air-gapped sites. `hf:ORG/NAME` and `timm:NAME` go through `huggingface_hub` (and its
-own cache), the optional extra `pip install "keras-vit[hf]"`.
+own cache), the optional extra `pip install "keras3-vit[hf]"`.
 """
 
 import contextlib
@@ -23,6 +23,7 @@ import zipfile
 
 import keras
 
+from keras_vit.utils.extras import optional_import
 from keras_vit.weights import registry
 
 MIRROR_ENV = "KERAS_VIT_WEIGHTS_MIRROR"
@@ -191,22 +192,11 @@ def fetch(url, *, sha256=None):
     return final
 
 
-def _hub():
-    try:
-        import huggingface_hub
-    except ImportError:
-        raise ValueError(
-            "hf: and timm: weights need huggingface_hub: pip install \"keras-vit[hf]\" "
-            "(or pip install huggingface_hub)."
-        ) from None
-    return huggingface_hub
-
-
 def fetch_hub(source):
     """`hf:ORG/NAME` (an HF transformers model folder) or `timm:NAME` (timm's
     `model.safetensors` in `timm/NAME`), downloaded by `huggingface_hub` into its cache."""
     kind, _, repo = source.partition(":")
-    hub = _hub()
+    hub = optional_import("huggingface_hub", "Loading hf: or timm: weights")
     try:
         if kind == "timm":
             repo = repo if "/" in repo else f"timm/{repo}"
