@@ -99,44 +99,36 @@ def shipped_recipes():
     installed wheel (setup.py maps the repository's `recipes/` there), the repository's
     `recipes/` in a source checkout or an editable install."""
     package = Path(__file__).resolve().parent
-    for folder in (package / "recipes", package.parent / "recipes"):
-        if folder.is_dir():
-            return folder
-    return None
-
-
-def recipe_folders():
-    """Where `--recipe NAME` looks: `./recipes`, then `shipped_recipes()`."""
-    folders = [Path.cwd() / "recipes", shipped_recipes()]
-    return list(dict.fromkeys(f for f in folders if f is not None and f.is_dir()))
+    wheel = package / "recipes"
+    return wheel if wheel.is_dir() else package.parent / "recipes"
 
 
 def find_recipe(name, command=None):
-    """The recipe file for `name`: a path to a `.py` file, or `NAME.py` (or
-    `COMMAND_NAME.py`) in one of `recipe_folders()`.
+    """The recipe file for `name`: a path to a `.py` file (`./recipes/x.py`, `x.py`), or
+    `NAME.py` (or `COMMAND_NAME.py`) among `shipped_recipes()`.
+
+    A bare name never reads the current folder: recipes are code, and running a command
+    inside a folder someone else prepared must not execute their `recipes/NAME.py`.
 
     Example:
 
-    >>> find_recipe("demo").name
-    'demo.py'
+    >>> find_recipe("demo") == shipped_recipes() / "demo.py"
+    True
     """
-    if name.endswith(".py") or os.sep in name:
+    if name.endswith(".py") or os.sep in name or "/" in name:
         path = Path(name)
         if not path.is_file():
             raise FileNotFoundError(f"Recipe file {name!r} does not exist.")
         return path
     candidates = [f"{name}.py"] + ([f"{command}_{name}.py"] if command else [])
-    for folder in recipe_folders():
-        for candidate in candidates:
-            if (folder / candidate).is_file():
-                return folder / candidate
-    available = sorted(
-        {p.stem for folder in recipe_folders() for p in folder.glob("*.py") if p.stem != "__init__"}
-    )
+    folder = shipped_recipes()
+    for candidate in candidates:
+        if (folder / candidate).is_file():
+            return folder / candidate
+    available = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
     raise FileNotFoundError(
-        f"No recipe {name!r}: looked for {' or '.join(candidates)} in "
-        f"{', '.join(map(str, recipe_folders())) or 'no recipes folder'}; "
-        f"available: {', '.join(available) or 'none'}."
+        f"No recipe {name!r}: looked for {' or '.join(candidates)} in {folder} (a recipe of "
+        f"your own: --recipe path/to/file.py); available: {', '.join(available) or 'none'}."
     )
 
 

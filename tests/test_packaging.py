@@ -3,6 +3,7 @@ and the one line a missing optional package is reported in."""
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -27,10 +28,19 @@ def clean_environment(**extra):
 
 
 def build_wheel(folder):
-    """Builds this checkout's wheel into `folder` (no network: setuptools as installed)."""
+    """Builds this checkout's wheel into `folder` from a copy of its sources (setuptools
+    leaves `build/` where it builds, and a stale `build/` can end up in a wheel); no
+    network: setuptools as installed."""
+    source = Path(folder) / "source"
+    source.mkdir(parents=True)
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    for name in ("keras_vit", "recipes"):
+        shutil.copytree(ROOT / name, source / name,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(folder), str(ROOT)],
+         "-w", str(folder), str(source)],
         check=True, capture_output=True,
     )
     (wheel,) = Path(folder).glob("*.whl")
@@ -144,3 +154,21 @@ def test_a_keras_cv_augmentation_without_keras_cv_names_the_extra(monkeypatch):
         "The augmentation 'GridMask' needs keras_cv, which is not installed: "
         'pip install "keras3-vit[keras-cv]".'
     )
+
+
+def test_a_recipe_in_the_current_folder_runs_only_when_named_as_a_path(tmp_path, monkeypatch):
+    # A folder someone else prepared: its recipes/fewshot.py would write a file if run.
+    hostile = tmp_path / "recipes" / "fewshot.py"
+    hostile.parent.mkdir()
+    marker = tmp_path / "executed"
+    hostile.write_text(
+        f"open({str(marker)!r}, 'w').close()\n"
+        "from keras_vit.evaluation.fewshot import FewshotConfig\n"
+        "CONFIG = FewshotConfig(data='digits', shots=(1,), seeds=1)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert cli.find_recipe("fewshot") == cli.shipped_recipes() / "fewshot.py"
+    assert cli.load_recipe("fewshot").shots == (1, 5, 10, 25)
+    assert not marker.exists()
+    assert cli.load_recipe("./recipes/fewshot.py").shots == (1,)
+    assert marker.exists()
