@@ -1,5 +1,9 @@
+import functools
+import http.server
 import os
 import tempfile
+import threading
+import types
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -71,3 +75,84 @@ def decodes(payload):
         return True
     except tf.errors.InvalidArgumentError:
         return False
+
+
+class _Bucket(http.server.SimpleHTTPRequestHandler):
+    """Serves a folder; `/short/...` announces the whole file but sends half of it."""
+
+    def __init__(self, *args, requests, **kwargs):
+        self.requests = requests
+        super().__init__(*args, **kwargs)
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.requests.append(self.path)
+        if self.path.startswith("/short/"):
+            data = open(self.translate_path(self.path), "rb").read()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+            return
+        super().do_GET()
+
+
+@pytest.fixture
+def bucket(tmp_path, monkeypatch):
+    """A loopback HTTP server standing in for the weights bucket (through
+    KERAS_VIT_WEIGHTS_MIRROR), with a cache of its own; `put(path, model)` saves a model
+    there with `save_npz`."""
+    root = tmp_path / "bucket"
+    root.mkdir()
+    requests = []
+    handler = functools.partial(_Bucket, requests=requests, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    from keras_vit.weights import download
+
+    monkeypatch.setenv(download.MIRROR_ENV, f"http://127.0.0.1:{server.server_port}/")
+    monkeypatch.setenv(download.CACHE_ENV, str(tmp_path / "cache"))
+
+    def put(path, model):
+        import keras_vit
+
+        os.makedirs(root / os.path.dirname(path), exist_ok=True)
+        keras_vit.save_npz(model, root / path)
+        return (root / path).read_bytes()
+
+    def stop():
+        server.shutdown()
+        server.server_close()
+
+    state = types.SimpleNamespace(root=root, requests=requests, put=put, stop=stop, stopped=False)
+    yield state
+    stop()
+
+
+# The tiny architecture the bucket's checkpoints have (image size 32, 1000 classes).
+TINY = dict(patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64)
+
+
+def bucket_entry(name, path, **overrides):
+    """Registers (replacing) an entry for a tiny model at `path` in the bucket's layout."""
+    import keras_vit
+    from keras_vit.weights import registry
+
+    fields = dict(
+        name=name, url=registry.OFFICIAL_BASE + path, variant=None, image_size=32,
+        num_classes=1000, labels="imagenet1k", finetuning="ImageNet-1k", model_args=TINY,
+    )
+    fields.update(overrides)
+    return keras_vit.register_weights(registry.WeightsEntry(**fields), replace=True)
+
+
+def bucket_model(seed=1):
+    """A tiny model of `bucket_entry`'s architecture with random weights."""
+    import keras_vit
+
+    model = keras_vit.ViT(image_size=32, num_classes=1000, **TINY)
+    randomise_weights(model, seed)
+    return model

@@ -3,99 +3,29 @@
 its integrity checks, `keras_vit.pretrained`, `ViT(weights=...)`, `--from NAME` and the
 `keras-vit weights` / `predict` commands."""
 
-import functools
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
-import types
 from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import randomise_weights, tiny_vit
+from conftest import TINY, bucket_entry, bucket_model, randomise_weights, tiny_vit
 
 import keras_vit
 from keras_vit import cli
 from keras_vit.data import read_images
 from keras_vit.training import runs
-from keras_vit.weights import download, registry
-
-TINY = dict(patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64)
-
-
-def _entry(name, path, **overrides):
-    """A registry entry for a tiny model at the bucket's layout."""
-    fields = dict(
-        name=name, url=registry.OFFICIAL_BASE + path, variant=None, image_size=32,
-        num_classes=1000, labels="imagenet1k", finetuning="ImageNet-1k", model_args=TINY,
-    )
-    fields.update(overrides)
-    return keras_vit.register_weights(registry.WeightsEntry(**fields), replace=True)
-
-
-class _Bucket(http.server.SimpleHTTPRequestHandler):
-    """Serves a folder; `/short/...` announces the whole file but sends half of it."""
-
-    def __init__(self, *args, requests, **kwargs):
-        self.requests = requests
-        super().__init__(*args, **kwargs)
-
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):
-        self.requests.append(self.path)
-        if self.path.startswith("/short/"):
-            data = open(self.translate_path(self.path), "rb").read()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data[: len(data) // 2])
-            return
-        super().do_GET()
-
-
-@pytest.fixture
-def bucket(tmp_path, monkeypatch):
-    root = tmp_path / "bucket"
-    root.mkdir()
-    requests = []
-    handler = functools.partial(_Bucket, requests=requests, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv(download.MIRROR_ENV, f"http://127.0.0.1:{server.server_port}/")
-    monkeypatch.setenv(download.CACHE_ENV, str(tmp_path / "cache"))
-
-    def put(path, model):
-        os.makedirs(root / os.path.dirname(path), exist_ok=True)
-        keras_vit.save_npz(model, root / path)
-        return (root / path).read_bytes()
-
-    def stop():
-        server.shutdown()
-        server.server_close()
-
-    state = types.SimpleNamespace(root=root, requests=requests, put=put, stop=stop, stopped=False)
-    yield state
-    stop()
-
-
-def _tiny_model(seed=1):
-    model = keras_vit.ViT(image_size=32, num_classes=1000, **TINY)
-    randomise_weights(model, seed)
-    return model
+from keras_vit.weights import download
 
 
 def test_first_load_downloads_second_is_a_cache_hit(bucket, tmp_path):
-    source = _tiny_model()
+    source = bucket_model()
     bucket.put("test/tiny.npz", source)
-    entry = _entry("test_tiny_32.loopback", "test/tiny.npz")
+    entry = bucket_entry("test_tiny_32.loopback", "test/tiny.npz")
     x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
 
     model = keras_vit.pretrained(entry.name)
@@ -114,18 +44,18 @@ def test_first_load_downloads_second_is_a_cache_hit(bucket, tmp_path):
 
 @pytest.mark.parametrize("case", ["truncated file", "connection cut short", "wrong hash"])
 def test_incomplete_or_corrupt_downloads_are_refused_and_not_cached(bucket, case):
-    data = bucket.put("test/whole.npz", _tiny_model())
+    data = bucket.put("test/whole.npz", bucket_model())
     if case == "truncated file":  # the server sends all it has: a cut-off archive
         (bucket.root / "test" / "cut.npz").write_bytes(data[: len(data) * 2 // 3])
-        entry = _entry("test_tiny_32.cut", "test/cut.npz")
+        entry = bucket_entry("test_tiny_32.cut", "test/cut.npz")
         message = r"incomplete or corrupt and was not kept: it is not a complete \.npz archive"
     elif case == "connection cut short":  # announces the whole length, sends half
         os.makedirs(bucket.root / "short", exist_ok=True)
         (bucket.root / "short" / "half.npz").write_bytes(data)
-        entry = _entry("test_tiny_32.short", "short/half.npz")
+        entry = bucket_entry("test_tiny_32.short", "short/half.npz")
         message = r"Cannot download .*/short/half\.npz .*retrieval incomplete"
     else:
-        entry = _entry("test_tiny_32.hash", "test/whole.npz", sha256="0" * 64)
+        entry = bucket_entry("test_tiny_32.hash", "test/whole.npz", sha256="0" * 64)
         message = "its SHA-256 is [0-9a-f]{64}, the registry says 0000"
     with pytest.raises(download.DownloadError, match=message):
         keras_vit.pretrained(entry.name)
@@ -135,11 +65,11 @@ def test_incomplete_or_corrupt_downloads_are_refused_and_not_cached(bucket, case
 
 
 def test_offline_cached_loads_uncached_fails_with_one_line(bucket, tmp_path, capsys):
-    source = _tiny_model()
+    source = bucket_model()
     bucket.put("test/kept.npz", source)
     bucket.put("test/missing.npz", source)
-    kept = _entry("test_tiny_32.kept", "test/kept.npz")
-    missing = _entry("test_tiny_32.missing", "test/missing.npz")
+    kept = bucket_entry("test_tiny_32.kept", "test/kept.npz")
+    missing = bucket_entry("test_tiny_32.missing", "test/missing.npz")
     keras_vit.pretrained(kept.name)
     bucket.stop()
 
@@ -179,7 +109,7 @@ def _write_image(path, rgb):
 def test_predict_names_the_class_the_test_put_in_the_head(bucket, tmp_path, capsys):
     red = _write_image(tmp_path / "red.png", (255, 0, 0))
     blue = _write_image(tmp_path / "blue.png", (0, 0, 255))
-    model = _tiny_model(seed=2)
+    model = bucket_model(seed=2)
     # Features before the head, for the images as predict preprocesses them (whole image,
     # bilinear, [-1, 1]); the head then scores (f - centre) . (f_red - f_blue): positive for
     # red as class 207, for blue as class 1.
@@ -192,7 +122,7 @@ def test_predict_names_the_class_the_test_put_in_the_head(bucket, tmp_path, caps
     kernel[:, 1], bias[1] = -20 * direction, 20 * centre @ direction
     model.get_layer("head").set_weights([kernel, bias])
     bucket.put("test/colours.npz", model)
-    entry = _entry("test_tiny_32.colours", "test/colours.npz")
+    entry = bucket_entry("test_tiny_32.colours", "test/colours.npz")
 
     assert cli.main(["predict", "--weights", entry.name, red, blue, "--top-k", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -219,9 +149,9 @@ def test_predict_names_the_class_the_test_put_in_the_head(bucket, tmp_path, caps
 
 
 def test_vit_weights_is_load_pretrained_and_from_accepts_registry_names(bucket):
-    source = _tiny_model()
+    source = bucket_model()
     bucket.put("test/finetune.npz", source)
-    entry = _entry("test_tiny_32.finetune", "test/finetune.npz")
+    entry = bucket_entry("test_tiny_32.finetune", "test/finetune.npz")
 
     model = keras_vit.ViT(weights=entry.name, image_size=48, num_classes=5)
     reference = keras_vit.ViT(image_size=48, num_classes=5, **TINY)
@@ -247,8 +177,8 @@ def test_vit_weights_is_load_pretrained_and_from_accepts_registry_names(bucket):
 
 
 def test_weights_command_lists_entries_and_what_is_cached(bucket, capsys):
-    bucket.put("test/listed.npz", _tiny_model())
-    entry = _entry("test_tiny_32.listed", "test/listed.npz", top1=12.5, size_mib=0.4)
+    bucket.put("test/listed.npz", bucket_model())
+    entry = bucket_entry("test_tiny_32.listed", "test/listed.npz", top1=12.5, size_mib=0.4)
     assert cli.main(["weights", "test_tiny_32.listed"]) == 0
     header, row = capsys.readouterr().out.splitlines()[:2]
     assert header.split() == ["name", "variant", "res", "classes", "data", "top-1", "size", "cached"]

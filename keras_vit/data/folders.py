@@ -22,6 +22,7 @@ from typing import Optional
 import tensorflow as tf
 
 from keras_vit.data import headers
+from keras_vit.utils.files import atomic_write
 
 logger = logging.getLogger("keras_vit")
 
@@ -315,10 +316,7 @@ def load_listing(folder, cache_dir: Optional[str] = None):
     if path:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            partial = f"{path}.{os.getpid()}.tmp"
-            with open(partial, "w") as f:
-                json.dump(listing.saved(), f)
-            os.replace(partial, path)
+            atomic_write(path, json.dumps(listing.saved()))
         except OSError as error:
             logger.info("Listing of %s not cached (%s).", folder, error)
     return listing

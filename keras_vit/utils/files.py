@@ -1,9 +1,11 @@
 """Crash-safe files: write under a temporary name, then rename into place.
 
 A reader, or a run started again after a crash, finds either the previous version of a
-file or the new one, never a part. Temporary files are named `.tmp-PID-NAME` beside
+file or the new one, never a part. Temporary files are named `.tmp-RANDOM-NAME` beside
 their target (the same folder, so the rename is atomic; the name keeps its extension,
-which `keras.Model.save` requires); a process killed while writing leaves one behind,
+which `keras.Model.save` requires); a local one is created by `tempfile` (a name no other
+process can predict, opened exclusively), so that a file or link planted in a shared
+folder is never written through. A process killed while writing leaves one behind,
 which `remove_temporaries` deletes (a run does so when it takes its folder).
 
 Local paths are flushed to disk (`fsync`) before the rename; other paths (`gs://`, ...)
@@ -20,8 +22,10 @@ import contextlib
 import ctypes
 import fnmatch
 import os
+import secrets
 import shutil
 import signal
+import tempfile
 
 TEMP_PREFIX = ".tmp-"
 KILL_AT = "KERAS_VIT_TEST_KILL_AT"
@@ -32,16 +36,46 @@ def _is_url(path):
     return "://" in str(path)
 
 
-def temporary_name(path):
-    """The temporary name `path` is written under before it is renamed into place.
+def _umask():
+    # Read by setting it back at once: Python has no call that only reads it.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def create_temporary(path, folder=False):
+    """Creates the temporary file (or `folder`) `path` is written under before it is
+    renamed into place.
+
+    A local one is made by `tempfile.mkstemp` (`mkdtemp`) in `path`'s folder, exclusively
+    and under an unpredictable name, then given the permissions a new file (folder) gets:
+    `tempfile` makes it private. A URL's (`gs://`, ...) is only named, with the same
+    random part.
+
+    Returns:
+        The temporary path; the caller writes it (replacing the empty file, or filling
+        the empty folder).
 
     Example:
 
-    >>> temporary_name("/run/model.keras").startswith("/run/.tmp-")
-    True
+    >>> import tempfile
+    >>> temporary = create_temporary(os.path.join(tempfile.mkdtemp(), "model.keras"))
+    >>> name = os.path.basename(temporary)
+    >>> name.startswith(".tmp-"), name.endswith("-model.keras"), os.path.getsize(temporary)
+    (True, True, 0)
     """
-    folder, name = os.path.split(str(path))
-    return os.path.join(folder, f"{TEMP_PREFIX}{os.getpid()}-{name}")
+    parent, name = os.path.split(str(path))
+    if _is_url(path):
+        return os.path.join(parent, f"{TEMP_PREFIX}{secrets.token_hex(8)}-{name}")
+    where = dict(prefix=TEMP_PREFIX, suffix=f"-{name}", dir=parent or ".")
+    if folder:
+        temporary = tempfile.mkdtemp(**where)
+        os.chmod(temporary, 0o777 & ~_umask())
+        return temporary
+    descriptor, temporary = tempfile.mkstemp(**where)
+    os.close(descriptor)
+    os.chmod(temporary, 0o666 & ~_umask())
+    return temporary
 
 
 def _kill_if_asked(path, temporary):
@@ -101,7 +135,7 @@ def atomic_path(path):
     >>> open(target).read(), os.listdir(os.path.dirname(target))
     ('all or nothing', ['notes.txt'])
     """
-    temporary = temporary_name(path)
+    temporary = create_temporary(path)
     try:
         yield temporary
         _kill_if_asked(path, temporary)
@@ -145,7 +179,7 @@ def remove_temporaries(folder, skip=()):
 
     >>> import tempfile
     >>> folder = tempfile.mkdtemp()
-    >>> open(temporary_name(os.path.join(folder, "model.keras")), "w").close()
+    >>> _ = create_temporary(os.path.join(folder, "model.keras"))
     >>> [os.path.basename(p)[:5] for p in remove_temporaries(folder)], os.listdir(folder)
     (['.tmp-'], [])
     """
@@ -200,16 +234,17 @@ def atomic_folder(path):
         yield path
         return
     path = os.path.abspath(os.fspath(path))
-    temporary = temporary_name(path)
-    shutil.rmtree(temporary, ignore_errors=True)
-    os.makedirs(temporary)
+    temporary = create_temporary(path, folder=True)
     try:
         yield temporary
         _kill_if_asked(path, temporary)
         if not os.path.isdir(path):
             os.replace(temporary, path)
         elif not _exchange(temporary, path):
-            aside = temporary_name(os.path.join(os.path.dirname(path), "old-" + os.path.basename(path)))
+            # A rename replaces the empty folder made for it.
+            aside = create_temporary(
+                os.path.join(os.path.dirname(path), "old-" + os.path.basename(path)), folder=True
+            )
             os.replace(path, aside)
             os.replace(temporary, path)
             temporary = aside

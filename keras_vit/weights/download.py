@@ -24,6 +24,7 @@ import zipfile
 import keras
 
 from keras_vit.utils.extras import optional_import
+from keras_vit.utils.files import atomic_path
 from keras_vit.weights import registry
 
 MIRROR_ENV = "KERAS_VIT_WEIGHTS_MIRROR"
@@ -147,7 +148,7 @@ def fetch(url, *, sha256=None):
     final = cache_path(url)
     if os.path.isfile(final):
         return final
-    folder, name = os.path.split(final)
+    folder = os.path.dirname(final)
     try:
         os.makedirs(folder, exist_ok=True)
         # Tried before downloading: a download the cache cannot keep would be wasted.
@@ -158,16 +159,15 @@ def fetch(url, *, sha256=None):
             f"{err.filename or folder}); set {CACHE_ENV} to a writable folder."
         ) from None
     origin = download_url(url)
-    partial = f".{name}.{os.getpid()}.part"
     where = f"a copy placed at {final} is used without downloading"
-    try:
+    with atomic_path(final) as partial:
         try:
             # The progress bar goes to stderr, as pip's and huggingface_hub's do: stdout
             # stays the command's output (e.g. predict --json).
             with contextlib.redirect_stdout(sys.stderr):
                 keras.utils.get_file(
-                    fname=partial, origin=origin, cache_dir=folder, cache_subdir="",
-                    force_download=True,
+                    fname=os.path.basename(partial), origin=origin,
+                    cache_dir=os.path.dirname(partial), cache_subdir="", force_download=True,
                 )
         except Exception as err:
             # get_file re-raises urllib's errors as "URL fetch failure on ..."; their
@@ -179,16 +179,12 @@ def fetch(url, *, sha256=None):
             reason = " ".join(str(reason).split()) or type(err).__name__
             raise DownloadError(f"Cannot download {origin} ({reason}); {where}.") from None
         try:
-            verify(os.path.join(folder, partial), sha256)
+            verify(partial, sha256)
         except ValueError as err:
             raise DownloadError(
                 f"The download of {origin} is incomplete or corrupt and was not kept: {err}; "
                 f"{where}."
             ) from None
-        os.replace(os.path.join(folder, partial), final)
-    finally:
-        if os.path.exists(os.path.join(folder, partial)):
-            os.remove(os.path.join(folder, partial))
     return final
 
 
