@@ -7,7 +7,10 @@ Files are downloaded with `keras.utils.get_file` (progress bar on stderr) into
 A download goes to a temporary name and is moved into place only once it is verified:
 against the SHA-256 when the registry knows it, otherwise by reading the whole archive
 (every `.npz` member's CRC; a `.safetensors` header against the file length), so an
-interrupted, truncated or corrupt download is never kept.
+interrupted, truncated or corrupt download is never kept. A cached file is verified again
+on its first use after its size or modification time changed (a record beside it,
+`.NAME.verified`, keeps what was verified). A plain `http://` download is refused unless
+the registry has the file's SHA-256 (or the server is on the loopback interface).
 `KERAS_VIT_WEIGHTS_MIRROR=BASE_URL` replaces the official prefix, for mirrors and
 air-gapped sites. `hf:ORG/NAME` and `timm:NAME` go through `huggingface_hub` (and its
 own cache), the optional extra `pip install "keras3-vit[hf]"`.
@@ -15,16 +18,18 @@ own cache), the optional extra `pip install "keras3-vit[hf]"`.
 
 import contextlib
 import hashlib
+import ipaddress
 import json
 import os
 import sys
 import tempfile
+import urllib.parse
 import zipfile
 
 import keras
 
 from keras_vit.utils.extras import optional_import
-from keras_vit.utils.files import atomic_path
+from keras_vit.utils.files import atomic_path, atomic_write
 from keras_vit.weights import registry
 
 MIRROR_ENV = "KERAS_VIT_WEIGHTS_MIRROR"
@@ -87,17 +92,26 @@ def _sha256(path):
     return digest.hexdigest()
 
 
-def verify(path, sha256=None):
-    """Raises `ValueError` unless the file at `path` is complete.
+def verify(path, sha256=None, size=None):
+    """Raises `ValueError` unless the file at `path` is complete; returns its SHA-256.
 
-    With `sha256`, the hash decides; otherwise an `.npz` (zip) archive is read in full
-    (every member's CRC) and a `.safetensors` file's header must account for its length.
+    With `sha256` (and `size`, in bytes), they decide; otherwise an `.npz` (zip) archive is
+    read in full (every member's CRC) and a `.safetensors` file's header must account for
+    its length.
     """
+    if size is not None and os.path.getsize(path) != size:
+        raise ValueError(f"it holds {os.path.getsize(path)} bytes, the registry says {size}")
+    digest = _sha256(path)
     if sha256 is not None:
-        got = _sha256(path)
-        if got != sha256.lower():
-            raise ValueError(f"its SHA-256 is {got}, the registry says {sha256}")
-        return
+        if digest != sha256.lower():
+            raise ValueError(f"its SHA-256 is {digest}, the registry says {sha256}")
+        return digest
+    check_complete(path)
+    return digest
+
+
+def check_complete(path):
+    """Raises `ValueError` unless `path` is a whole `.npz` archive or `.safetensors` file."""
     with open(path, "rb") as f:
         magic = f.read(8)
     if magic[:4] == b"PK\x03\x04":
@@ -130,23 +144,37 @@ def verify(path, sha256=None):
     raise ValueError("it is neither a complete .npz archive nor a .safetensors file")
 
 
-def fetch(url, *, sha256=None):
+def fetch(url, *, sha256=None, size=None):
     """The local path of `url`'s file, downloaded into the cache once and verified.
+
+    A file already in the cache is verified again (as a download is) on its first use
+    after its size or modification time changed since it was last verified, which a
+    small record beside it (`.NAME.verified`) keeps.
 
     Args:
         url: an `https://` (or `http://`) URL; official URLs go to the mirror when
             `KERAS_VIT_WEIGHTS_MIRROR` is set.
         sha256: the file's expected SHA-256, or None to verify by reading it in full.
+        size: the file's expected size in bytes, or None.
 
     Returns:
         The cached file's path. Nothing is downloaded when it is already there.
 
     Raises:
-        DownloadError: one line naming the URL and the cache path where a copy
-            downloaded by other means is picked up.
+        DownloadError: one line naming the URL (or the cached file) and what to do:
+            the cache path where a copy downloaded by other means is picked up, or
+            that a cached file failing its check is to be deleted.
     """
     final = cache_path(url)
     if os.path.isfile(final):
+        if verified(final, sha256) is None:
+            try:
+                remember_verified(final, verify(final, sha256, size))
+            except ValueError as err:
+                raise DownloadError(
+                    f"The cached file {final} fails its check: {err}; delete it to download "
+                    "it again."
+                ) from None
         return final
     folder = os.path.dirname(final)
     try:
@@ -159,6 +187,7 @@ def fetch(url, *, sha256=None):
             f"{err.filename or folder}); set {CACHE_ENV} to a writable folder."
         ) from None
     origin = download_url(url)
+    check_transport(origin, sha256)
     where = f"a copy placed at {final} is used without downloading"
     with atomic_path(final) as partial:
         try:
@@ -179,13 +208,75 @@ def fetch(url, *, sha256=None):
             reason = " ".join(str(reason).split()) or type(err).__name__
             raise DownloadError(f"Cannot download {origin} ({reason}); {where}.") from None
         try:
-            verify(partial, sha256)
+            digest = verify(partial, sha256, size)
         except ValueError as err:
             raise DownloadError(
                 f"The download of {origin} is incomplete or corrupt and was not kept: {err}; "
                 f"{where}."
             ) from None
+    remember_verified(final, digest)
     return final
+
+
+def check_transport(origin, sha256):
+    """Raises `DownloadError` for a plain `http://` download with no SHA-256 to check.
+
+    Anything on the way can replace such a file with another valid checkpoint; a
+    loopback address (a mirror on this machine) is exempt, as nothing is on its way.
+
+    Example:
+
+    >>> check_transport("http://127.0.0.1:8000/ViT-B_16.npz", None)
+    >>> check_transport("http://mirror.example/ViT-B_16.npz", "ab" * 32)
+    """
+    parts = urllib.parse.urlsplit(origin)
+    if parts.scheme != "http" or sha256 is not None:
+        return
+    host = parts.hostname or ""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise DownloadError(
+            f"Refusing to download {origin} over plain http:// with no SHA-256 to check it "
+            "against (the registry has none for it): use an https:// mirror, or register "
+            "the entry with its sha256."
+        )
+
+
+def _record(path):
+    folder, name = os.path.split(path)
+    return os.path.join(folder, f".{name}.verified")
+
+
+def verified(path, sha256=None):
+    """The SHA-256 `path` had when last verified, or None when it was never verified,
+    changed since (size or modification time) or does not have `sha256`."""
+    try:
+        with open(_record(path)) as f:
+            record = json.load(f)
+        stat = os.stat(path)
+        unchanged = (record["size"], record["mtime_ns"]) == (stat.st_size, stat.st_mtime_ns)
+        digest = record["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not unchanged or (sha256 is not None and digest != sha256.lower()):
+        return None
+    return digest
+
+
+def remember_verified(path, digest):
+    """Records that `path`, as it is now, was verified and has SHA-256 `digest`.
+
+    Best effort: in a read-only cache the file is verified again at each use.
+    """
+    stat = os.stat(path)
+    record = dict(size=stat.st_size, mtime_ns=stat.st_mtime_ns, sha256=digest)
+    try:
+        atomic_write(_record(path), json.dumps(record))
+    except OSError:
+        pass
 
 
 def fetch_hub(source):
@@ -218,7 +309,7 @@ def resolve_weights(source):
     source = os.fspath(source)
     if registry.is_registered(source):
         entry = registry.get_weights(source)
-        return fetch(entry.url, sha256=entry.sha256)
+        return fetch(entry.url, sha256=entry.sha256, size=entry.size)
     if source.startswith(("hf:", "timm:")):
         return fetch_hub(source)
     if source.startswith(("http://", "https://")):

@@ -48,11 +48,13 @@ class WeightsEntry:
         finetuning: the fine-tuning data (`"ImageNet-1k"`), or None.
         top1: the ImageNet-1k top-1 accuracy (%) that the release reports, or None.
         size_mib: the file size the release lists (MiB), or None.
-        sha256: the file's SHA-256 when known (a download is checked against it).
+        sha256: the file's SHA-256 when known (a download, and a cached file that
+            changed, are checked against it; without it, plain `http://` is refused).
         activation: `"softmax"` or `"sigmoid"` (the in21k heads were trained with the
             sigmoid cross-entropy).
         model_args: the other `keras_vit.ViT` arguments, e.g. `gelu_approximate=True`
             (the JAX checkpoints use the tanh GELU) and `representation_size`.
+        size: the file's exact size in bytes when known (checked with `sha256`).
     """
 
     name: str
@@ -68,6 +70,7 @@ class WeightsEntry:
     sha256: str | None = None
     activation: str = "softmax"
     model_args: dict = dataclasses.field(default_factory=dict)
+    size: int | None = None
 
     def build_args(self):
         """The keyword arguments of `keras_vit.ViT` that build this checkpoint's model."""
