@@ -1,62 +1,17 @@
 """The distribution: what the built wheel holds, the extras that pyproject.toml declares,
 and the one line a missing optional package is reported in."""
 
-import os
 import re
-import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import tiny_vit
+from conftest import ROOT, build_wheel, clean_environment, install_wheel, tiny_vit
 
 from keras_vit import cli
 from keras_vit.utils import extras
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def clean_environment(**extra):
-    """The environment of a user's shell: no PYTHONPATH (it would import this checkout)
-    and no KERAS_VIT_* setting."""
-    env = {k: v for k, v in os.environ.items()
-           if k != "PYTHONPATH" and not k.startswith("KERAS_VIT_")}
-    env.update(extra)
-    return env
-
-
-def build_wheel(folder):
-    """Builds this checkout's wheel into `folder` from a copy of its sources (setuptools
-    leaves `build/` where it builds, and a stale `build/` can end up in a wheel); no
-    network: setuptools as installed."""
-    source = Path(folder) / "source"
-    source.mkdir(parents=True)
-    for name in ("pyproject.toml", "setup.py", "README.md"):
-        shutil.copy2(ROOT / name, source / name)
-    for name in ("keras_vit", "recipes"):
-        shutil.copytree(ROOT / name, source / name,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(folder), str(source)],
-        check=True, capture_output=True,
-    )
-    (wheel,) = Path(folder).glob("*.whl")
-    return wheel
-
-
-def install_wheel(wheel, venv):
-    """A fresh venv at `venv` with the wheel installed (its dependencies come from this
-    Python's site-packages); returns the venv's `bin` folder."""
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
-                   check=True)
-    bin_dir = Path(venv) / "bin"
-    subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "--no-deps", "-q",
-                    str(wheel)], check=True, capture_output=True, env=clean_environment())
-    return bin_dir
-
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):

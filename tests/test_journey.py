@@ -1,0 +1,252 @@
+"""The user's path as installed: the README's shell commands, in the README's order, run
+against the built wheel in a fresh venv outside the checkout, with an empty HOME and no
+KERAS_VIT_* setting but KERAS_VIT_WEIGHTS_MIRROR (a loopback server holding a checkpoint
+written by `save_npz` at the registry path of the README's pretrained model).
+
+`PLAN` says, for every command of the README's ```bash blocks (by its first line), how it
+runs: verbatim (None), as an equivalent (`Instead`, with why), or not at all (`Skip`,
+with why). `test_every_readme_command_has_a_plan` (quick) fails when the README gains,
+loses or changes a command; `test_the_readme_as_a_user_types_it` (slow) runs the plan.
+Where the README shows a command's output in a comment (`#   NAME.png, ...` after it),
+the files it names must be in the command's `--out` folder.
+"""
+
+import collections
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ROOT, build_wheel, clean_environment, install_wheel
+
+README = (ROOT / "README.md").read_text()
+
+Command = collections.namedtuple("Command", "line text outputs")
+Instead = collections.namedtuple("Instead", "command why")
+Skip = collections.namedtuple("Skip", "why")
+
+# The pretrained model the README downloads (about 330 MiB): the mirror holds a B/16 at
+# 384 px of the same shapes, with random weights, under the same registry path.
+PRETRAINED = "vit_base_patch16_384.augreg_recommended_in21k_ft_in1k"
+NETWORK = "needs the network (the test has only the loopback mirror)"
+SUITE = "runs the test suite, of which this test is part"
+CLUSTER = "needs machines the test does not have (several hosts, a TPU, Docker)"
+IMAGENET = "needs ImageNet (or its archives) and days of accelerator time"
+
+PLAN = {
+    "pip install -e . && keras-vit demo": Instead(
+        "keras-vit demo", "the built wheel is what this test installs (in the venv, with "
+        "--no-deps: no network); `pip install -e .` would install the checkout"),
+    'pip install -e ".[test]" && python -m pytest': Skip(SUITE),
+    'pip install -e ".[jax]"       # then: KERAS_BACKEND=jax keras-vit ...': Instead(
+        "KERAS_BACKEND=jax keras-vit weights", "installing " + NETWORK + "; the venv sees "
+        "the environment's jax, so the command the comment names runs"),
+    'pip install -e ".[torch]" --extra-index-url https://download.pytorch.org/whl/cpu  '
+    "# torch 2.13.0, CPU build": Skip("installing " + NETWORK + "; the venv sees the "
+                                      "environment's torch (the next command uses it)"),
+    "KERAS_BACKEND=torch keras-vit weights": None,
+    'pip install -e ".[export]"    # ONNX and LiteRT exporters and runtimes': Skip(
+        "installing " + NETWORK),
+    'pip install -e ".[hf]"        # hf:ORG/NAME and timm:NAME weights (huggingface_hub)': Skip(
+        "installing " + NETWORK),
+    'pip install -e ".[keras-cv]"  # keras-cv\'s augmentation layers': Skip(
+        "installing " + NETWORK),
+    "python -c '": None,  # the README's first python -c: keras_vit.pretrained(PRETRAINED)
+    f"keras-vit predict --weights {PRETRAINED} cat.jpg": None,
+    "keras-vit visualize --from runs/demo/pretrain --image digit.png --out figures/": None,
+    "keras-vit probe --from runs/demo/pretrain --data digits --out probes/ [--drop 0,0.25,0.5,0.9] "
+    "[--grids 2,4,8]": Instead(
+        "keras-vit probe --from runs/demo/pretrain --data digits --out probes/",
+        "a synopsis: the bracketed options are optional (their defaults are what it shows)"),
+    "keras-vit weights augreg_recommended   # or B/16, 'vit_base_*in1k', ...": None,
+    "cat > finetune_augreg.py <<'PY'": None,
+    "python finetune_augreg.py": Skip(
+        "downloads CIFAR-10 and fine-tunes B/16 at 384 px for 10k steps of 512 images"),
+    "keras-vit fewshot --from runs/demo/pretrain --data digits --classes 5-9 [--shots 1,5,10,25]": Instead(
+        "keras-vit fewshot --from runs/demo/pretrain --data digits --classes 5-9",
+        "a synopsis: the bracketed options are optional (their defaults are what it shows)"),
+    "keras-vit export --from runs/demo/finetune --out models/vit/1 --top-k 3": None,
+    'docker run -p 8501:8501 -v "$PWD/models/vit:/models/vit" -e MODEL_NAME=vit tensorflow/serving': Skip(CLUSTER),
+    'curl -d "{\\"signature_name\\": \\"serving_bytes\\", \\"instances\\": [{\\"b64\\": '
+    '\\"$(base64 -w0 cat.jpg)\\"}]}" \\': Skip("asks the TensorFlow Serving container above"),
+    "keras-vit finetune --recipe demo --from runs/demo/pretrain --out runs/demo_lora --set model.lora_rank=4": None,
+    "keras-vit pretrain --recipe mpp --data tfds:imagenet2012  # the paper's: B/16, Adam 2e-4, 1M steps": Skip(IMAGENET),
+    "keras-vit pretrain --recipe demo_mpp                       # digits, about a minute on a CPU": None,
+    "keras-vit finetune --recipe demo_mpp --from runs/demo_mpp --out runs/demo_mpp_tuned \\": None,
+    "keras-vit fewshot --from runs/demo_mpp --data digits": None,
+    "keras-vit pretrain|finetune [--recipe NAME] [--data SOURCE] [--out DIR] [--from CKPT]": Skip(
+        "a synopsis; the commands after it are its forms"),
+    "keras-vit pretrain --recipe demo --set schedule.epochs=5 --set model.kwargs.num_layers=3": None,
+    "keras-vit finetune --from vit_base_patch16_224.orig_in21k --data tfds:cifar10 \\": Skip(
+        "downloads CIFAR-10 and fine-tunes B/16"),
+    "keras-vit finetune --recipe demo --from runs/digits --out runs/digits32 --set model.image_size=32  # new resolution": None,
+    'keras-vit pretrain --recipe pretrain --data "tfds:imagenet2012:train[:99%]" \\': Skip(IMAGENET),
+    'tfds build imagenet2012 --data_dir "$TFDS_DATA_DIR" --file_format array_record': Skip(IMAGENET),
+    "mkdir -p imagenet21k && tar -xzf winter21_whole.tar.gz -C imagenet21k && cd imagenet21k": Skip(IMAGENET),
+    "for t in $(find . -name 'n*.tar'); do c=$(basename \"$t\" .tar)": Skip(IMAGENET),
+    "keras-vit pretrain --recipe pretrain --data imagenet21k  # train/ and val/ are its splits": Skip(IMAGENET),
+    "TF_CONFIG='{\"cluster\": {\"worker\": [\"host1:12345\", \"host2:12345\"]}, \"task\": "
+    "{\"type\": \"worker\", \"index\": 0}}' \\": Skip(CLUSTER),
+    "srun --nodes=2 --ntasks-per-node=1 keras-vit pretrain --recipe pretrain --strategy multiworker "
+    "--out /shared/runs/b16": Skip(CLUSTER),
+    "gcloud compute tpus tpu-vm create vit --zone=us-central2-b --accelerator-type=v4-8 "
+    "--version=tpu-vm-tf-2.16.1-pjrt": Skip(CLUSTER),
+    "gcloud compute tpus tpu-vm scp --recurse . vit:keras-vit --zone=us-central2-b  # this checkout": Skip(CLUSTER),
+    "gcloud compute tpus tpu-vm ssh vit --zone=us-central2-b": Skip(CLUSTER),
+    "pip install -e ./keras-vit  # on the VM": Skip(CLUSTER),
+    "keras-vit pretrain --recipe pretrain --strategy tpu --data tfds:imagenet2012 \\": Skip(CLUSTER),
+    "gcloud compute tpus tpu-vm create vit-pod --zone=us-central2-b --accelerator-type=v4-32 "
+    "--version=tpu-vm-tf-2.16.1-pod-pjrt": Skip(CLUSTER),
+    "gcloud compute tpus tpu-vm scp --recurse . vit-pod:keras-vit --zone=us-central2-b --worker=all": Skip(CLUSTER),
+    "gcloud compute tpus tpu-vm ssh vit-pod --zone=us-central2-b --worker=all --command='pip install "
+    "-e ./keras-vit'": Skip(CLUSTER),
+    "gcloud compute tpus tpu-vm ssh vit-pod --zone=us-central2-b --worker=all --command='TPU_NAME=vit-pod \\": Skip(CLUSTER),
+    "gcloud compute tpus tpu-vm ssh vit-pod --zone=us-central2-b --worker=all --command='KERAS_BACKEND=jax "
+    "python train_jax.py'": Skip(CLUSTER),
+    'python -m pytest -m "not slow"': Skip(SUITE),
+}
+# Commands that appear more than once (by first line) run each time.
+SECOND_PYTHON_C = {  # the README's later `python -c` blocks, in order
+    1: Skip("reads gs:// (Google Cloud Storage): " + NETWORK),
+    2: Skip("downloads from the Hugging Face Hub: " + NETWORK),
+}
+
+
+def _incomplete(text):
+    """Whether a shell command goes on at the next line."""
+    if text.rstrip().endswith("\\") or re.match(r"for\b", text) and not text.rstrip().endswith("done"):
+        return True
+    try:
+        shlex.split(text, comments=True)
+    except ValueError:  # an open quote: `python -c '` ... `'`
+        return True
+    return False
+
+
+def readme_commands(text=README):
+    """The commands of the README's ```bash blocks, in order, with the output files the
+    comment right after a command names (`#   attention.png, ...`)."""
+    commands = []
+    for block in re.finditer(r"```bash\n(.*?)```", text, flags=re.S):
+        lines = block.group(1).splitlines()
+        i, after_command = 0, False
+        while i < len(lines):
+            line = lines[i]
+            i += 1
+            if line.startswith("#"):
+                if after_command and line.startswith("#   "):
+                    commands[-1].outputs.extend(re.findall(r"[\w-]+\.(?:png|json)", line))
+                else:
+                    after_command = False
+                continue
+            if not line.strip():
+                after_command = False
+                continue
+            body = [line]
+            heredoc = re.search(r"<<'?(\w+)'?", line)
+            while i < len(lines) and (
+                (heredoc and body[-1] != heredoc.group(1))
+                or (not heredoc and (_incomplete("\n".join(body)) or lines[i].startswith(" ")))
+            ):
+                body.append(lines[i])
+                i += 1
+            commands.append(Command(line, "\n".join(body), []))
+            after_command = True
+    return commands
+
+
+def plan(commands):
+    """`(command, how)` for each README command, `how` from `PLAN`."""
+    python_c = 0
+    for command in commands:
+        how = PLAN[command.line]
+        if command.line == "python -c '":
+            how = SECOND_PYTHON_C.get(python_c, how)
+            python_c += 1
+        yield command, how
+
+
+def test_every_readme_command_has_a_plan():
+    commands = readme_commands()
+    assert {c.line for c in commands} == set(PLAN)
+    assert sum(c.line == "python -c '" for c in commands) == 1 + len(SECOND_PYTHON_C)
+    assert [c.outputs for c in commands if c.outputs] == [
+        ["attention.png", "distance.png", "position.png", "filters.png"],
+        ["probes.png", "probes.json"],
+    ]
+
+
+def _user_files(folder):
+    """What the README assumes the user has: a photo (cat.jpg) and a digit (digit.png)."""
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    rng = np.random.default_rng(0)
+    photo = rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)
+    tf.io.write_file(str(folder / "cat.jpg"), tf.io.encode_jpeg(photo))
+    digit = (load_digits().images[0] * 255 / 16).astype(np.uint8)[..., None]
+    tf.io.write_file(str(folder / "digit.png"), tf.io.encode_png(digit))
+
+
+def _out_folder(text):
+    match = re.search(r"--out\s+(\S+)", text)
+    return match and match.group(1)
+
+
+@pytest.mark.slow
+def test_the_readme_as_a_user_types_it(bucket, tmp_path):
+    import keras_vit
+    from keras_vit.weights import registry
+
+    # The mirror: a B/16 at 384 px (random weights, head included) at the registry path.
+    entry = registry.get_weights(PRETRAINED)
+    model = keras_vit.ViT(entry.variant, image_size=entry.image_size,
+                          num_classes=entry.num_classes, **entry.model_args)
+    head = model.parts.head
+    head.kernel.assign(np.random.default_rng(0).normal(0, 0.02, head.kernel.shape))
+    bucket.put(entry.relative_path, model)
+    del model
+
+    bin_dir = install_wheel(build_wheel(tmp_path / "dist"), tmp_path / "venv")
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    _user_files(work)
+    env = clean_environment(
+        HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        KERAS_VIT_WEIGHTS_MIRROR=os.environ["KERAS_VIT_WEIGHTS_MIRROR"],
+    )
+    for name in ("KERAS_BACKEND", "KERAS_HOME", "TF_CPP_MIN_LOG_LEVEL", "VIRTUAL_ENV"):
+        env.pop(name, None)
+
+    # The venv's python runs the wheel's copy of keras_vit, not this checkout's (nor an
+    # editable install's): the venv's site-packages come before the environment's.
+    where = subprocess.run(
+        ["python", "-c", "import keras_vit; print(keras_vit.__file__)"], cwd=work, env=env,
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    assert Path(where).is_relative_to(tmp_path / "venv"), where
+
+    failures, ran = [], []
+    for command, how in plan(readme_commands()):
+        if isinstance(how, Skip):
+            continue
+        text = how.command if isinstance(how, Instead) else command.text
+        result = subprocess.run(["bash", "-c", text], cwd=work, env=env, capture_output=True,
+                                text=True, timeout=1800)
+        ran.append(text.splitlines()[0])
+        if result.returncode != 0:
+            last = (result.stderr.strip().splitlines() or [result.stdout[-300:]])[-1]
+            failures.append(f"{text.splitlines()[0]!r} exited {result.returncode}: {last[:300]}")
+            continue
+        for name in command.outputs:
+            if not (work / _out_folder(text) / name).is_file():
+                failures.append(f"{text.splitlines()[0]!r} wrote no {name}")
+    print("\nran:\n  " + "\n  ".join(ran))
+    # The README's downloads came from the mirror, once, into the default cache.
+    assert bucket.requests == ["/" + entry.relative_path]
+    assert (home / ".keras" / "models" / "keras_vit" / entry.relative_path).is_file()
+    assert not failures, "\n".join(failures)
