@@ -67,6 +67,8 @@ def create_temporary(path, folder=False):
     parent, name = os.path.split(str(path))
     if _is_url(path):
         return os.path.join(parent, f"{TEMP_PREFIX}{secrets.token_hex(8)}-{name}")
+    # The target's folder is made as a writer of `path` itself would make it.
+    os.makedirs(parent or ".", exist_ok=True)
     where = dict(prefix=TEMP_PREFIX, suffix=f"-{name}", dir=parent or ".")
     if folder:
         temporary = tempfile.mkdtemp(**where)
