@@ -178,9 +178,13 @@ def _train_arguments(parser):
 
 def _configure(args, command_name, default_recipe):
     from keras_vit.training.config import apply_overrides
+    from keras_vit.training.runs import with_run_architecture
 
     recipe = args.recipe or default_recipe
     config = load_recipe(recipe, command_name)
+    config, note = with_run_architecture(config, args.source)
+    if note:
+        logging.getLogger("keras_vit").info(note)
     flags = dict(
         data=dict(source=args.data, strict=args.strict_data or None),
         model=dict(init_from=args.source),

@@ -21,12 +21,14 @@ from keras_vit.training import runs
 
 ROOT = Path(__file__).resolve().parents[1]
 COLOURS = {"bird": (250, 200, 0), "cat": (200, 30, 30), "dog": (20, 60, 220)}
-TINY = [
-    "--set", "model.kwargs.hidden_dim=16", "--set", "model.kwargs.num_layers=1",
-    "--set", "model.kwargs.num_heads=2", "--set", "model.kwargs.mlp_dim=32",
+SHORT = [
     "--set", "schedule.epochs=2", "--set", "schedule.micro_batches_per_epoch=2",
     "--set", "schedule.warmup_updates=0", "--set", "data.batch_size=4",
     "--set", "distribution.jit_compile=off",
+]
+TINY = [
+    "--set", "model.kwargs.hidden_dim=16", "--set", "model.kwargs.num_layers=1",
+    "--set", "model.kwargs.num_heads=2", "--set", "model.kwargs.mlp_dim=32", *SHORT,
 ]
 
 
@@ -97,10 +99,17 @@ def test_every_command_takes_a_run_folder(folder_run, capsys):
     }
     for command, arguments in commands.items():
         assert cli.main([command, "--from", str(out), *arguments]) == 0, capsys.readouterr().err
+    # The recipe's architecture (width 64, 2 blocks) gives way to the run's (16, 1 block),
+    # as fine-tuning from a checkpoint does in timm and HF.
     assert cli.main(["finetune", "--recipe", "demo", "--from", str(out), "--data",
                      str(root / "data"), "--out", str(root / "tuned"),
-                     "--set", "model.image_size=32", *TINY]) == 0
-    assert "resampled from a 4x4 to a 8x8" in capsys.readouterr().err
+                     "--set", "model.image_size=32", *SHORT]) == 0
+    log = capsys.readouterr().err
+    assert "resampled from a 4x4 to a 8x8" in log
+    assert f"Architecture of {out}: custom (patch_size=4, hidden_dim=16, num_layers=1" in log
+    tuned = json.loads((root / "tuned" / runs.CONFIG).read_text())["model"]
+    trained = json.loads((out / runs.CONFIG).read_text())["model"]
+    assert tuned["kwargs"] == trained["kwargs"] and tuned["image_size"] == 32
     assert json.loads((root / "fewshot" / runs.FEWSHOT_RESULTS).read_text())["runs"]["run"]["shots"] == [1]
 
 

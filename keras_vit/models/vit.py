@@ -218,6 +218,10 @@ FAMILY_DEFAULTS = dict(
     layer_norm_epsilon=1e-6,
 )
 RATE_ARGUMENTS = ("dropout_rate", "attention_dropout_rate", "drop_path_rate")
+# What fixes the shapes of the weights (with the family switches): the arguments a
+# checkpoint or a run decides, whatever a recipe or a caller says.
+ARCHITECTURE = ("variant", "patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim",
+                "resnet_stages")
 
 
 def check_arguments(arguments):

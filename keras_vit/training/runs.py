@@ -32,6 +32,7 @@ except ImportError:  # Windows: no advisory locks; runs are then not kept apart.
     fcntl = None
 
 from keras_vit import data as vit_data
+from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS
 from keras_vit.training.callbacks import TrainingBackup
 from keras_vit.training.config import TrainConfig
 from keras_vit.weights.download import resolve_weights
@@ -238,6 +239,36 @@ def run_config(source):
         return None
     with tf.io.gfile.GFile(path) as f:
         return TrainConfig.from_dict(json.load(f), where=path)
+
+
+def with_run_architecture(config, source):
+    """`config` building the architecture of the keras-vit run `source` names (its variant,
+    shape arguments, family switches and channels), as fine-tuning from a checkpoint
+    does in timm and HF; the rest of `config` (resolution, regularisation, head) stays.
+    Returns `(config, note)`: `note` says what changed, or is None (not a run, or the
+    same architecture).
+
+    Example:
+
+    >>> with_run_architecture(TrainConfig(), "ViT-B_16.npz")[1] is None
+    True
+    """
+    run = run_config(source) if source else None
+    if run is None:
+        return config, None
+    shape_keys = (*ARCHITECTURE, *FAMILY_DEFAULTS)
+    theirs = {k: v for k, v in run.model.kwargs.items() if k in shape_keys}
+    kwargs = {k: v for k, v in config.model.kwargs.items() if k not in shape_keys}
+    replaced = config.replace(
+        model=dict(variant=run.model.variant, kwargs={**kwargs, **theirs}, channels=run.model.channels)
+    )
+    if replaced.model == config.model:
+        return config, None
+    described = ", ".join(f"{k}={v}" for k, v in theirs.items()) or run.model.variant
+    return replaced, (
+        f"Architecture of {source}: {run.model.variant} ({described}), {run.model.channels} "
+        "channel(s), in place of the recipe's; --set model.kwargs... changes it."
+    )
 
 
 def class_names(source):

@@ -16,7 +16,7 @@ import keras
 import numpy as np
 
 from keras_vit.models import flexi, posembed
-from keras_vit.models.vit import FAMILY_DEFAULTS, ViT
+from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS, ViT
 from keras_vit.weights import registry
 from keras_vit.weights.download import resolve_weights
 from keras_vit.weights.formats import (
@@ -606,10 +606,6 @@ def _official_params(model):
     return params
 
 
-_ARCHITECTURE = ("variant", "patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim",
-                 "resnet_stages")
-
-
 def _hf_directory(source):
     """The local HF transformers model directory `source` names (a directory holding
     `config.json` and safetensors, or `hf:ORG/NAME`, downloaded), or None."""
@@ -656,8 +652,8 @@ def source_defaults(weights, args):
             f"{variant!r}: pass variant={own['variant']!r}, or leave it out."
         )
     filled = dict(args)
-    if all(args.get(key) is None for key in _ARCHITECTURE):
-        filled.update({key: own[key] for key in _ARCHITECTURE if key in own})
+    if all(args.get(key) is None for key in ARCHITECTURE):
+        filled.update({key: own[key] for key in ARCHITECTURE if key in own})
     # The family switches are architecture too: the weights need them.
     for key in ("image_size", "num_classes", "gelu_approximate", *FAMILY_DEFAULTS):
         if filled.get(key) is None and key in own:
