@@ -76,7 +76,7 @@ PLAN = {
     "keras-vit pretrain --recipe mpp --data tfds:imagenet2012  # the paper's: B/16, Adam 2e-4, 1M steps": Skip(IMAGENET),
     "keras-vit pretrain --recipe demo_mpp                       # digits, about a minute on a CPU": None,
     "keras-vit finetune --recipe demo_mpp --from runs/demo_mpp --out runs/demo_mpp_tuned \\": None,
-    "keras-vit fewshot --from runs/demo_mpp --data digits": None,
+    "keras-vit fewshot --from runs/demo_mpp --data digits --out runs/fewshot_mpp": None,
     "keras-vit pretrain|finetune [--recipe NAME] [--data SOURCE] [--out DIR] [--from CKPT]": Skip(
         "a synopsis; the commands after it are its forms"),
     "keras-vit pretrain --recipe demo --set schedule.epochs=5 --set model.kwargs.num_layers=3": None,
