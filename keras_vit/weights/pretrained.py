@@ -631,7 +631,8 @@ def source_defaults(weights, args):
     When `weights` is a registry name, or an HF transformers directory (or
     `hf:ORG/NAME`) whose `config.json` describes the model, the architecture (unless
     `args` gives one), `image_size`, `num_classes`, `gelu_approximate` and the family
-    switches (`distilled`, `layer_scale_init`, ...) left as None come from it;
+    switches (`distilled`, `layer_scale_init`, ...) and the `preprocessing` the weights
+    expect, left as None, come from it;
     `representation_size` does not (fine-tuning drops `pre_logits`, as vit_jax does).
     A variant other than the checkpoint's is a `ValueError`. Other sources leave `args`
     as they are.
@@ -659,7 +660,9 @@ def source_defaults(weights, args):
     if all(args.get(key) is None for key in _ARCHITECTURE):
         filled.update({key: own[key] for key in _ARCHITECTURE if key in own})
     # The family switches are architecture too: the weights need them.
-    for key in ("image_size", "num_classes", "gelu_approximate", *FAMILY_DEFAULTS):
+    # So is the preprocessing: the weights expect their pixels.
+    for key in ("image_size", "num_classes", "gelu_approximate", *FAMILY_DEFAULTS,
+                "preprocessing"):
         if filled.get(key) is None and key in own:
             filled[key] = own[key]
     return filled
