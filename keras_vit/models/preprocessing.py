@@ -108,10 +108,37 @@ def normalize(pixels, preprocessing=None):
     >>> normalize(np.array([0.0, 127.5, 255.0], "float32")).tolist()
     [-1.0, 0.0, 1.0]
     """
+    shift, scale = shift_and_scale(preprocessing)
+    return (pixels - shift) / scale
+
+
+def shift_and_scale(preprocessing=None):
+    """`(255 mean, 255 std)` as float32: scalars when the channels share them, else
+    per-channel arrays. `255 mean` is the pixel that normalises to 0 (the model's zero).
+
+    Example:
+
+    >>> shift_and_scale()
+    (np.float32(127.5), np.float32(127.5))
+    """
     preprocessing = check_preprocessing(preprocessing or DEFAULT)
-    shift, scale = (
+    return tuple(
         np.float32(values[0] * 255) if len(set(values)) == 1
         else np.asarray(values, "float64").astype("float32") * np.float32(255)
         for values in (preprocessing["mean"], preprocessing["std"])
     )
-    return (pixels - shift) / scale
+
+
+def describe(preprocessing=None):
+    """`normalize` in words, for the records exports write.
+
+    Example:
+
+    >>> describe()
+    '(x - 127.5) / 127.5'
+    """
+    preprocessing = check_preprocessing(preprocessing or DEFAULT)
+    mean, std = preprocessing["mean"], preprocessing["std"]
+    if len(set(mean)) == 1 and len(set(std)) == 1:
+        return f"(x - {mean[0] * 255:g}) / {std[0] * 255:g}"
+    return f"(x / 255 - mean) / std, mean {mean}, std {std} per channel (RGB)"

@@ -32,6 +32,7 @@ except ImportError:  # Windows: no advisory locks; runs are then not kept apart.
     fcntl = None
 
 from keras_vit import data as vit_data
+from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.training.callbacks import TrainingBackup
 from keras_vit.training.config import TrainConfig
 from keras_vit.weights.download import resolve_weights
@@ -283,17 +284,20 @@ def output_activation(config):
     return "sigmoid" if config is not None and config.optimization.loss == "sigmoid" else "softmax"
 
 
-def eval_crop_fraction(config):
+def eval_crop_fraction(config, model=None):
     """The central crop of a run's evaluation, so that served images, figures and probes
-    are seen as its evaluation saw them; None without a run (checkpoints without a run
-    were evaluated on whole images, resized).
+    are seen as its evaluation saw them; without a run, that of the preprocessing
+    `model`'s weights expect (`model_preprocessing`: None, the whole image resized, for
+    the official ViT checkpoints), or None without a model either.
 
     Example:
 
     >>> eval_crop_fraction(None) is None, eval_crop_fraction(TrainConfig())
     (True, 0.875)
     """
-    return None if config is None else config.evaluation.crop_fraction
+    if config is not None:
+        return config.evaluation.crop_fraction
+    return None if model is None else model_preprocessing(model)["crop_fraction"]
 
 
 def eval_source(config, spec=None):
