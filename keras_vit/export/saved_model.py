@@ -9,6 +9,7 @@ import logging
 import os
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from keras_vit import __version__
@@ -339,7 +340,7 @@ def export_saved_model(
         "preprocessing": (
             "none: each image at its own size"
             + (f", padded at the bottom and the right to multiples of {multiple} with "
-               f"{shift_and_scale(preprocessing)[0]:g}" if pad
+               f"{np.round(shift_and_scale(preprocessing)[0], 4).tolist()}" if pad
                else f" (height and width multiples of {multiple})")
             + f", then {describe(preprocessing)}"
         ) if native_resolution else (
