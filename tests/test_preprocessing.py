@@ -191,3 +191,24 @@ def test_bad_preprocessing_is_one_line_naming_it():
         prep.check_preprocessing({"interpolation": "area"})
     with pytest.raises(ValueError, match="std must be 1 or 3 numbers.*got \\[0, 1, 1\\]"):
         prep.check_preprocessing({"std": [0, 1, 1]})
+
+
+def test_a_run_from_a_deit_directory_normalises_and_records_its_preprocessing(deit_dir):
+    """The engine takes the init_from weights' preprocessing (its pipelines normalise
+    with it, its model records it): here against ImageNet's formula on the digits."""
+    from keras_vit.data.sources import load_source
+    from keras_vit.training.config import TrainConfig
+    from keras_vit.training.engine import run_preprocessing
+
+    config = TrainConfig(model=dict(variant="custom", image_size=SIZE, init_from=str(deit_dir),
+                                    kwargs=dict(patch_size=8, hidden_dim=32, num_layers=2,
+                                                num_heads=4, mlp_dim=64)))
+    expected = keras_vit.pretrained(deit_dir).get_config()["preprocessing"]
+    assert run_preprocessing(config) == expected
+    source = load_source("digits", "test")
+    plain, _ = next(iter(data.eval_dataset(source, SIZE, 8, crop_fraction=None)))
+    deit, _ = next(iter(data.eval_dataset(source, SIZE, 8, crop_fraction=None,
+                                          preprocessing=dict(expected, interpolation="bilinear"))))
+    pixels = plain.numpy() * 127.5 + 127.5
+    reference = (pixels / 255 - np.array(IMAGENET["mean"])) / np.array(IMAGENET["std"])
+    np.testing.assert_allclose(deit.numpy(), reference, atol=1e-4)
