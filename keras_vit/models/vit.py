@@ -582,6 +582,8 @@ def ViT(variant=None, *, weights=None, **kwargs):
     from keras_vit.weights import pretrained
 
     arguments = pretrained.source_defaults(weights, dict(variant=variant, **kwargs))
+    if arguments.get("preprocessing") is None:  # the weights expect their pixels
+        arguments["preprocessing"] = pretrained.source_preprocessing(weights)
     model = VisionTransformer(**arguments)
     pretrained.load_pretrained(model, weights)
     return model

@@ -32,13 +32,14 @@ except ImportError:  # Windows: no advisory locks; runs are then not kept apart.
     fcntl = None
 
 from keras_vit import data as vit_data
-from keras_vit.models.preprocessing import DEFAULT, model_preprocessing
+from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.training.callbacks import TrainingBackup
 from keras_vit.training.config import TrainConfig
 from keras_vit.weights.download import resolve_weights
 from keras_vit.weights import registry
-from keras_vit.weights.formats import hf_preprocessing, holds_safetensors
+from keras_vit.weights.formats import holds_safetensors
 from keras_vit.weights.pretrained import load_pretrained, not_finite_weights
+from keras_vit.weights.pretrained import source_preprocessing as pretrained_preprocessing
 
 CONFIG = "config.json"
 MODEL = "model.keras"
@@ -381,23 +382,18 @@ def load_model(source):
 
 
 def source_preprocessing(source):
-    """The preprocessing the weights of a `--from` source expect (a registry entry's,
-    with `timm:` too, an HF directory's `preprocessor_config.json`, a `.keras` model's
-    or a run's), or None where the source records none (`DEFAULT`: [-1, 1]).
+    """The preprocessing the weights of a `--from` source expect: a registry entry's or
+    an HF directory's (`keras_vit.weights.pretrained.source_preprocessing`), a `.keras`
+    model's or a run's; None where the source records none (`DEFAULT`: [-1, 1]).
 
     Example:
 
-    >>> source_preprocessing("deit_tiny_patch16_224.fb_in1k")["interpolation"]
-    'bicubic'
     >>> source_preprocessing("vit_base_patch16_224.augreg_in21k") is None
     True
     """
-    name = source[len("timm:"):] if source.startswith("timm:") else source
-    if registry.is_registered(name):
-        preprocessing = registry.get_weights(name).preprocessing
-        return None if preprocessing == DEFAULT else preprocessing
-    if source.startswith("hf:") or (tf.io.gfile.isdir(source) and holds_safetensors(source)):
-        return hf_preprocessing(resolve_weights(source))
+    recorded = pretrained_preprocessing(source)
+    if recorded is not None or registry.is_registered(source.removeprefix("timm:")):
+        return recorded
     path = resolve_from(source)
     if not path.endswith(".keras"):
         return None

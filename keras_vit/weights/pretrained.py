@@ -16,6 +16,7 @@ import keras
 import numpy as np
 
 from keras_vit.models import flexi, posembed
+from keras_vit.models.preprocessing import DEFAULT
 from keras_vit.models.vit import FAMILY_DEFAULTS, ViT
 from keras_vit.weights import registry
 from keras_vit.weights.download import resolve_weights
@@ -25,6 +26,7 @@ from keras_vit.weights.formats import (
     POS_KEY,
     QKV,
     hf_model_arguments,
+    hf_preprocessing,
     holds_safetensors,
     read_official,
 )
@@ -631,8 +633,7 @@ def source_defaults(weights, args):
     When `weights` is a registry name, or an HF transformers directory (or
     `hf:ORG/NAME`) whose `config.json` describes the model, the architecture (unless
     `args` gives one), `image_size`, `num_classes`, `gelu_approximate` and the family
-    switches (`distilled`, `layer_scale_init`, ...) and the `preprocessing` the weights
-    expect, left as None, come from it;
+    switches (`distilled`, `layer_scale_init`, ...) left as None come from it;
     `representation_size` does not (fine-tuning drops `pre_logits`, as vit_jax does).
     A variant other than the checkpoint's is a `ValueError`. Other sources leave `args`
     as they are.
@@ -660,12 +661,31 @@ def source_defaults(weights, args):
     if all(args.get(key) is None for key in _ARCHITECTURE):
         filled.update({key: own[key] for key in _ARCHITECTURE if key in own})
     # The family switches are architecture too: the weights need them.
-    # So is the preprocessing: the weights expect their pixels.
-    for key in ("image_size", "num_classes", "gelu_approximate", *FAMILY_DEFAULTS,
-                "preprocessing"):
+    for key in ("image_size", "num_classes", "gelu_approximate", *FAMILY_DEFAULTS):
         if filled.get(key) is None and key in own:
             filled[key] = own[key]
     return filled
+
+
+def source_preprocessing(source):
+    """The preprocessing the weights `source` expect where it records one: a registry
+    entry's other than `DEFAULT` (`timm:NAME` too), an HF directory's (or `hf:ORG/NAME`)
+    `preprocessor_config.json`; else None.
+
+    Example:
+
+    >>> source_preprocessing("deit_tiny_patch16_224.fb_in1k")["interpolation"]
+    'bicubic'
+    >>> source_preprocessing("vit_base_patch16_224.augreg_in21k") is None
+    True
+    """
+    if isinstance(source, str) and source.startswith("timm:"):
+        source = source[len("timm:"):]
+    if registry.is_registered(source):
+        preprocessing = registry.get_weights(source).preprocessing
+        return None if preprocessing == DEFAULT else preprocessing
+    directory = _hf_directory(source)
+    return None if directory is None else hf_preprocessing(directory)
 
 
 def pretrained(name, **kwargs):
