@@ -341,17 +341,20 @@ def _labels(args):
     return runs.class_names(args.source) if getattr(args, "source", None) else None
 
 
-def _crop_fraction(args, config):
+def _crop_fraction(args, config, model):
     from keras_vit.training.runs import eval_crop_fraction
 
-    return args.crop_fraction if args.crop_fraction is not None else eval_crop_fraction(config)
+    if args.crop_fraction is not None:
+        return args.crop_fraction
+    return eval_crop_fraction(config, model)
 
 
 def _add_crop_argument(parser):
     parser.add_argument(
         "--crop-fraction", type=float, metavar="F",
         help="central crop of the eval preprocessing (default: the run's "
-        "evaluation.crop_fraction, else none: the whole image is resized)",
+        "evaluation.crop_fraction, else the checkpoint's: none, the whole image resized, "
+        "for the official ViT files)",
     )
 
 
@@ -438,7 +441,9 @@ def export(args):
         train_config=config and config.to_dict(),
     )
     # Served at its own size, an image is not cropped unless --crop-fraction asks (an error).
-    crop_fraction = args.crop_fraction if args.native_resolution else _crop_fraction(args, config)
+    crop_fraction = (
+        args.crop_fraction if args.native_resolution else _crop_fraction(args, config, model)
+    )
     if args.format != "saved_model":
         _export_file(args, model, labels, metadata, crop_fraction)
         return 0
@@ -469,12 +474,14 @@ def _visualize_arguments(parser):
 def visualize(args):
     from keras_vit import figures
     from keras_vit import data
+    from keras_vit.models.preprocessing import model_preprocessing
     from keras_vit.models.vit import default_image_size
 
     model, config = _load_run_model(args.source)
     images = data.read_images(
         args.image, default_image_size(model), channels=model.input_shape[-1],
-        crop_fraction=_crop_fraction(args, config),
+        crop_fraction=_crop_fraction(args, config, model),
+        preprocessing=model_preprocessing(model),
     )
     for name, path in sorted(figures.visualize(model, images, args.out, args.head_fusion).items()):
         print(f"{name}: {path}")
@@ -519,7 +526,7 @@ def probe(args):
     spec, source = eval_source(config, args.data)
     dataset = data.eval_dataset(
         source, default_image_size(model), args.batch_size, channels=model.input_shape[-1],
-        crop_fraction=_crop_fraction(args, config),
+        crop_fraction=_crop_fraction(args, config, model),
     )
     results = probes.robustness_probes(model, dataset, drop_fractions=drop, shuffle_grids=grids)
     numbers, plot = probes.save_results(results, args.out, data=spec)
@@ -605,11 +612,11 @@ def predict(args):
 
     labels = _labels(args)
     if args.weights:
-        model, activation, crop_fraction = pretrained(args.weights), None, args.crop_fraction
+        model, config = pretrained(args.weights), None
     else:
         model, config = _load_run_model(args.source)
-        activation = output_activation(config)
-        crop_fraction = _crop_fraction(args, config)
+    activation = output_activation(config) if config is not None else None
+    crop_fraction = _crop_fraction(args, config, model)
     results = classify(
         model, args.images, top_k=args.top_k, labels=labels, activation=activation,
         crop_fraction=crop_fraction, batch_size=args.batch_size, skip_unreadable=True,

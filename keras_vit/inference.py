@@ -15,6 +15,7 @@ import keras
 import numpy as np
 
 from keras_vit.data import IMAGE_EXTENSIONS, read_images
+from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.models.vit import default_image_size
 from keras_vit.weights import registry
 
@@ -79,8 +80,8 @@ def _hidden(folder, root):
     return relative != "." and any(part.startswith(".") for part in relative.split(os.sep))
 
 
-def decoded_batches(paths, image_size, *, channels=3, crop_fraction=None, batch_size=32,
-                    skip_unreadable=False):
+def decoded_batches(paths, image_size, *, channels=3, crop_fraction=None, preprocessing=None,
+                    batch_size=32, skip_unreadable=False):
     """Yields `(paths, inputs)` a batch at a time: each file read as `read_images` reads
     it, in threads that stay up to two batches ahead of the consumer.
 
@@ -92,7 +93,8 @@ def decoded_batches(paths, image_size, *, channels=3, crop_fraction=None, batch_
 
         def submit(path):
             return path, pool.submit(
-                read_images, [path], image_size, channels=channels, crop_fraction=crop_fraction
+                read_images, [path], image_size, channels=channels, crop_fraction=crop_fraction,
+                preprocessing=preprocessing,
             )
 
         pending = collections.deque(submit(p) for p in paths[:window])
@@ -119,13 +121,15 @@ def decoded_batches(paths, image_size, *, channels=3, crop_fraction=None, batch_
             yield batch_paths, np.stack(batch)
 
 
-def classify(model, images, *, top_k=5, labels=None, activation=None, crop_fraction=None,
+def classify(model, images, *, top_k=5, labels=None, activation=None, crop_fraction="model",
              batch_size=32, skip_unreadable=False, progress=None):
     """The `top_k` classes of each image file, as the checkpoint was evaluated.
 
-    Each image is decoded, resized whole (bilinear) to the model's input size and scaled
-    to [-1, 1] (`keras_vit.data.read_images`), as vit_jax evaluates the
-    official checkpoints; `crop_fraction` takes a run's central crop instead.
+    Each image is decoded, brought to the model's input size and normalised with the
+    preprocessing the model's weights expect (`keras_vit.data.read_images` with
+    `model_preprocessing(model)`): for the official ViT checkpoints the whole image
+    resized bilinearly and scaled to [-1, 1], as vit_jax evaluates them; for DeiT
+    ImageNet's mean and std, bicubic, timm's central crop.
 
     Args:
         model: a `keras_vit.ViT` model with a head, e.g. from `keras_vit.pretrained`.
@@ -136,7 +140,8 @@ def classify(model, images, *, top_k=5, labels=None, activation=None, crop_fract
             registry checkpoint (`model.weights_entry`), else `"class {i}"`.
         activation: `"softmax"` or `"sigmoid"`; default: the checkpoint's (sigmoid for
             the ImageNet-21k heads, trained with the sigmoid cross-entropy), else softmax.
-        crop_fraction: central crop of the preprocessing, or None for the whole image.
+        crop_fraction: central crop of the preprocessing, or None for the whole image;
+            `"model"` (default) takes the model's (`model_preprocessing(model)`).
         batch_size: images per forward pass (the last batch is padded to it, so the
             model runs at one shape).
         skip_unreadable: log and leave out files that are not readable images (else
@@ -170,9 +175,13 @@ def classify(model, images, *, top_k=5, labels=None, activation=None, crop_fract
     for name, value in (("top_k", top_k), ("batch_size", batch_size)):
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    preprocessing = model_preprocessing(model)
+    if crop_fraction == "model":
+        crop_fraction = preprocessing["crop_fraction"]
     batches = decoded_batches(
         paths, default_image_size(model), channels=model.input_shape[-1],
-        crop_fraction=crop_fraction, batch_size=batch_size, skip_unreadable=skip_unreadable,
+        crop_fraction=crop_fraction, preprocessing=preprocessing, batch_size=batch_size,
+        skip_unreadable=skip_unreadable,
     )
     results = []
     for batch_paths, batch in batches:

@@ -12,8 +12,9 @@ import keras
 import tensorflow as tf
 
 from keras_vit.data import headers
+from keras_vit.models.preprocessing import DEFAULT, INTERPOLATIONS, check_preprocessing
 from keras_vit.models.vit import preprocess
-from keras_vit.utils.checks import check_in_range
+from keras_vit.utils.checks import check_choice, check_in_range
 
 
 def to_channels(image, channels):
@@ -217,9 +218,10 @@ def resize_square(image, image_size, channels):
     return image
 
 
-def central_crop(image, image_size, crop_fraction):
+def central_crop(image, image_size, crop_fraction, interpolation="bilinear"):
     """Resizes the short side to `image_size / crop_fraction`, then cuts the central
-    `image_size` square: the eval preprocessing (big_vision's resize_small + central_crop).
+    `image_size` square: the eval preprocessing (big_vision's resize_small + central_crop,
+    timm's Resize + CenterCrop with `crop_pct`).
     `image` is one image `(height, width, channels)` or a batch of images of one size.
 
     Example:
@@ -230,7 +232,7 @@ def central_crop(image, image_size, crop_fraction):
     shape = tf.cast(tf.shape(image)[-3:-1], tf.float32)
     scale = (image_size / crop_fraction) / tf.reduce_min(shape)
     resized = tf.maximum(tf.cast(tf.round(shape * scale), tf.int32), image_size)
-    image = tf.image.resize(image, resized, method="bilinear")
+    image = resize(image, resized, interpolation)
     top = (resized[0] - image_size) // 2
     left = (resized[1] - image_size) // 2
     image = image[..., top : top + image_size, left : left + image_size, :]
@@ -238,12 +240,27 @@ def central_crop(image, image_size, crop_fraction):
     return image
 
 
-def eval_resize(images, size, crop_fraction=None):
+def resize(images, size, interpolation="bilinear"):
+    """Float32 `images` resized to `size` with a checkpoint's `interpolation`.
+
+    `"bilinear"` is TensorFlow's (no antialiasing), as vit_jax evaluates; `"bicubic"`
+    antialiases when shrinking and is clipped to [0, 255], as PIL's bicubic resize
+    (timm's and HF's image processors) does on 8-bit images.
+    """
+    if interpolation == "bilinear":
+        return tf.image.resize(images, size, method="bilinear")
+    check_choice("interpolation", interpolation, INTERPOLATIONS)
+    return tf.clip_by_value(tf.image.resize(images, size, method="bicubic", antialias=True),
+                            0.0, 255.0)
+
+
+def eval_resize(images, size, crop_fraction=None, interpolation="bilinear"):
     """Images (one, or a batch of one size) brought to the model's `size`, as float32.
 
     `crop_fraction=None` resizes the whole image (bilinear), as the official vit_jax
     evaluation does for its checkpoints; a fraction in (0, 1] takes the `central_crop`
     of the engine's `eval_dataset` (a run's `evaluation.crop_fraction`), for square sizes.
+    `interpolation` is the checkpoint's resize method (see `resize`).
 
     Example:
 
@@ -253,8 +270,8 @@ def eval_resize(images, size, crop_fraction=None):
     height, width = check_crop_fraction(crop_fraction, size)
     images = tf.cast(images, tf.float32)
     if crop_fraction is None:
-        return tf.image.resize(images, (height, width), method="bilinear")
-    return central_crop(images, height, crop_fraction)
+        return resize(images, (height, width), interpolation)
+    return central_crop(images, height, crop_fraction, interpolation)
 
 
 def check_crop_fraction(crop_fraction, size):
@@ -272,13 +289,15 @@ def check_crop_fraction(crop_fraction, size):
     return height, width
 
 
-def read_images(paths, image_size, *, channels=3, crop_fraction=None):
+def read_images(paths, image_size, *, channels=3, crop_fraction=None, preprocessing=None):
     """Image files as one batch of model inputs, `(len(paths), size, size, channels)`.
 
     Checked without decoding first (`headers.image_problem`: damaged files and those
     over the pixel limit are refused), decoded (JPEG, PNG, GIF, BMP, WebP), brought to
-    `image_size` by `eval_resize` (the whole image, or a run's central crop) and scaled
-    to [-1, 1]. A missing, damaged or oversize file is an error naming it.
+    `image_size` by `eval_resize` (the whole image, or a run's central crop) with the
+    interpolation of `preprocessing` (a model's: `model_preprocessing`) and normalised
+    by it (`keras_vit.preprocess`; None: scaled to [-1, 1]). A missing, damaged or
+    oversize file is an error naming it.
 
     Example:
 
@@ -288,6 +307,7 @@ def read_images(paths, image_size, *, channels=3, crop_fraction=None):
     >>> read_images([path], 16).shape
     (1, 16, 16, 3)
     """
+    interpolation = check_preprocessing(preprocessing or DEFAULT)["interpolation"]
     images = []
     for path in paths:
         if not tf.io.gfile.exists(path):
@@ -301,5 +321,5 @@ def read_images(paths, image_size, *, channels=3, crop_fraction=None):
         except tf.errors.InvalidArgumentError as error:
             reason = error.message.splitlines()[0]
             raise ValueError(f"{path!r} is not a readable image: {reason}") from None
-        images.append(eval_resize(image, image_size, crop_fraction))
-    return keras.ops.convert_to_numpy(preprocess(tf.stack(images).numpy()))
+        images.append(eval_resize(image, image_size, crop_fraction, interpolation))
+    return keras.ops.convert_to_numpy(preprocess(tf.stack(images).numpy(), preprocessing))

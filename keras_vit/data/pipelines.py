@@ -5,13 +5,12 @@ shapes, ready for `model.fit`:
 
 - `train_dataset`: an endless, seeded stream: shuffle -> decode -> inception crop ->
   resize -> random flip -> RandAugment -> batch -> extra Keras layers -> MixUp / CutMix
-  -> scale to [-1, 1]. Every random draw is a function of `(seed, position in the
+  -> normalise (`preprocessing`: by default to [-1, 1]). Every random draw is a function of `(seed, position in the
   stream)`, so a run restarted at step `n` (`start_batch=n`) sees exactly the batches an
   uninterrupted run sees, and each worker of a multi-worker run reads its own share.
 - `eval_dataset`: one pass, resize + central crop.
 """
 
-import keras
 import tensorflow as tf
 
 from keras_vit.data.augment import (
@@ -30,11 +29,7 @@ from keras_vit.data.decode import (
     resize_square,
 )
 from keras_vit.data.sources import AUTOTUNE
-
-
-def rescale_layer():
-    """[0, 255] pixels to [-1, 1], as a Keras layer so it runs in tf.data on any backend."""
-    return keras.layers.Rescaling(1.0 / 127.5, offset=-1.0, dtype="float32")
+from keras_vit.models.preprocessing import DEFAULT, check_preprocessing, normalize
 
 
 def shard(dataset, input_context):
@@ -107,6 +102,7 @@ def train_dataset(
     cache=False,
     start_batch=0,
     input_context=None,
+    preprocessing=None,
 ):
     """The training stream: endless, shuffled, augmented batches.
 
@@ -134,6 +130,8 @@ def train_dataset(
         input_context: a `tf.distribute.InputContext`; the stream is then shared among
             the input pipelines element by element, so together they yield exactly the
             global batches of a single-pipeline stream.
+        preprocessing: the normalisation the model's weights expect
+            (`keras_vit.models.preprocessing.normalize`); None scales to [-1, 1].
 
     Example:
 
@@ -150,7 +148,6 @@ def train_dataset(
     per_image, per_batch = per_image + extra_image, extra_batch + per_batch
     seeds = PositionSeeds()
     seed_from_stream(per_image + per_batch, seeds)
-    rescale = rescale_layer()
     num_classes = source.num_classes
     if shuffle_buffer is None:
         shuffle_buffer = min(source.size, 10_000) if source.name.startswith("tfds:") else source.size
@@ -202,7 +199,7 @@ def train_dataset(
                     data = layer(data)
             images = tf.clip_by_value(data["images"], 0.0, 255.0)
             labels = tf.cast(data["labels"], tf.float32)
-        images = rescale(images)
+        images = normalize(images, preprocessing)
         images.set_shape([local_batch, image_size, image_size, channels])
         labels.set_shape([local_batch, num_classes])
         return images, labels
@@ -225,9 +222,11 @@ def eval_dataset(
     crop_fraction=0.875,
     cache=False,
     input_context=None,
+    preprocessing=None,
 ):
-    """One pass over `source`: `eval_resize` (by default a central crop), scaled to
-    [-1, 1], one-hot labels.
+    """One pass over `source`: `eval_resize` (by default a central crop) with the
+    interpolation of `preprocessing`, normalised by it (None: scaled to [-1, 1]),
+    one-hot labels.
 
     The last batch may be smaller, so every example counts once.
 
@@ -241,7 +240,7 @@ def eval_dataset(
     check_crop_fraction(crop_fraction, image_size)
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels!r}.")
-    rescale = rescale_layer()
+    interpolation = check_preprocessing(preprocessing or DEFAULT)["interpolation"]
     num_classes = source.num_classes
     records, _ = shard(source.records, input_context)
     local_batch = (
@@ -250,7 +249,7 @@ def eval_dataset(
 
     def prepare(key, label):
         image = decode_crop(source.read(key), source.encoded, channels, full_window)
-        image = eval_resize(image, image_size, crop_fraction)
+        image = eval_resize(image, image_size, crop_fraction, interpolation)
         return image, tf.one_hot(label, num_classes, dtype=tf.float32)
 
     dataset = records.map(prepare, num_parallel_calls=AUTOTUNE)
@@ -258,6 +257,7 @@ def eval_dataset(
         dataset = dataset.cache()
     return (
         dataset.batch(local_batch)
-        .map(lambda images, labels: (rescale(images), labels), num_parallel_calls=AUTOTUNE)
+        .map(lambda images, labels: (normalize(images, preprocessing), labels),
+             num_parallel_calls=AUTOTUNE)
         .prefetch(AUTOTUNE)
     )

@@ -17,6 +17,7 @@ import numpy as np
 
 from keras_vit.evaluation.features import extract_with, representation_model
 from keras_vit.evaluation.ridge import DEFAULT_L2, RidgeProbe, feature_matrix
+from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.utils.checks import check_in_range, check_positive_int, check_positive_number
 
 # Names this module held before it was split (`fewshot.format_table`, ...) stay importable.
@@ -316,7 +317,8 @@ def evaluate_source(model, config, *, verbose=0):
             source = vit_data.select_classes(source, config.classes)
             labels = tf.constant(vit_data.parse_classes(config.classes))
         dataset = vit_data.eval_dataset(
-            source, height, config.batch_size, channels=channels, crop_fraction=config.crop_fraction
+            source, height, config.batch_size, channels=channels,
+            crop_fraction=config.crop_fraction, preprocessing=model_preprocessing(model),
         )
         # The source's own labels (5-9, not 0-4), so that results and errors name them.
         splits.append(dataset.map(lambda x, y: (x, tf.gather(labels, tf.argmax(y, axis=-1)))))

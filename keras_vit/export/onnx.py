@@ -1,4 +1,4 @@
-"""ONNX export from any backend: float pixels in [-1, 1] at the model's size in, outputs out.
+"""ONNX export from any backend: float pixels normalised as the weights expect in, outputs out.
 
 Every backend goes through Keras' own `model.export(format="onnx")`: tf2onnx under
 TensorFlow, jax2onnx under JAX, and under PyTorch the TorchScript exporter, which
@@ -28,7 +28,8 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
     """Writes a model as an ONNX file with a variable batch size.
 
     The input `images` is float32 `(batch, height, width, channels)` at the model's
-    size, scaled to [-1, 1] as `keras_vit.preprocess` does; the output is what the
+    size, normalised as `keras_vit.preprocess(images, model_preprocessing(model))` does
+    ([-1, 1] for the official ViTs, ImageNet's mean and std for DeiT); the output is what the
     model returns (logits, or features with `include_top=False`). The file's
     metadata property `keras_vit` holds a JSON record of the input size, the eval
     preprocessing a client must apply, the labels and `metadata`.

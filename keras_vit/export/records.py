@@ -6,6 +6,7 @@ import keras
 import numpy as np
 
 from keras_vit import __version__
+from keras_vit.models.preprocessing import DEFAULT, describe, model_preprocessing
 
 # Peak absolute difference between a float export and Keras that `compare_with_keras`
 # accepts, relative to the largest output (at least 1).
@@ -43,8 +44,10 @@ def export_record(model, what, input_name, *, crop_fraction=None, labels=None, m
     """The JSON-serialisable record of a float-pixel export: input, preprocessing, labels.
 
     The exported model takes float32 `(batch, height, width, channels)` pixels
-    scaled to [-1, 1] at the model's size; `preprocessing` says how a client gets
-    them from an image, as the run's evaluation did.
+    normalised as its weights expect (`model_preprocessing`: scaled to [-1, 1] for the
+    official ViTs, ImageNet's mean and std for DeiT) at the model's size;
+    `preprocessing` says how a client gets them from an image, as the run's evaluation
+    did, and `preprocessing_config` gives its mean, std, interpolation and crop.
 
     Example:
 
@@ -55,11 +58,14 @@ def export_record(model, what, input_name, *, crop_fraction=None, labels=None, m
     ['batch', 32, 32, 3]
     """
     height, width, channels = image_input_size(model, what)
+    preprocessing = model_preprocessing(model)
+    method = preprocessing["interpolation"]
     resize = (
-        "bilinear resize of the whole image to image_size" if crop_fraction is None
-        else f"bilinear resize of the short side to image_size / {crop_fraction}, "
+        f"{method} resize of the whole image to image_size" if crop_fraction is None
+        else f"{method} resize of the short side to image_size / {crop_fraction}, "
         "central image_size crop"
     )
+    scaled = ", i.e. pixels in [-1, 1]" if preprocessing == DEFAULT else ""
     record = {
         "keras_vit_version": __version__,
         "keras_version": keras.__version__,
@@ -69,7 +75,8 @@ def export_record(model, what, input_name, *, crop_fraction=None, labels=None, m
         },
         "output_shape": ["batch", *model.outputs[0].shape[1:]],
         "preprocessing": f"{resize} (keras_vit.data.pipelines.eval_resize), then float32 "
-        "(x - 127.5) / 127.5, i.e. pixels in [-1, 1], NHWC",
+        f"{describe(preprocessing)}{scaled}, NHWC",
+        "preprocessing_config": preprocessing,
         "crop_fraction": crop_fraction,
         "labels": None if labels is None else [str(label) for label in labels],
         "metadata": metadata,

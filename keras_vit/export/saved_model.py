@@ -9,12 +9,20 @@ import logging
 import os
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from keras_vit import __version__
 from keras_vit.data import check_crop_fraction, decode_pixels, eval_resize, limit_pixels
 from keras_vit.data.headers import max_image_pixels
 from keras_vit.export.records import image_input_size
+from keras_vit.models.preprocessing import (
+    DEFAULT,
+    check_preprocessing,
+    describe,
+    model_preprocessing,
+    shift_and_scale,
+)
 from keras_vit.models.vit import preprocess, vit_parts
 from keras_vit.utils.checks import check_choice
 from keras_vit.utils.files import atomic_folder
@@ -66,7 +74,7 @@ def _check_labels(labels, num_classes):
     return labels
 
 
-def _to_model_size(images, height, width, crop_fraction):
+def _to_model_size(images, height, width, crop_fraction, interpolation):
     """Float32 pixels in [0, 255] at (height, width) (`eval_resize`); images already at
     that size are only cast."""
     shape = tf.shape(images)
@@ -74,7 +82,7 @@ def _to_model_size(images, height, width, crop_fraction):
     return tf.cond(
         same_size,
         lambda: tf.cast(images, tf.float32),
-        lambda: eval_resize(images, (height, width), crop_fraction),
+        lambda: eval_resize(images, (height, width), crop_fraction, interpolation),
     )
 
 
@@ -95,7 +103,7 @@ def _with_channels(images, channels, what, size=None):
     return images
 
 
-def _at_own_size(images, multiple, pad):
+def _at_own_size(images, multiple, pad, zero_pixel):
     """Float32 pixels of `images` at their own size: with `pad`, padded at the bottom
     and the right to multiples of `multiple` as the model's own padding does (done
     here so that the model is traced for multiples only: jax2tf must know that the
@@ -103,9 +111,13 @@ def _at_own_size(images, multiple, pad):
     if pad:
         shape = tf.shape(images)
         extra = (multiple - shape[1:3] % multiple) % multiple
-        # 127.5 is the model's zero once scaled to [-1, 1], what its padding adds.
+        # `zero_pixel` (127.5 for pixels scaled to [-1, 1], 255 * mean per channel) is
+        # the model's zero once normalised, what its own padding adds.
         paddings = [[0, 0], [0, extra[0]], [0, extra[1]], [0, 0]]
-        return tf.pad(tf.cast(images, tf.float32), paddings, constant_values=127.5)
+        images = tf.cast(images, tf.float32)
+        if zero_pixel.ndim == 0:
+            return tf.pad(images, paddings, constant_values=float(zero_pixel))
+        return tf.pad(images - zero_pixel, paddings) + zero_pixel
     check = tf.debugging.assert_equal(
         tf.shape(images)[1:3] % multiple,
         0,
@@ -118,21 +130,24 @@ def _at_own_size(images, multiple, pad):
 
 def _serving_functions(
     logits, image_size, channels, num_classes, crop_fraction, activation, top_k, labels,
-    multiple=None, pad=False,
+    multiple=None, pad=False, preprocessing=None,
 ):
     """The `serving_default` and `serving_bytes` tf.functions around `logits`.
 
     `multiple` None brings every image to `image_size`; an int serves each image at
     its own size, whose sides must be multiples of it, or are padded to multiples of
-    it with `pad`.
+    it with `pad`. `preprocessing` (the model's) gives the resize interpolation.
     """
     height, width = image_size
     native = multiple is not None
+    preprocessing = check_preprocessing(preprocessing or DEFAULT)
+    zero_pixel = shift_and_scale(preprocessing)[0]
 
     def pixels_for_model(images):
         if native:
-            return _at_own_size(images, multiple, pad)
-        return _to_model_size(images, height, width, crop_fraction)
+            return _at_own_size(images, multiple, pad, zero_pixel)
+        return _to_model_size(images, height, width, crop_fraction,
+                              preprocessing["interpolation"])
 
     def predictions(pixels):
         if not native:
@@ -213,7 +228,7 @@ def _input_size(model, native_resolution):
 
 
 def export_saved_model(
-    model, path, *, labels=None, top_k=5, activation="softmax", crop_fraction=None,
+    model, path, *, labels=None, top_k=5, activation="softmax", crop_fraction="model",
     native_resolution=False, metadata=None,
 ):
     """Exports a classifier as a SavedModel that takes raw images, for serving.
@@ -222,13 +237,17 @@ def export_saved_model(
 
     - `serving_default(images)`: a uint8 batch `(batch, height, width, channels)` of
       any height and width. Images are brought to the model's size as evaluation does
-      (`keras_vit.data.eval_resize`: the whole image resized, bilinear, or with
-      `crop_fraction` a central crop) unless already at that size, and scaled to [-1, 1].
+      (`keras_vit.data.eval_resize` with the interpolation of the model's preprocessing,
+      `model_preprocessing(model)`: the whole image resized, or with `crop_fraction` a
+      central crop) unless already at that size, and normalised as the model's
+      weights expect (`keras_vit.preprocess`: scaled to [-1, 1] for the official ViT
+      checkpoints, ImageNet's mean and std for DeiT).
     - `serving_bytes(image_bytes)`: a batch of encoded JPEG, PNG, GIF, BMP or WebP files
       (a string tensor of shape `(batch,)`), decoded and then treated as above. A file
       whose header declares more pixels than `$KERAS_VIT_MAX_IMAGE_PIXELS` at export
       (default 89,478,485, as Pillow's) is refused before it is decoded.
-    - `logits(images)`: float32 pixels in [0, 255] at the model's size to `logits`.
+    - `logits(images)`: float32 pixels in [0, 255] at the model's size to `logits`
+      (normalised inside, as above).
 
     With `native_resolution=True` (a model built with `dynamic_image_size=True`), no
     image is resized: `serving_default` runs a batch at its own size, `serving_bytes`
@@ -260,7 +279,9 @@ def export_saved_model(
         activation: `"softmax"`, or `"sigmoid"` for models trained with sigmoid
             cross-entropy (independent per-class probabilities).
         crop_fraction: `None` resizes whole images (the official checkpoints'
-            evaluation); a fraction in (0, 1] crops as a run's `evaluation.crop_fraction`.
+            evaluation); a fraction in (0, 1] crops as a run's `evaluation.crop_fraction`;
+            `"model"` (default) is the model's preprocessing's (None when
+            `native_resolution`).
         native_resolution: serve each image at its own size (see above) rather than
             resized to the model's.
         metadata: optional JSON-serialisable dict stored in the config file, e.g.
@@ -281,6 +302,9 @@ def export_saved_model(
     [1, 2]
     """
     _check_backend()
+    preprocessing = model_preprocessing(model)
+    if crop_fraction == "model":
+        crop_fraction = None if native_resolution else preprocessing["crop_fraction"]
     (height, width, channels), multiple = _input_size(model, native_resolution)
     pad = bool(native_resolution and model.get_config().get("dynamic_image_pad"))
     num_classes = _num_classes(model)
@@ -315,14 +339,17 @@ def export_saved_model(
         "native_resolution": bool(native_resolution),
         "preprocessing": (
             "none: each image at its own size"
-            + (f", padded at the bottom and the right to multiples of {multiple} with 127.5"
-               if pad else f" (height and width multiples of {multiple})")
-            + ", then (x - 127.5) / 127.5"
+            + (f", padded at the bottom and the right to multiples of {multiple} with "
+               f"{np.round(shift_and_scale(preprocessing)[0], 4).tolist()}" if pad
+               else f" (height and width multiples of {multiple})")
+            + f", then {describe(preprocessing)}"
         ) if native_resolution else (
-            "bilinear resize of the whole image" if crop_fraction is None
-            else f"bilinear resize of the short side to image_size / {crop_fraction}, "
-            "central image_size crop"
-        ) + " unless already image_size, then (x - 127.5) / 127.5",
+            f"{preprocessing['interpolation']} resize of the whole image"
+            if crop_fraction is None
+            else f"{preprocessing['interpolation']} resize of the short side to image_size "
+            f"/ {crop_fraction}, central image_size crop"
+        ) + f" unless already image_size, then {describe(preprocessing)}",
+        "preprocessing_config": preprocessing,
         "signatures": ["serving_default", "serving_bytes", "logits"],
         "metadata": metadata,
     }
@@ -343,7 +370,7 @@ def export_saved_model(
             # module checks its input shapes itself.
             fixed = None if native_resolution else (height, width)
             images = _with_channels(images, channels, "pixels", fixed)
-        return {"logits": model(preprocess(images), training=False)}
+        return {"logits": model(preprocess(images, preprocessing), training=False)}
 
     # Under JAX, add_endpoint converts this function with jax2tf; everything else is
     # plain TensorFlow around it, so the serving graph is the same for both backends.
@@ -368,7 +395,7 @@ def export_saved_model(
     )
     serve_images, serve_bytes = _serving_functions(
         logits, (height, width), channels, num_classes, crop_fraction, activation, top_k,
-        labels, multiple, pad,
+        labels, multiple, pad, preprocessing,
     )
     archive.add_endpoint("serving_default", serve_images)
     archive.add_endpoint("serving_bytes", serve_bytes)

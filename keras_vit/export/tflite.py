@@ -1,4 +1,8 @@
-"""LiteRT (TFLite) export: float pixels in [-1, 1] at the model's size in, outputs out.
+"""LiteRT (TFLite) export: float pixels normalised as the weights expect in, outputs out.
+
+The pixels are at the model's size, normalised as `keras_vit.preprocess(images,
+model_preprocessing(model))` does: [-1, 1] for the official ViTs, ImageNet's mean and
+std for DeiT; the file's record states it.
 
 TensorFlow-only: Keras' `model.export(format="litert")` converts the model with
 TensorFlow's LiteRT converter. `quantize="dynamic-int8"` stores the kernels of the

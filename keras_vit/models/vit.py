@@ -15,6 +15,7 @@ from keras import ops
 
 from keras_vit.models import layers as vit_layers
 from keras_vit.models import posembed, resnet
+from keras_vit.models.preprocessing import check_preprocessing, normalize
 from keras_vit.utils import keras_compat
 from keras_vit.utils.checks import check_choice, check_in_range, check_positive_int
 from keras_vit.utils.serialization import serializable
@@ -356,6 +357,10 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             computes in float32 under every policy.
         quantized: `{layer path: mode}` of layers to quantize (`model.quantize`) once
             built; what `get_config` records for a quantized model.
+        preprocessing: the pixel preprocessing the weights expect (mean, std, resize
+            interpolation, crop fraction; `keras_vit.models.preprocessing`), which
+            `classify`, export, few-shot and the engine apply; None (recorded nowhere)
+            is `DEFAULT`, pixels scaled to [-1, 1].
 
     Example:
 
@@ -405,6 +410,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         name=None,
         dtype=None,
         quantized=None,
+        preprocessing=None,
         **kwargs,
     ):
         data_format = data_format or keras.config.image_data_format()
@@ -490,6 +496,8 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             super().__init__(images, outputs, name=name, **kwargs)
         finally:
             keras.config.set_dtype_policy(previous)
+        if preprocessing is not None:  # recorded only when set: older configs stay as they were
+            arguments["preprocessing"] = check_preprocessing(preprocessing)
         self._arguments = arguments
         self._parts = parts
         # A quantized model (`model.quantize(...)`) is rebuilt float, then quantized
@@ -578,6 +586,8 @@ def ViT(variant=None, *, weights=None, **kwargs):
     from keras_vit.weights import pretrained
 
     arguments = pretrained.source_defaults(weights, dict(variant=variant, **kwargs))
+    if arguments.get("preprocessing") is None:  # the weights expect their pixels
+        arguments["preprocessing"] = pretrained.source_preprocessing(weights)
     model = VisionTransformer(**arguments)
     pretrained.load_pretrained(model, weights)
     return model
@@ -786,12 +796,13 @@ def _arguments_from_graph(config):
     return arguments
 
 
-def preprocess(images):
-    """Scales uint8 or [0, 255] images to the models' input range [-1, 1].
+def preprocess(images, preprocessing=None):
+    """Scales uint8 or [0, 255] images to a model's input: by default to [-1, 1], else
+    with the mean and std of `preprocessing` (a model's: `model_preprocessing(model)`).
 
     Example:
 
     >>> float(preprocess(keras.ops.full((1, 2, 2, 3), 255))[0, 0, 0, 0])
     1.0
     """
-    return (ops.cast(images, "float32") - 127.5) / 127.5
+    return normalize(ops.cast(images, "float32"), preprocessing)

@@ -377,16 +377,28 @@ def plan_run(config, train_source):
     )
 
 
+def run_preprocessing(config):
+    """The preprocessing of a run: `model.kwargs["preprocessing"]`, else what the
+    `model.init_from` weights expect (`runs.source_preprocessing`: a DeiT's ImageNet
+    mean and std), else None (pixels scaled to [-1, 1]). The pipelines normalise with
+    it and the run's model records it."""
+    model = config.model
+    if model.kwargs.get("preprocessing") is not None:
+        return model.kwargs["preprocessing"]
+    return runs.source_preprocessing(model.init_from) if model.init_from else None
+
+
 def make_pipelines(config, sources, plan, strategy, position):
     """The train and eval `tf.data` pipelines (per worker under `multiworker`); the
     train stream starts at the micro-batch `position` (epoch, micro-batch) resumes at."""
     data, model = config.data, config.model
     epoch0, step0 = position
 
-    # What both pipelines take alike: image size, micro-batch, channels, caching.
+    # What both pipelines take alike: image size, micro-batch, channels, caching and
+    # the pixel normalisation the weights expect.
     shared = dict(
         image_size=model.image_size, batch_size=config.micro_batch_size,
-        channels=model.channels, cache=data.cache,
+        channels=model.channels, cache=data.cache, preprocessing=run_preprocessing(config),
     )
 
     def make_train(input_context=None):
@@ -438,7 +450,7 @@ def _build_model(config, num_classes):
         channels=model.channels,
         head_bias_init=head_bias,
         include_top=optimization.objective == "supervised",
-        **model.kwargs,
+        **{**model.kwargs, "preprocessing": run_preprocessing(config)},
     )
 
 

@@ -32,12 +32,18 @@ except ImportError:  # Windows: no advisory locks; runs are then not kept apart.
     fcntl = None
 
 from keras_vit import data as vit_data
+<<<<<<< HEAD
 from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS
+=======
+from keras_vit.models.preprocessing import model_preprocessing
+>>>>>>> family
 from keras_vit.training.callbacks import TrainingBackup
 from keras_vit.training.config import TrainConfig
 from keras_vit.weights.download import resolve_weights
+from keras_vit.weights import registry
 from keras_vit.weights.formats import holds_safetensors
 from keras_vit.weights.pretrained import load_pretrained, not_finite_weights
+from keras_vit.weights.pretrained import source_preprocessing as pretrained_preprocessing
 
 CONFIG = "config.json"
 MODEL = "model.keras"
@@ -314,17 +320,20 @@ def output_activation(config):
     return "sigmoid" if config is not None and config.optimization.loss == "sigmoid" else "softmax"
 
 
-def eval_crop_fraction(config):
+def eval_crop_fraction(config, model=None):
     """The central crop of a run's evaluation, so that served images, figures and probes
-    are seen as its evaluation saw them; None without a run (checkpoints without a run
-    were evaluated on whole images, resized).
+    are seen as its evaluation saw them; without a run, that of the preprocessing
+    `model`'s weights expect (`model_preprocessing`: None, the whole image resized, for
+    the official ViT checkpoints), or None without a model either.
 
     Example:
 
     >>> eval_crop_fraction(None) is None, eval_crop_fraction(TrainConfig())
     (True, 0.875)
     """
-    return None if config is None else config.evaluation.crop_fraction
+    if config is not None:
+        return config.evaluation.crop_fraction
+    return None if model is None else model_preprocessing(model)["crop_fraction"]
 
 
 def eval_source(config, spec=None):
@@ -404,6 +413,26 @@ def load_model(source):
             "with keras_vit.load_pretrained, or pass a run folder or a .keras file."
         )
     return read_keras(path)
+
+
+def source_preprocessing(source):
+    """The preprocessing the weights of a `--from` source expect: a registry entry's or
+    an HF directory's (`keras_vit.weights.pretrained.source_preprocessing`), a `.keras`
+    model's or a run's; None where the source records none (`DEFAULT`: [-1, 1]).
+
+    Example:
+
+    >>> source_preprocessing("vit_base_patch16_224.augreg_in21k") is None
+    True
+    """
+    recorded = pretrained_preprocessing(source)
+    if recorded is not None or registry.is_registered(source.removeprefix("timm:")):
+        return recorded
+    path = resolve_from(source)
+    if not path.endswith(".keras"):
+        return None
+    with tf.io.gfile.GFile(path, "rb") as file, zipfile.ZipFile(file) as archive:
+        return json.loads(archive.read("config.json"))["config"].get("preprocessing")
 
 
 def load_weights(model, source, *, interpolation=None):

@@ -357,7 +357,58 @@ def hf_model_arguments(source):
         args["representation_size"] = config.get("pooler_output_size", hidden)
     else:
         args["pooling"] = False  # last_hidden_state
+    preprocessing = hf_preprocessing(source)
+    if preprocessing is not None:
+        args["preprocessing"] = preprocessing
     return args
+
+
+# PIL's resampling filters by number, as HF image-processor configs store them.
+_PIL_RESAMPLE = {2: "bilinear", 3: "bicubic"}
+
+
+def hf_preprocessing(source):
+    """The preprocessing dict (`keras_vit.models.preprocessing`) of the HF model
+    directory `source`, read from its `preprocessor_config.json`, or None without one.
+
+    `image_mean` / `image_std` (0 and 1 with `do_normalize` false), `resample` (PIL's
+    2 bilinear or 3 bicubic) and the crop: `crop_size` over `size` with
+    `do_center_crop` (HF's DeiT: 224 of 256, 0.875), else `crop_pct`, else the whole
+    image. HF resizes to `size` before its crop, keras-vit resizes the short side: the
+    same on square images. Anything else it cannot apply is a `ValueError` naming it.
+    """
+    path = _join(source, "preprocessor_config.json")
+    if not _exists(path):
+        return None
+    config = json.loads(_read_bytes(path))
+    normalized = config.get("do_normalize", True)
+    rescale = config.get("rescale_factor", 1 / 255) if config.get("do_rescale", True) else None
+    if rescale is None or not math.isclose(rescale, 1 / 255, rel_tol=1e-6):
+        raise ValueError(
+            f"{path} has do_rescale={config.get('do_rescale', True)}, rescale_factor="
+            f"{config.get('rescale_factor')}: keras-vit scales 8-bit pixels by 1/255."
+        )
+    resample = config.get("resample", 2)
+    if resample not in _PIL_RESAMPLE:
+        raise ValueError(
+            f"{path} has resample={resample!r}: keras-vit resizes with PIL's bilinear (2) "
+            "or bicubic (3)."
+        )
+    crop_fraction = None
+    if config.get("do_center_crop") and config.get("crop_size"):
+        crop, size = config["crop_size"], config.get("size") or {}
+        side = size.get("shortest_edge") or size.get("height")
+        crop_side = crop.get("height") if isinstance(crop, dict) else crop
+        if side and crop_side:
+            crop_fraction = min(1.0, crop_side / side)
+    elif config.get("crop_pct") is not None:
+        crop_fraction = float(config["crop_pct"])
+    return dict(
+        mean=config.get("image_mean", (0.5, 0.5, 0.5)) if normalized else (0.0, 0.0, 0.0),
+        std=config.get("image_std", (0.5, 0.5, 0.5)) if normalized else (1.0, 1.0, 1.0),
+        interpolation=_PIL_RESAMPLE[resample],
+        crop_fraction=crop_fraction,
+    )
 
 
 def _from_torch_layout(arrays, rules, renames, heads):

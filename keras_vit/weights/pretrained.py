@@ -16,7 +16,12 @@ import keras
 import numpy as np
 
 from keras_vit.models import flexi, posembed
+<<<<<<< HEAD
 from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS, ViT
+=======
+from keras_vit.models.preprocessing import DEFAULT
+from keras_vit.models.vit import FAMILY_DEFAULTS, ViT
+>>>>>>> family
 from keras_vit.weights import registry
 from keras_vit.weights.download import resolve_weights
 from keras_vit.weights.formats import (
@@ -25,6 +30,7 @@ from keras_vit.weights.formats import (
     POS_KEY,
     QKV,
     hf_model_arguments,
+    hf_preprocessing,
     holds_safetensors,
     read_official,
 )
@@ -659,6 +665,27 @@ def source_defaults(weights, args):
         if filled.get(key) is None and key in own:
             filled[key] = own[key]
     return filled
+
+
+def source_preprocessing(source):
+    """The preprocessing the weights `source` expect where it records one: a registry
+    entry's other than `DEFAULT` (`timm:NAME` too), an HF directory's (or `hf:ORG/NAME`)
+    `preprocessor_config.json`; else None.
+
+    Example:
+
+    >>> source_preprocessing("deit_tiny_patch16_224.fb_in1k")["interpolation"]
+    'bicubic'
+    >>> source_preprocessing("vit_base_patch16_224.augreg_in21k") is None
+    True
+    """
+    if isinstance(source, str) and source.startswith("timm:"):
+        source = source[len("timm:"):]
+    if registry.is_registered(source):
+        preprocessing = registry.get_weights(source).preprocessing
+        return None if preprocessing == DEFAULT else preprocessing
+    directory = _hf_directory(source)
+    return None if directory is None else hf_preprocessing(directory)
 
 
 def pretrained(name, **kwargs):

@@ -17,13 +17,21 @@ entry is timm's file. Sources:
 - `fb_in1k`, `fb_in22k_ft_in1k` (DeiT, DeiT III): timm's safetensors copies of
   Facebook's files (timm `deit.py`: `hf_hub_id='timm/'`, architectures, resolutions),
   with the top-1 that facebookresearch/deit reports (`README_deit.md`,
-  `README_revenge.md`; none for DeiT III's medium model, which it does not list).
+  `README_revenge.md`; none for DeiT III's medium model, which it does not list),
+  and the preprocessing of timm's `pretrained_cfg` (ImageNet mean and std, bicubic,
+  `crop_pct`).
 """
 
 import dataclasses
 import fnmatch
 import re
 
+from keras_vit.models.preprocessing import (
+    DEFAULT,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    check_preprocessing,
+)
 from keras_vit.models.vit import parse_variant
 
 OFFICIAL_BASE = "https://storage.googleapis.com/vit_models/"
@@ -55,6 +63,12 @@ class WeightsEntry:
         model_args: the other `keras_vit.ViT` arguments, e.g. `gelu_approximate=True`
             (the JAX checkpoints use the tanh GELU) and `representation_size`.
         size: the file's exact size in bytes when known (checked with `sha256`).
+        mean, std: the per-channel pixel mean and std (in [0, 1] units) the checkpoint
+            was trained with: 0.5 for the official ViT files (pixels in [-1, 1]),
+            ImageNet's for DeiT (timm's `pretrained_cfg`).
+        interpolation: the resize method of its evaluation, `"bilinear"` or `"bicubic"`.
+        crop_fraction: the central crop of its evaluation (timm's `crop_pct`), or None
+            for the whole image resized (vit_jax's evaluation).
     """
 
     name: str
@@ -71,12 +85,28 @@ class WeightsEntry:
     activation: str = "softmax"
     model_args: dict = dataclasses.field(default_factory=dict)
     size: int | None = None
+    mean: tuple = tuple(DEFAULT["mean"])
+    std: tuple = tuple(DEFAULT["std"])
+    interpolation: str = DEFAULT["interpolation"]
+    crop_fraction: float | None = DEFAULT["crop_fraction"]
+
+    @property
+    def preprocessing(self):
+        """The checkpoint's preprocessing dict (`keras_vit.models.preprocessing`)."""
+        return check_preprocessing(dict(
+            mean=self.mean, std=self.std, interpolation=self.interpolation,
+            crop_fraction=self.crop_fraction,
+        ))
 
     def build_args(self):
-        """The keyword arguments of `keras_vit.ViT` that build this checkpoint's model."""
+        """The keyword arguments of `keras_vit.ViT` that build this checkpoint's model
+        (`preprocessing` only where it is not `DEFAULT`, so that those models' configs
+        stay as they were)."""
         args = dict(image_size=self.image_size, num_classes=self.num_classes, **self.model_args)
         if self.variant is not None:
             args["variant"] = self.variant
+        if self.preprocessing != DEFAULT:
+            args["preprocessing"] = self.preprocessing
         return args
 
     @property
@@ -449,6 +479,12 @@ _DEIT = [
 ]
 
 
+def _deit_crop(image_size, tag):
+    """timm's `crop_pct` of a DeiT checkpoint (deit.py `_cfg`: 0.9, but 1.0 for the 384 px
+    files and DeiT III's ImageNet-21k fine-tunes)."""
+    return 1.0 if image_size == 384 or tag == "fb_in22k_ft_in1k" else 0.9
+
+
 def _deit_entries():
     entries = []
     for arch, variant, image_size, switches, tags in _DEIT:
@@ -465,6 +501,10 @@ def _deit_entries():
                 finetuning="ImageNet-1k" if tag == "fb_in22k_ft_in1k" else None,
                 top1=top1,
                 model_args=dict(switches, **({} if variant else _DEIT_MEDIUM)),
+                mean=IMAGENET_MEAN,
+                std=IMAGENET_STD,
+                interpolation="bicubic",
+                crop_fraction=_deit_crop(image_size, tag),
             ))
     return entries
 

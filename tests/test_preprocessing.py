@@ -1,0 +1,214 @@
+"""Preprocessing belongs to the checkpoint: DeiT's ImageNet mean/std, bicubic resize and
+crop reach every path (classify, predict, the SavedModel), against HF transformers'
+image processors and pipeline as the independent reference; plain ViTs are unchanged.
+"""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+from transformers import (
+    DeiTConfig,
+    DeiTForImageClassification,
+    DeiTImageProcessor,
+    ViTImageProcessor,
+    pipeline,
+)
+
+import keras_vit
+from keras_vit import cli, data
+from keras_vit.models import preprocessing as prep
+from keras_vit.weights import registry
+from test_checkpoints import randomise
+
+IMAGENET = dict(mean=list(prep.IMAGENET_MEAN), std=list(prep.IMAGENET_STD))
+SIZE, CROP_FROM = 32, 36  # HF DeiT's 224 of 256, scaled down
+HF_CONFIG = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=64, image_size=SIZE, patch_size=8, num_labels=10)
+
+
+def photo(seed, size=48):
+    """A smooth square RGB uint8 image (a photo's spectrum: resizing matters, but softly)."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.uniform(0, 255, (6, 6, 3))
+    image = tf.image.resize(coarse[None], (size, size), method="bicubic")[0].numpy()
+    return np.clip(image + rng.normal(0, 12, image.shape), 0, 255).astype("uint8")
+
+
+@pytest.fixture(scope="module")
+def deit_dir(tmp_path_factory):
+    """A randomised HF DeiT classifier with HF DeiT's image-processor config, scaled down."""
+    directory = tmp_path_factory.mktemp("deit_pre")
+    randomise(DeiTForImageClassification(DeiTConfig(**HF_CONFIG)), seed=4).save_pretrained(directory)
+    DeiTImageProcessor(
+        size={"height": CROP_FROM, "width": CROP_FROM}, crop_size={"height": SIZE, "width": SIZE},
+        image_mean=IMAGENET["mean"], image_std=IMAGENET["std"], resample=3,
+    ).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("photos")
+    paths = []
+    for seed in range(6):
+        path = str(folder / f"p{seed}.png")
+        Image.fromarray(photo(seed)).save(path)
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("processor, preprocessing", [
+    (DeiTImageProcessor(image_mean=IMAGENET["mean"], image_std=IMAGENET["std"]),
+     dict(IMAGENET, interpolation="bicubic")),
+    (ViTImageProcessor(), None),  # 0.5 / 0.5: the official checkpoints' [-1, 1]
+])
+def test_normalisation_matches_hf_image_processors(processor, preprocessing):
+    """On an image already at the model's size (no resize, no crop), the model input
+    equals HF's `pixel_values` (HF rescales by 1/255 first: float32 rounding apart)."""
+    image = photo(1, SIZE)
+    reference = processor(image, do_resize=False, do_center_crop=False,
+                          return_tensors="np")["pixel_values"][0].transpose(1, 2, 0)
+    ours = keras.ops.convert_to_numpy(keras_vit.preprocess(image[None], preprocessing))[0]
+    np.testing.assert_allclose(ours, reference, atol=2e-6)
+
+
+def test_bicubic_resize_is_pils_within_a_pixel_level():
+    """The bicubic resize against PIL's (HF's and timm's eval resize), down and up.
+
+    TensorFlow's antialiased Keys kernel is PIL's a=-0.5 cubic scaled by the shrink
+    factor; PIL resizes in two passes (rows, then columns), each rounded and clipped to
+    uint8. Rounding alone is up to 0.5 of a level (0.25 on average); the first pass's
+    rounding, carried through the second pass's kernel (weights summing to 1 in
+    absolute value up to ~1.2), adds up to ~0.7 when shrinking, and where an enlarged
+    steep edge overshoots and the first pass clipped it, up to ~3 levels. So: at most
+    1.5 levels shrinking (the eval path: photos above the model's size), 3.5 enlarging,
+    0.35 on average. Bilinear without antialiasing, the official ViTs' resize, is far
+    from it when shrinking: the negative control.
+    """
+    image = photo(2, 64)
+    for size, bound in ((36, 1.5), (29, 1.5), (90, 3.5), (128, 3.5)):
+        pil = np.asarray(Image.fromarray(image).resize((size, size), Image.BICUBIC), "float32")
+        ours = data.eval_resize(image, (size, size), interpolation="bicubic").numpy()
+        assert np.abs(ours - pil).max() <= bound, size
+        assert np.abs(ours - pil).mean() < 0.35, size
+    bilinear = data.eval_resize(image, (29, 29)).numpy()
+    pil = np.asarray(Image.fromarray(image).resize((29, 29), Image.BICUBIC), "float32")
+    assert np.abs(bilinear - pil).max() > 10
+
+
+def test_hf_directory_records_its_preprocessor_config(deit_dir, tmp_path):
+    model = keras_vit.pretrained(deit_dir)
+    assert model.get_config()["preprocessing"] == dict(
+        IMAGENET, interpolation="bicubic", crop_fraction=SIZE / CROP_FROM)
+    # A fine-tune from it keeps it, and so does its .keras file: it stays self-describing.
+    tuned = keras_vit.ViT(weights=str(deit_dir), num_classes=3)
+    path = str(tmp_path / "tuned.keras")
+    tuned.save(path)
+    loaded = keras.saving.load_model(path)
+    assert prep.model_preprocessing(loaded) == model.get_config()["preprocessing"]
+
+
+def test_predict_on_an_hf_deit_directory_gives_hf_pipelines_top1(deit_dir, photos, capsys):
+    """`keras-vit predict --weights DIR` against transformers' image-classification
+    pipeline (its own processor from preprocessor_config.json) on the same files.
+
+    The images are square, so HF's resize to 36x36 then crop equals keras-vit's
+    resize of the short side then crop; the probabilities then agree to the resize
+    difference (below 0.005: PIL rounds to uint8 between its two passes). The [-1, 1]
+    scaling every model got before misses them by more than 0.02 (the control).
+    """
+    classifier = pipeline("image-classification", model=str(deit_dir))
+    hf = [classifier(path, top_k=10) for path in photos]
+    assert cli.main(["predict", "--weights", str(deit_dir), *photos, "--json",
+                     "--top-k", "10"]) == 0
+    ours = json.loads(capsys.readouterr().out)
+    label2id = classifier.model.config.label2id
+    for theirs, mine in zip(hf, ours, strict=True):
+        assert label2id[theirs[0]["label"]] == mine["top_k"][0]["class"]
+        hf_probs = {label2id[t["label"]]: t["score"] for t in theirs}
+        np.testing.assert_allclose(
+            [t["probability"] for t in mine["top_k"]],
+            [hf_probs[t["class"]] for t in mine["top_k"]], atol=5e-3,
+        )
+    model = keras_vit.pretrained(deit_dir)
+    old = model.predict(data.read_images(photos, SIZE), verbose=0)
+    old = np.exp(old) / np.exp(old).sum(-1, keepdims=True)
+    hf_rows = np.array([[{label2id[t["label"]]: t["score"] for t in r}[i] for i in range(10)]
+                        for r in hf])
+    assert np.abs(old - hf_rows).max() > 2e-2
+
+
+def test_saved_model_of_a_deit_serves_classifys_probabilities(deit_dir, photos, tmp_path):
+    if keras.backend.backend() not in ("tensorflow", "jax"):
+        pytest.skip("SavedModel export runs on TensorFlow or JAX")
+    model = keras_vit.pretrained(deit_dir)
+    keras_vit.export_saved_model(model, str(tmp_path / "sm"), top_k=10)
+    served = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_bytes"]
+    out = served(image_bytes=tf.constant([open(p, "rb").read() for p in photos]))
+    expected = keras_vit.classify(model, photos, top_k=10)
+    for row, probabilities, result in zip(
+        out["top_k_indices"].numpy(), out["top_k_probabilities"].numpy(), expected
+    ):
+        assert row.tolist() == [t["class"] for t in result["top_k"]]
+        np.testing.assert_allclose(probabilities, [t["probability"] for t in result["top_k"]],
+                                   atol=1e-5)
+
+
+def test_a_plain_vit_is_unchanged_bit_for_bit(photos, tmp_path):
+    """No preprocessing recorded; classify's input is exactly the old
+    `(bilinear resize - 127.5) / 127.5`, so its probabilities are bit for bit."""
+    model = keras_vit.ViT(image_size=SIZE, patch_size=8, hidden_dim=32, num_layers=1,
+                          num_heads=4, mlp_dim=64, num_classes=3, head_bias_init=0.0)
+    assert "preprocessing" not in model.get_config()
+    pixels = np.stack([
+        tf.image.resize(np.asarray(Image.open(p)).astype("float32"), (SIZE, SIZE)).numpy()
+        for p in photos
+    ])
+    np.testing.assert_array_equal(data.read_images(photos, SIZE), (pixels - 127.5) / 127.5)
+
+
+def test_registry_entries_carry_their_checkpoints_preprocessing():
+    """timm's pretrained_cfg for DeiT (deit.py: ImageNet mean/std, bicubic, crop_pct 0.9,
+    1.0 at 384 px and for DeiT III's in22k fine-tunes); [-1, 1] whole-image bilinear for
+    the official ViTs, whose build arguments stay as they were."""
+    deit = registry.get_weights("deit_small_patch16_224.fb_in1k").build_args()["preprocessing"]
+    assert deit == dict(IMAGENET, interpolation="bicubic", crop_fraction=0.9)
+    assert registry.get_weights("deit_base_patch16_384.fb_in1k").crop_fraction == 1.0
+    assert registry.get_weights("deit3_base_patch16_224.fb_in22k_ft_in1k").crop_fraction == 1.0
+    for entry in registry.list_weights("vit_*"):
+        assert entry.preprocessing == prep.DEFAULT and "preprocessing" not in entry.build_args()
+
+
+def test_bad_preprocessing_is_one_line_naming_it():
+    with pytest.raises(ValueError, match="unknown fields scale"):
+        prep.check_preprocessing({"scale": 2})
+    with pytest.raises(ValueError, match="Unknown preprocessing interpolation 'area'"):
+        prep.check_preprocessing({"interpolation": "area"})
+    with pytest.raises(ValueError, match="std must be 1 or 3 numbers.*got \\[0, 1, 1\\]"):
+        prep.check_preprocessing({"std": [0, 1, 1]})
+
+
+def test_a_run_from_a_deit_directory_normalises_and_records_its_preprocessing(deit_dir):
+    """The engine takes the init_from weights' preprocessing (its pipelines normalise
+    with it, its model records it): here against ImageNet's formula on the digits."""
+    from keras_vit.data.sources import load_source
+    from keras_vit.training.config import TrainConfig
+    from keras_vit.training.engine import run_preprocessing
+
+    config = TrainConfig(model=dict(variant="custom", image_size=SIZE, init_from=str(deit_dir),
+                                    kwargs=dict(patch_size=8, hidden_dim=32, num_layers=2,
+                                                num_heads=4, mlp_dim=64)))
+    expected = keras_vit.pretrained(deit_dir).get_config()["preprocessing"]
+    assert run_preprocessing(config) == expected
+    source = load_source("digits", "test")
+    plain, _ = next(iter(data.eval_dataset(source, SIZE, 8, crop_fraction=None)))
+    deit, _ = next(iter(data.eval_dataset(source, SIZE, 8, crop_fraction=None,
+                                          preprocessing=dict(expected, interpolation="bilinear"))))
+    pixels = plain.numpy() * 127.5 + 127.5
+    reference = (pixels / 255 - np.array(IMAGENET["mean"])) / np.array(IMAGENET["std"])
+    np.testing.assert_allclose(deit.numpy(), reference, atol=1e-4)
