@@ -32,11 +32,8 @@ except ImportError:  # Windows: no advisory locks; runs are then not kept apart.
     fcntl = None
 
 from keras_vit import data as vit_data
-<<<<<<< HEAD
-from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS
-=======
 from keras_vit.models.preprocessing import model_preprocessing
->>>>>>> family
+from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS
 from keras_vit.training.callbacks import TrainingBackup
 from keras_vit.training.config import TrainConfig
 from keras_vit.weights.download import resolve_weights

@@ -16,12 +16,8 @@ import keras
 import numpy as np
 
 from keras_vit.models import flexi, posembed
-<<<<<<< HEAD
-from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS, ViT
-=======
 from keras_vit.models.preprocessing import DEFAULT
-from keras_vit.models.vit import FAMILY_DEFAULTS, ViT
->>>>>>> family
+from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS, ViT
 from keras_vit.weights import registry
 from keras_vit.weights.download import resolve_weights
 from keras_vit.weights.formats import (
