@@ -5,6 +5,8 @@
 - `vit`: the `ViT` model (built from its architecture arguments, which its config
   keeps), its paper variants, `preprocess`, and `ViTParts` / `vit_parts`: the
   model's layers by role, which every other module reads the structure from.
+- `preprocessing`: the pixel mean, std, resize and crop a checkpoint expects, and
+  `normalize`, the one map from pixels to model inputs.
 - `resnet`: the BiT-style ResNet trunk of the hybrid models.
 - `features`: `feature_model`, the token features after chosen blocks (maps or sequences).
 - `flexi`: `resample_patch_embedding`, FlexiViT's patch-size resampling.

@@ -4,4 +4,6 @@
 - `checks`: the argument checks every module uses (one wording for each kind of error).
 - `serialization`: registers keras-vit's classes with Keras' serialization.
 - `keras_compat`: every use of Keras' private internals, in one place, each one tested.
+- `files`: crash-safe files (temporary names, atomic moves into place).
+- `extras`: optional packages, imported where used and named by the extra that installs them.
 """
