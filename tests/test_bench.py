@@ -60,3 +60,23 @@ def test_memory_benchmark_separates_fixed_and_per_image_memory(tmp_path):
             assert 0 < peaks["build"] <= peaks["infer"] <= peaks["train"]
         assert row["train_per_image_mib"] == (large["train"] - small["train"]) / 30
         assert f"| {row['contender']} |" in result.stdout
+
+
+@pytest.mark.slow
+def test_predict_benchmark_times_keras_vit_and_hfs_pipeline_on_the_same_files(tmp_path):
+    out = tmp_path / "predict.json"
+    result = subprocess.run(
+        [sys.executable, "bench/predict.py", "--images", "12", "--batch", "4",
+         "--contenders", "keras-tensorflow,hf-pipeline", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    rows = {row["contender"]: row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"keras-tensorflow", "hf-pipeline"}
+    keras_row, hf_row = rows["keras-tensorflow"], rows["hf-pipeline"]
+    assert hf_row["x_hf_pipeline"] == 1.0 and hf_row["top1_agreement"] == 1.0
+    assert keras_row["x_hf_pipeline"] == pytest.approx(
+        keras_row["images_per_s"] / hf_row["images_per_s"], rel=0.02)
+    # The same weights and [-1, 1] scaling: only the resize filters differ (PIL antialiases).
+    assert keras_row["top1_agreement"] >= 0.75
+    assert keras_row["startup_s"] > 0 and "| keras-tensorflow |" in result.stdout

@@ -40,7 +40,7 @@ PLAN = {
     "pip install -e . && keras-vit demo": Instead(
         "keras-vit demo", "the built wheel is what this test installs (in the venv, with "
         "--no-deps: no network); `pip install -e .` would install the checkout"),
-    'pip install -e ".[test]" && python -m pytest': Skip(SUITE),
+    'pip install -e ".[test]" && python -m pytest -n 2 --dist loadfile': Skip(SUITE),
     'pip install -e ".[jax]"       # then: KERAS_BACKEND=jax keras-vit ...': Instead(
         "KERAS_BACKEND=jax keras-vit weights", "installing " + NETWORK + "; the venv sees "
         "the environment's jax, so the command the comment names runs"),
