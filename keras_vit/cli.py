@@ -517,6 +517,7 @@ def _parse_fractions(flag, text):
 def probe(args):
     from keras_vit import data
     from keras_vit.evaluation import probes
+    from keras_vit.models.preprocessing import model_preprocessing
     from keras_vit.models.vit import default_image_size
     from keras_vit.training.runs import eval_source
 
@@ -527,6 +528,7 @@ def probe(args):
     dataset = data.eval_dataset(
         source, default_image_size(model), args.batch_size, channels=model.input_shape[-1],
         crop_fraction=_crop_fraction(args, config, model),
+        preprocessing=model_preprocessing(model),
     )
     results = probes.robustness_probes(model, dataset, drop_fractions=drop, shuffle_grids=grids)
     numbers, plot = probes.save_results(results, args.out, data=spec)

@@ -212,3 +212,24 @@ def test_a_run_from_a_deit_directory_normalises_and_records_its_preprocessing(de
     pixels = plain.numpy() * 127.5 + 127.5
     reference = (pixels / 255 - np.array(IMAGENET["mean"])) / np.array(IMAGENET["std"])
     np.testing.assert_allclose(deit.numpy(), reference, atol=1e-4)
+
+
+def test_probe_scores_a_deit_with_its_checkpoints_preprocessing(deit_dir, tmp_path, capsys):
+    """`keras-vit probe` feeds the model its checkpoint's preprocessing (ImageNet mean/std,
+    bicubic, its crop), the evaluation pipeline the HF comparisons above check: its clean
+    accuracy on the 360 test digits is the model's accuracy on that pipeline's images."""
+    model = keras_vit.pretrained(str(deit_dir))
+    saved = str(tmp_path / "deit.keras")
+    model.save(saved)
+    source = data.load_source("digits", "test")
+    preprocessing = prep.model_preprocessing(model)
+    dataset = data.eval_dataset(source, SIZE, 64, channels=3,
+                                crop_fraction=preprocessing["crop_fraction"],
+                                preprocessing=preprocessing)
+    hits = [np.argmax(keras.ops.convert_to_numpy(model(images)), -1) == np.argmax(labels, -1)
+            for images, labels in dataset]
+    expected = np.concatenate(hits).mean()
+    assert cli.main(["probe", "--from", saved, "--data", "digits", "--drop", "0", "--grids", "2",
+                     "--out", str(tmp_path / "probes")]) == 0
+    printed = capsys.readouterr().out
+    assert f"clean accuracy {expected:.4f}" in printed, printed
