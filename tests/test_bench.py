@@ -11,15 +11,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_accelerator_smoke_run_times_every_contender_and_computes_mfu(tmp_path):
-    out = tmp_path / "accelerator.json"
+def run_bench(script, *args):
+    """Runs `bench/SCRIPT` with `args` from the checkout; returns its stdout (its exit
+    status must be 0)."""
     result = subprocess.run(
-        [sys.executable, "bench/accelerator.py", "--smoke", "--peak-tflops", "0.5",
-         "--out", str(out)],
+        [sys.executable, f"bench/{script}", *args],
         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
     )
     assert result.returncode == 0, result.stderr[-5000:]
+    return result.stdout
+
+
+@pytest.mark.slow
+def test_accelerator_smoke_run_times_every_contender_and_computes_mfu(tmp_path):
+    out = tmp_path / "accelerator.json"
+    stdout = run_bench("accelerator.py", "--smoke", "--peak-tflops", "0.5", "--out", str(out))
     report = json.loads(out.read_text())
     rows = {(e["contender"], e["mode"]): e for e in report["entries"]}
     assert set(rows) == {
@@ -40,18 +46,14 @@ def test_accelerator_smoke_run_times_every_contender_and_computes_mfu(tmp_path):
         assert e["flops_per_image"] == flops * factor
         assert e["mfu"] == pytest.approx(e["median_images_per_s"] * flops * factor / 0.5e12)
         assert e["median_images_per_s"] > 0
-    assert "| tiny | hf-torch | cpu | train |" in result.stdout
+    assert "| tiny | hf-torch | cpu | train |" in stdout
 
 
 @pytest.mark.slow
 def test_memory_benchmark_separates_fixed_and_per_image_memory(tmp_path):
     out = tmp_path / "memory.json"
-    result = subprocess.run(
-        [sys.executable, "bench/memory.py", "--variant", "Ti/16", "--image-size", "32",
-         "--contenders", "keras-jax,hf-torch", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )
-    assert result.returncode == 0, result.stderr[-5000:]
+    stdout = run_bench("memory.py", "--variant", "Ti/16", "--image-size", "32",
+                       "--contenders", "keras-jax,hf-torch", "--out", str(out))
     report = json.loads(out.read_text())
     assert [r["contender"] for r in report["rows"]] == ["keras-jax", "hf-torch"]
     for row in report["rows"]:
@@ -59,18 +61,14 @@ def test_memory_benchmark_separates_fixed_and_per_image_memory(tmp_path):
         for peaks in (small, large):  # high-water marks only grow
             assert 0 < peaks["build"] <= peaks["infer"] <= peaks["train"]
         assert row["train_per_image_mib"] == (large["train"] - small["train"]) / 30
-        assert f"| {row['contender']} |" in result.stdout
+        assert f"| {row['contender']} |" in stdout
 
 
 @pytest.mark.slow
 def test_predict_benchmark_times_keras_vit_and_hfs_pipeline_on_the_same_files(tmp_path):
     out = tmp_path / "predict.json"
-    result = subprocess.run(
-        [sys.executable, "bench/predict.py", "--images", "12", "--batch", "4",
-         "--contenders", "keras-tensorflow,hf-pipeline", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )
-    assert result.returncode == 0, result.stderr[-5000:]
+    stdout = run_bench("predict.py", "--images", "12", "--batch", "4",
+                       "--contenders", "keras-tensorflow,hf-pipeline", "--out", str(out))
     rows = {row["contender"]: row for row in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"keras-tensorflow", "hf-pipeline"}
     keras_row, hf_row = rows["keras-tensorflow"], rows["hf-pipeline"]
@@ -79,4 +77,4 @@ def test_predict_benchmark_times_keras_vit_and_hfs_pipeline_on_the_same_files(tm
         keras_row["images_per_s"] / hf_row["images_per_s"], rel=0.02)
     # The same weights and [-1, 1] scaling: only the resize filters differ (PIL antialiases).
     assert keras_row["top1_agreement"] >= 0.75
-    assert keras_row["startup_s"] > 0 and "| keras-tensorflow |" in result.stdout
+    assert keras_row["startup_s"] > 0 and "| keras-tensorflow |" in stdout
