@@ -729,11 +729,14 @@ def main(argv=None):
     if not args.command:
         parser.print_help()
         return 2
-    handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("keras-vit: %(message)s"))
     logger = logging.getLogger("keras_vit")
     if not logger.handlers:
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("keras-vit: %(message)s"))
         logger.addHandler(handler)
+    # Set on every command: a level a caller set and restored (pytest's caplog) can leave
+    # NOTSET behind, and the root's WARNING would then silence the command's notes.
+    if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)
     stopped_by = []
 

@@ -448,3 +448,24 @@ def test_short_run_shortens_warmup_finished_run_is_kept_and_restart_starts_over(
     assert (out / runs.CHECKPOINTS / "epoch_0001.keras").exists()  # trained again
     for a, b in zip(weights, runs.load_model(str(out)).get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_command_logs_its_lines_whatever_a_caller_did_to_the_logger_first(capsys, caplog):
+    """A first command run under `caplog.at_level` (or a notebook's logging setup that is later
+    undone) must not leave the next commands silent."""
+    logger = logging.getLogger("keras_vit")
+    handlers, level = logger.handlers[:], logger.level
+    logger.handlers.clear()
+    logger.setLevel(logging.NOTSET)
+    note = lambda args: logging.getLogger("keras_vit.x").info("a note") or 0  # noqa: E731
+    cli.COMMANDS["note-a-line"] = ("", None, note)
+    try:
+        with caplog.at_level("INFO", logger="keras_vit"):
+            assert cli.main(["note-a-line"]) == 0
+        capsys.readouterr()
+        assert cli.main(["note-a-line"]) == 0
+        assert capsys.readouterr().err == "keras-vit: a note\n"
+    finally:
+        del cli.COMMANDS["note-a-line"]
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
