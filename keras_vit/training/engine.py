@@ -461,7 +461,7 @@ def make_pipelines(config, sources, plan, strategy, position):
         if multiworker.on_jax(strategy):
             from keras_vit.training.jax_processes import input_context
 
-            context = input_context()
+            context = input_context(sources.eval.size if sources.eval else 0)
         train_data = make_train(context)
         eval_data = sources.eval and make_eval(context)
     return train_data, eval_data

@@ -243,11 +243,21 @@ def make_distribution():
     return distribution
 
 
-def input_context():
+def input_context(eval_examples=0):
     """The `tf.distribute.InputContext` of this process's input pipeline (one per
-    process, each with its share of each global batch), or None with one process."""
+    process, each with its share of each global batch), or None with one process.
+
+    The evaluation pass must split evenly (`eval_examples`, 0 without one): a process
+    with a batch more than the others would wait for them forever.
+    """
     if jax.process_count() == 1:
         return None
+    if eval_examples % jax.process_count():
+        raise ValueError(
+            f"The {eval_examples} evaluation examples do not split evenly over "
+            f"{jax.process_count()} processes; evaluate a source whose size they divide "
+            "(evaluation.source), or set evaluation.enabled=false."
+        )
     import tensorflow as tf
 
     return tf.distribute.InputContext(
