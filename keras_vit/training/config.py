@@ -38,6 +38,8 @@ logger = logging.getLogger("keras_vit")
 LOSSES = ("softmax", "sigmoid")
 OBJECTIVES = ("supervised", "mpp")
 JIT_COMPILE = ("auto", "on", "off")
+# distribution.strategy on the JAX backend: data parallel over every device, or FSDP.
+JAX_STRATEGIES = ("auto", "fsdp")
 MAX_LEARNING_RATE = 10
 
 
@@ -268,7 +270,8 @@ class CheckpointingConfig:
 class DistributionConfig:
     """`distribution`: where and how the steps run.
 
-    `strategy` (`auto`, `tpu`, `mirrored`, `multiworker`, `cpu`), `precision` (`auto`,
+    `strategy` (`auto`, `tpu`, `mirrored`, `multiworker`, `cpu`; on JAX `auto`, data
+    parallel over every device, or `fsdp`, which also shards the weights), `precision` (`auto`,
     `float32`, `mixed_float16`, `mixed_bfloat16`), `jit_compile` (`auto`: XLA where the
     strategy allows it, `on`, `off`), `micro_batches_per_execution` (Keras'
     `steps_per_execution`), `deterministic` (TensorFlow op determinism). Several JAX
@@ -291,7 +294,7 @@ class DistributionConfig:
     def validate(self):
         from keras_vit.training import distribute
 
-        check_choice("distribution.strategy", self.strategy, distribute.STRATEGIES)
+        check_choice("distribution.strategy", self.strategy, distribute.STRATEGIES + JAX_STRATEGIES[1:])
         check_choice("distribution.precision", self.precision, distribute.PRECISIONS)
         check_choice("distribution.jit_compile", self.jit_compile, JIT_COMPILE)
         check_positive_int("distribution.micro_batches_per_execution", self.micro_batches_per_execution)

@@ -247,7 +247,7 @@ def make_strategy(config):
 
         jax_processes.join(config.distribution, list(config.flat_items()))
         keras.utils.set_random_seed(config.seed)
-        return jax_processes.make_distribution()
+        return jax_processes.make_distribution(config.distribution.strategy)
     keras.utils.set_random_seed(config.seed)
     if config.distribution.deterministic:
         tf.config.experimental.enable_op_determinism()

@@ -232,13 +232,25 @@ def barrier(name):
         multihost_utils.sync_global_devices(name)
 
 
-def make_distribution():
-    """The `keras.distribution.DataParallel` over every device of every process, set as
-    the current distribution; the engine's input pipelines shard the data themselves
-    (`input_context`)."""
-    distribution = keras.distribution.DataParallel(
-        devices=keras.distribution.list_devices(), auto_shard_dataset=False
-    )
+def make_distribution(strategy="auto"):
+    """The run's `keras.distribution` over every device of every process, set as the
+    current distribution: `DataParallel` (`strategy="auto"`) or, for `"fsdp"`,
+    `keras_vit.training.jax_distribution.FullyShardedDataParallel`. The engine's input
+    pipelines shard the data themselves (`input_context`)."""
+    from keras_vit.training.config import JAX_STRATEGIES
+    from keras_vit.training.jax_distribution import FullyShardedDataParallel
+
+    if strategy not in JAX_STRATEGIES:
+        raise ValueError(
+            f"On the JAX backend distribution.strategy is one of {JAX_STRATEGIES} (data "
+            f"parallel over every device, or that and the weights sharded), got {strategy!r}."
+        )
+    if strategy == "fsdp" and jax.process_count() > 1:
+        # Saving gathers each weight into one process's memory, which sharded weights
+        # spread over processes do not allow yet.
+        raise ValueError("distribution.strategy='fsdp' runs in one process (its devices) for now.")
+    kind = FullyShardedDataParallel if strategy == "fsdp" else keras.distribution.DataParallel
+    distribution = kind(devices=keras.distribution.list_devices(), auto_shard_dataset=False)
     keras.distribution.set_distribution(distribution)
     return distribution
 
