@@ -248,6 +248,11 @@ def make_strategy(config):
         jax_processes.join(config.distribution, list(config.flat_items()))
         keras.utils.set_random_seed(config.seed)
         return jax_processes.make_distribution(config.distribution.strategy)
+    if config.distribution.strategy not in distribute.STRATEGIES:
+        raise ValueError(
+            f"distribution.strategy {config.distribution.strategy!r} runs on the JAX backend: "
+            "set KERAS_BACKEND=jax."
+        )
     keras.utils.set_random_seed(config.seed)
     if config.distribution.deterministic:
         tf.config.experimental.enable_op_determinism()
