@@ -109,8 +109,8 @@ class FullyShardedDataParallel(keras.distribution.ModelParallel):
     Example:
 
     >>> distribution = FullyShardedDataParallel(keras.distribution.list_devices()[:1])
-    >>> distribution.device_mesh.axis_names
-    ['batch']
+    >>> tuple(distribution.device_mesh.axis_names)
+    ('batch',)
     """
 
     def __init__(self, devices=None, auto_shard_dataset=True):
