@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.training.multiworker import chief_writes, is_chief
+from keras_vit.training.multiworker import chief_writes, is_chief, model_strategy
 from keras_vit.utils import keras_compat
 from keras_vit.utils.checks import check_positive_int
 from keras_vit.utils.files import atomic_path, atomic_write
@@ -116,7 +116,7 @@ class TrainingBackup(keras.callbacks.Callback):
                 arrays[f"{group}/{i}"] = variable.numpy()  # Aggregated over replicas.
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
-        with chief_writes(self.path, self.model.distribute_strategy) as path:
+        with chief_writes(self.path, model_strategy(self.model)) as path:
             tf.io.gfile.makedirs(os.path.dirname(path))
             atomic_write(path, buffer.getvalue())
 
@@ -125,7 +125,7 @@ class TrainingBackup(keras.callbacks.Callback):
             return
         model = self.model
         if model.optimizer is not None and not model.optimizer.built:
-            with model.distribute_strategy.scope():
+            with model_strategy(model).scope():
                 model.optimizer.build(model.trainable_variables)
         with tf.io.gfile.GFile(self.path, "rb") as f:
             state = dict(np.load(io.BytesIO(f.read())))
@@ -231,7 +231,7 @@ class EpochCheckpoints(keras.callbacks.Callback):
             )
             return
         path = os.path.join(self.directory, f"epoch_{epoch + 1:04d}.keras")
-        strategy = self.model.distribute_strategy
+        strategy = model_strategy(self.model)
         with chief_writes(path, strategy) as target:
             tf.io.gfile.makedirs(os.path.dirname(target))
             with atomic_path(target) as temporary:

@@ -38,6 +38,8 @@ logger = logging.getLogger("keras_vit")
 LOSSES = ("softmax", "sigmoid")
 OBJECTIVES = ("supervised", "mpp")
 JIT_COMPILE = ("auto", "on", "off")
+# distribution.strategy on the JAX backend: data parallel over every device, or FSDP.
+JAX_STRATEGIES = ("auto", "fsdp")
 MAX_LEARNING_RATE = 10
 
 
@@ -268,10 +270,15 @@ class CheckpointingConfig:
 class DistributionConfig:
     """`distribution`: where and how the steps run.
 
-    `strategy` (`auto`, `tpu`, `mirrored`, `multiworker`, `cpu`), `precision` (`auto`,
+    `strategy` (`auto`, `tpu`, `mirrored`, `multiworker`, `cpu`; on JAX `auto`, data
+    parallel over every device, or `fsdp`, which also shards the weights), `precision` (`auto`,
     `float32`, `mixed_float16`, `mixed_bfloat16`), `jit_compile` (`auto`: XLA where the
     strategy allows it, `on`, `off`), `micro_batches_per_execution` (Keras'
-    `steps_per_execution`), `deterministic` (TensorFlow op determinism).
+    `steps_per_execution`), `deterministic` (TensorFlow op determinism). Several JAX
+    processes (`keras_vit.training.jax_processes`): `coordinator` (process 0's
+    `host:port`, or `"auto"`: found by `jax.distributed.initialize()` under Slurm or on a
+    TPU pod; default `$JAX_COORDINATOR_ADDRESS`), `num_processes` and `process_id`
+    (default `$JAX_NUM_PROCESSES`, `$JAX_PROCESS_ID`), `join_timeout` (seconds).
     """
 
     strategy: str = "auto"
@@ -279,14 +286,22 @@ class DistributionConfig:
     jit_compile: str = "auto"
     micro_batches_per_execution: int = 1
     deterministic: bool = False
+    coordinator: Optional[str] = None
+    num_processes: Optional[int] = None
+    process_id: Optional[int] = None
+    join_timeout: int = 300
 
     def validate(self):
         from keras_vit.training import distribute
 
-        check_choice("distribution.strategy", self.strategy, distribute.STRATEGIES)
+        check_choice("distribution.strategy", self.strategy, distribute.STRATEGIES + JAX_STRATEGIES[1:])
         check_choice("distribution.precision", self.precision, distribute.PRECISIONS)
         check_choice("distribution.jit_compile", self.jit_compile, JIT_COMPILE)
         check_positive_int("distribution.micro_batches_per_execution", self.micro_batches_per_execution)
+        check_positive_int("distribution.num_processes", self.num_processes, optional=True)
+        if self.process_id is not None:
+            check_non_negative_int("distribution.process_id", self.process_id)
+        check_positive_int("distribution.join_timeout", self.join_timeout)
 
 
 @dataclasses.dataclass

@@ -4,7 +4,8 @@
 backup left it, make the strategy, load the sources, plan the run's length, build the
 input pipelines, build and compile the model (in the strategy's scope), make the
 callbacks, fit, and write the final model and metrics to the run's output folder (see
-`keras_vit.training.runs`). TensorFlow backend only (tf.data and tf.distribute).
+`keras_vit.training.runs`). TensorFlow backend (tf.data, tf.distribute), or JAX
+(tf.data, `keras.distribution`; several processes: `keras_vit.training.jax_processes`).
 """
 
 import contextlib
@@ -71,11 +72,12 @@ class ResumableFit:
         if getattr(step_function, "passes_steps", False):
             return step_function
 
-        def train_function(iterator):
+        def train_function(*args):  # (iterator), or on JAX (state, iterator)
             if getattr(self, "_calls_to_pass", 0):
                 self._calls_to_pass -= 1
-                return self.get_metrics_result()
-            return step_function(iterator)
+                # On JAX the model's variables are fit's state meanwhile: no logs to read.
+                return self.get_metrics_result() if len(args) == 1 else ({}, args[0])
+            return step_function(*args)
 
         train_function.passes_steps = True
         self.train_function = train_function
@@ -181,10 +183,10 @@ class Plan:
 def check_run(config):
     """Validates `config` for a run on this backend; raises `ValueError` naming what is wrong."""
     config.validate()
-    if keras.backend.backend() != "tensorflow":
+    if keras.backend.backend() not in ("tensorflow", "jax"):
         raise RuntimeError(
-            "keras_vit.train runs on the TensorFlow backend (tf.data, tf.distribute); "
-            f"set KERAS_BACKEND=tensorflow (now {keras.backend.backend()!r})."
+            "keras_vit.train runs on the TensorFlow or the JAX backend; set "
+            f"KERAS_BACKEND=tensorflow or jax (now {keras.backend.backend()!r})."
         )
     init_from = config.model.init_from
     if init_from:
@@ -202,6 +204,8 @@ def check_run(config):
 # Settings a resumed run may change: where it runs and what it logs, not what it computes.
 RESUME_MAY_CHANGE = (
     "out", "distribution.strategy", "checkpointing.tensorboard", "checkpointing.keep_checkpoints",
+    "distribution.coordinator", "distribution.num_processes", "distribution.process_id",
+    "distribution.join_timeout",
 )
 
 
@@ -236,7 +240,19 @@ def resume_position(config):
 
 
 def make_strategy(config):
-    """Seeds the run and makes its `tf.distribute` strategy."""
+    """Seeds the run and makes its `tf.distribute` strategy; on JAX, joins the run's
+    processes and sets its `keras.distribution` (`keras_vit.training.jax_processes`)."""
+    if keras.backend.backend() == "jax":
+        from keras_vit.training import jax_processes
+
+        jax_processes.join(config.distribution, list(config.flat_items()))
+        keras.utils.set_random_seed(config.seed)
+        return jax_processes.make_distribution(config.distribution.strategy)
+    if config.distribution.strategy not in distribute.STRATEGIES:
+        raise ValueError(
+            f"distribution.strategy {config.distribution.strategy!r} runs on the JAX backend: "
+            "set KERAS_BACKEND=jax."
+        )
     keras.utils.set_random_seed(config.seed)
     if config.distribution.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -290,13 +306,28 @@ def write_config(config, written):
     _write_json(written(runs.CONFIG), config.to_dict())
 
 
+def describe_strategy(strategy):
+    """One line naming the run's strategy and its devices, for logs and `metrics.json`."""
+    if multiworker.on_jax(strategy):
+        from keras_vit.training.jax_processes import describe
+
+        return describe(strategy)
+    return distribute.describe(strategy)
+
+
 def precision_and_xla(config, strategy):
     """The dtype policy and whether to compile with XLA, as `config.distribution` and
     the strategy's devices allow."""
     distribution = config.distribution
-    policy = distribute.precision_policy(distribution.precision, strategy)
-    jit = {"on": True, "off": False}.get(distribution.jit_compile, distribute.jit_allowed(strategy))
-    logger.info("Strategy %s; precision %s; XLA %s.", distribute.describe(strategy), policy, jit)
+    if multiworker.on_jax(strategy):
+        from keras_vit.training import jax_processes
+
+        policy, jit = jax_processes.precision_policy(distribution.precision), True
+    else:
+        policy = distribute.precision_policy(distribution.precision, strategy)
+        jit = distribute.jit_allowed(strategy)
+    jit = {"on": True, "off": False}.get(distribution.jit_compile, jit)
+    logger.info("Strategy %s; precision %s; XLA %s.", describe_strategy(strategy), policy, jit)
     return policy, jit
 
 
@@ -430,9 +461,14 @@ def make_pipelines(config, sources, plan, strategy, position):
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         train_data = strategy.distribute_datasets_from_function(make_train)
         eval_data = sources.eval and strategy.distribute_datasets_from_function(make_eval)
-    else:
-        train_data = make_train()
-        eval_data = sources.eval and make_eval()
+    else:  # On JAX each process reads its share of each global batch.
+        context = None
+        if multiworker.on_jax(strategy):
+            from keras_vit.training.jax_processes import input_context
+
+            context = input_context(sources.eval.size if sources.eval else 0)
+        train_data = make_train(context)
+        eval_data = sources.eval and make_eval(context)
     return train_data, eval_data
 
 
@@ -630,7 +666,7 @@ def write_results(config, model, vit, eval_data, written, record):
     with atomic_path(written(runs.MODEL)) as path:
         vit.save(path)
     _write_json(written(runs.METRICS_JSON), dict(final=final, **record))
-    if multiworker.is_chief(model.distribute_strategy):
+    if multiworker.is_chief(multiworker.model_strategy(model)):
         TrainingBackup.remove(os.path.join(os.path.dirname(written(runs.MODEL)), runs.BACKUP))
     return final
 
@@ -697,6 +733,10 @@ def train(config, *, callbacks=(), verbose="auto", restart=False):
 
 def _run(config, strategy, written, callbacks, verbose):
     """The steps of `train` in the run folder it holds."""
+    if multiworker.on_jax(strategy):
+        from keras_vit.training.jax_processes import barrier
+
+        barrier("run folder ready")  # Process 0 has cleared it (restart) before any reads it.
     position = resume_position(config)
     write_config(config, written)
     policy, jit = precision_and_xla(config, strategy)
@@ -720,7 +760,7 @@ def _run(config, strategy, written, callbacks, verbose):
             eval_examples=sources.eval.size if sources.eval else 0,
             skipped_files=sources.skipped,
             seconds=seconds,
-            strategy=distribute.describe(strategy),
+            strategy=describe_strategy(strategy),
             precision=policy,
             jit_compile=jit,
         ),

@@ -76,3 +76,53 @@ def model_parallel(model_shards, devices=None):
         (len(devices) // model_shards, model_shards), ("batch", "model"), devices
     )
     return keras.distribution.ModelParallel(layout_map=layout_map(mesh), batch_dim_name="batch")
+
+
+def fsdp_axes(shape, shards, axis="batch"):
+    """The axes that shard a weight of `shape` over `shards` devices (FSDP): its largest
+    dimension that `shards` divides, or none (replicated) when no dimension does.
+
+    Example:
+
+    >>> fsdp_axes((64, 192), 4)
+    (None, 'batch')
+    >>> fsdp_axes((10,), 4)
+    (None,)
+    """
+    divisible = [d for d in range(len(shape)) if shape[d] % shards == 0]
+    largest = max(divisible, key=lambda d: (shape[d], -d), default=None)
+    return tuple(axis if d == largest else None for d in range(len(shape)))
+
+
+class FullyShardedDataParallel(keras.distribution.ModelParallel):
+    """Data parallelism with every weight sharded over the same devices (FSDP, as
+    big_vision's `fsdp`): each device holds `1/N` of each weight (`fsdp_axes`; weights
+    with no dimension that N divides stay whole), and so of the optimizer's slots, which
+    Keras creates with their weights' layouts. XLA gathers a weight where a step uses it
+    and reduce-scatters its gradient, so training computes what one device does. Set it
+    with `keras.distribution.set_distribution(...)` before building the model.
+
+    Args:
+        devices: the devices (default: all, of every process); batches are split over them.
+        auto_shard_dataset: as `keras.distribution.DataParallel`'s.
+
+    Example:
+
+    >>> distribution = FullyShardedDataParallel(keras.distribution.list_devices()[:1])
+    >>> tuple(distribution.device_mesh.axis_names)
+    ('batch',)
+    """
+
+    def __init__(self, devices=None, auto_shard_dataset=True):
+        devices = devices or keras.distribution.list_devices()
+        mesh = keras.distribution.DeviceMesh((len(devices),), ("batch",), devices)
+        super().__init__(
+            layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="batch",
+            auto_shard_dataset=auto_shard_dataset,
+        )
+
+    def get_variable_layout(self, variable):
+        if getattr(variable, "_layout", None) is not None:
+            return variable._layout
+        shards = self.device_mesh.shape[0]
+        return keras.distribution.TensorLayout(fsdp_axes(variable.shape, shards), self.device_mesh)

@@ -34,16 +34,39 @@ def in_multi_worker_mode(strategy):
     ) and keras_compat.in_multi_worker_mode(strategy)
 
 
+def on_jax(strategy):
+    """Whether `strategy` is a `keras.distribution` (the JAX backend: see
+    `keras_vit.training.jax_processes`) rather than a `tf.distribute` strategy.
+
+    Example:
+
+    >>> on_jax(tf.distribute.get_strategy())
+    False
+    """
+    return isinstance(strategy, (keras.distribution.DataParallel, keras.distribution.ModelParallel))
+
+
+def model_strategy(model):
+    """The strategy `model` trains under: its `tf.distribute` strategy, or on JAX the
+    current `keras.distribution` (None without one)."""
+    return getattr(model, "distribute_strategy", None) or keras.distribution.distribution()
+
+
 def is_chief(strategy=None):
     """Whether this worker writes the run's files: the chief, or worker 0 without one.
 
-    True for every single-worker strategy (default: the current one).
+    True for every single-worker strategy (default: the current one). With a
+    `keras.distribution` (JAX), whether this is process 0.
 
     Example:
 
     >>> is_chief(tf.distribute.get_strategy())
     True
     """
+    if on_jax(strategy):
+        from keras_vit.training.jax_processes import is_chief as is_process_0
+
+        return is_process_0()
     strategy = strategy or tf.distribute.get_strategy()
     return strategy.extended.should_checkpoint
 
@@ -53,7 +76,8 @@ def write_path(path, strategy=None):
 
     The chief writes `path` itself; any other worker writes the same name inside a
     `workertemp_{task_id}` folder beside it, which it deletes when done (see
-    `chief_writes`). Every worker must take part in a save: reading distributed state
+    `chief_writes`); a JAX process other than 0 writes in a temporary folder of its own
+    (`keras_vit.training.jax_processes.scratch_path`). Every worker must take part in a save: reading distributed state
     (such as metrics) runs collective ops across the workers.
 
     Example:
@@ -64,6 +88,12 @@ def write_path(path, strategy=None):
     strategy = strategy or tf.distribute.get_strategy()
     if is_chief(strategy):
         return path
+    if on_jax(strategy):
+        from keras_vit.training.jax_processes import scratch_path
+
+        target = scratch_path(path)
+        tf.io.gfile.makedirs(os.path.dirname(target))
+        return target
     folder, name = os.path.split(path)
     temp = os.path.join(folder, f"{WORKER_TEMP}{strategy.cluster_resolver.task_id}")
     tf.io.gfile.makedirs(temp)
@@ -159,15 +189,20 @@ class MultiWorkerFit(keras_compat.SymbolicBuildHook):
         # With several workers Keras reduces each replica's step logs (its own on-read
         # metric values) with `strategy.reduce("MEAN", value, axis=0)`, which fails for
         # scalars. A leading axis of 1 makes it the mean over replicas, a scalar again.
-        if not in_multi_worker_mode(self.distribute_strategy):
+        if not in_multi_worker_mode(model_strategy(self)):
             return logs
         return {name: value[None] if len(value.shape) == 0 else value for name, value in logs.items()}
 
-    def train_step(self, data):
-        return self._replica_logs(super().train_step(data))
+    # On JAX (`(state, data)` in, `(logs, state)` out) the steps are Keras' own.
+    def train_step(self, *args):
+        if len(args) > 1:
+            return super().train_step(*args)
+        return self._replica_logs(super().train_step(*args))
 
-    def test_step(self, data):
-        return self._replica_logs(super().test_step(data))
+    def test_step(self, *args):
+        if len(args) > 1:
+            return super().test_step(*args)
+        return self._replica_logs(super().test_step(*args))
 
 
 @serializable
