@@ -119,19 +119,21 @@ class KerasViT:
         return self.model.predict_on_batch(self.images)
 
     def api_steps(self, steps):
-        """`steps` batches through `model.predict`, or `steps` training steps of one
-        `model.fit` (the `keras-api` interface)."""
+        """A call (its inputs made, not yet run) of `steps` batches through
+        `model.predict`, or of `steps` training steps of one `model.fit` (the
+        `keras-api` interface)."""
         images, labels = repeated(self.numpy_images, steps), repeated(self.numpy_labels, steps)
+        model = self.model
         if self.mode != "train":
-            return self.model.predict(images, batch_size=self.batch, verbose=0)
+            return lambda: model.predict(images, batch_size=self.batch, verbose=0)
         if self.keras.backend.backend() == "torch":
-            return self.model.fit(
+            return lambda: model.fit(
                 images, labels, batch_size=self.batch, epochs=1, shuffle=False, verbose=0
             )
         import tensorflow as tf
 
-        batches = tf.data.Dataset.from_tensors((self.numpy_images, self.numpy_labels))
-        return self.model.fit(batches.repeat(), epochs=1, steps_per_epoch=steps, verbose=0)
+        batches = tf.data.Dataset.from_tensors((self.numpy_images, self.numpy_labels)).repeat()
+        return lambda: model.fit(batches, epochs=1, steps_per_epoch=steps, verbose=0)
 
     def matmul_gflops(self):
         return matmul_gflops(self.keras.backend.backend(), self.precision)
@@ -213,22 +215,29 @@ class HFViT:
         return logits.float().cpu()
 
     def api_steps(self, steps):
-        """The `keras-api` peer: `steps` numpy batches, each converted with
+        """The `keras-api` peer, as a call: `steps` numpy batches, each converted with
         `torch.from_numpy`; inference under `torch.inference_mode`, the logits
         gathered as numpy as `model.predict` gathers them."""
         torch = self.torch
-        batches = [
-            (torch.from_numpy(self.numpy_images).to(self.device),
-             torch.from_numpy(self.numpy_labels).to(self.device))
-            for _ in range(steps)
-        ]
-        if self.mode == "train":
-            return [self.step(images, labels) for images, labels in batches]
-        outputs = []
-        for images, _ in batches:
-            with torch.inference_mode(), self.autocast:
-                outputs.append(self.model(pixel_values=images).logits.float().cpu().numpy())
-        return np.concatenate(outputs)
+        images, labels = repeated(self.numpy_images, steps), repeated(self.numpy_labels, steps)
+        starts = range(0, len(images), len(self.numpy_images))
+        batches = [(images[i : i + len(self.numpy_images)], labels[i : i + len(self.numpy_images)])
+                   for i in starts]
+
+        def run():
+            converted = [
+                (torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device))
+                for x, y in batches
+            ]
+            if self.mode == "train":
+                return [self.step(x, y) for x, y in converted]
+            outputs = []
+            for x, _ in converted:
+                with torch.inference_mode(), self.autocast:
+                    outputs.append(self.model(pixel_values=x).logits.float().cpu().numpy())
+            return np.concatenate(outputs)
+
+        return run
 
     def matmul_gflops(self):
         return matmul_gflops("torch", self.precision)
@@ -249,7 +258,7 @@ def timed_round(runner, interface, steps):
         return [timed(runner.step) for _ in range(steps)]
     if interface != "keras-api":
         raise ValueError(f"Unknown interface {interface!r}: expected one of {INTERFACES}.")
-    return [timed(lambda: runner.api_steps(steps)) / steps] * steps
+    return [timed(runner.api_steps(steps)) / steps] * steps
 
 
 def device_name(framework):
