@@ -10,7 +10,17 @@ everything the libraries print goes to stderr.
 
 Contenders: `keras-tensorflow`, `keras-jax`, `keras-torch` (keras-vit on each Keras
 backend, with the model's default compilation) and `hf-torch` (HF transformers'
-`ViTForImageClassification`, eager PyTorch). PyTorch gets
+`ViTForImageClassification`, eager PyTorch).
+
+Interfaces (`round`'s `interface`): `harness` times one step at a time on tensors made
+once (Keras' `predict_on_batch` and `train_on_batch`; HF's forward under
+`torch.no_grad`, and its training step); `keras-api` times the calls users make, on
+numpy batches made once: one `model.predict(images, batch_size=batch)` over the
+round's batches and one `model.fit` of the round's steps, from a repeated `tf.data`
+dataset on TensorFlow and JAX and from numpy arrays on PyTorch; HF's peer converts
+each numpy batch with `torch.from_numpy` and runs its forward under
+`torch.inference_mode` (its training step as in the harness). A `keras-api` round
+reports its time split evenly over its steps. PyTorch gets
 `torch.set_num_threads(TORCH_THREADS)` on the CPU, TensorFlow and JAX keep their default
 thread pools (one thread per core).
 
@@ -34,6 +44,7 @@ import time
 import numpy as np
 
 CONTENDERS = ("keras-tensorflow", "keras-jax", "keras-torch", "hf-torch")
+INTERFACES = ("harness", "keras-api")
 PRECISIONS = ("float32", "bfloat16", "int8")
 TORCH_THREADS = 2
 LEARNING_RATE = 1e-3
@@ -83,6 +94,7 @@ class KerasViT:
         if precision == "int8":
             self.model.quantize("int8")
         images, labels = _data(batch, image_size, channels_first=False)
+        self.batch, self.numpy_images, self.numpy_labels = batch, images, labels
         self.images = keras.ops.convert_to_tensor(images)
         self.labels = keras.ops.convert_to_tensor(labels)
         self.mode = None
@@ -105,6 +117,23 @@ class KerasViT:
         if self.mode == "train":
             return self.model.train_on_batch(self.images, self.labels)
         return self.model.predict_on_batch(self.images)
+
+    def api_steps(self, steps):
+        """A call (its inputs made, not yet run) of `steps` batches through
+        `model.predict`, or of `steps` training steps of one `model.fit` (the
+        `keras-api` interface)."""
+        images, labels = repeated(self.numpy_images, steps), repeated(self.numpy_labels, steps)
+        model = self.model
+        if self.mode != "train":
+            return lambda: model.predict(images, batch_size=self.batch, verbose=0)
+        if self.keras.backend.backend() == "torch":
+            return lambda: model.fit(
+                images, labels, batch_size=self.batch, epochs=1, shuffle=False, verbose=0
+            )
+        import tensorflow as tf
+
+        batches = tf.data.Dataset.from_tensors((self.numpy_images, self.numpy_labels)).repeat()
+        return lambda: model.fit(batches, epochs=1, steps_per_epoch=steps, verbose=0)
 
     def matmul_gflops(self):
         return matmul_gflops(self.keras.backend.backend(), self.precision)
@@ -151,6 +180,7 @@ class HFViT:
             else contextlib.nullcontext()
         )
         images, labels = _data(batch, image_size, channels_first=True)
+        self.numpy_images, self.numpy_labels = images, labels
         self.images = torch.from_numpy(images).to(self.device)
         self.labels = torch.from_numpy(labels).to(self.device)
         self.mode = None
@@ -167,26 +197,68 @@ class HFViT:
             self.model.eval()
         return {"attn_implementation": self.model.config._attn_implementation}
 
-    def step(self):
+    def step(self, images=None, labels=None):
         torch = self.torch
+        images = self.images if images is None else images
+        labels = self.labels if labels is None else labels
         if self.mode == "train":
             with self.autocast:
-                logits = self.model(pixel_values=self.images).logits
-                loss = torch.nn.functional.cross_entropy(logits.float(), self.labels)
+                logits = self.model(pixel_values=images).logits
+                loss = torch.nn.functional.cross_entropy(logits.float(), labels)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP_NORM)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             return loss.item()
         with torch.no_grad(), self.autocast:
-            logits = self.model(pixel_values=self.images).logits
+            logits = self.model(pixel_values=images).logits
         return logits.float().cpu()
+
+    def api_steps(self, steps):
+        """The `keras-api` peer, as a call: `steps` numpy batches, each converted with
+        `torch.from_numpy`; inference under `torch.inference_mode`, the logits
+        gathered as numpy as `model.predict` gathers them."""
+        torch = self.torch
+        images, labels = repeated(self.numpy_images, steps), repeated(self.numpy_labels, steps)
+        starts = range(0, len(images), len(self.numpy_images))
+        batches = [(images[i : i + len(self.numpy_images)], labels[i : i + len(self.numpy_images)])
+                   for i in starts]
+
+        def run():
+            converted = [
+                (torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device))
+                for x, y in batches
+            ]
+            if self.mode == "train":
+                return [self.step(x, y) for x, y in converted]
+            outputs = []
+            for x, _ in converted:
+                with torch.inference_mode(), self.autocast:
+                    outputs.append(self.model(pixel_values=x).logits.float().cpu().numpy())
+            return np.concatenate(outputs)
+
+        return run
 
     def matmul_gflops(self):
         return matmul_gflops("torch", self.precision)
 
     def device_name(self):
         return device_name("torch")
+
+
+def repeated(array, times):
+    """`array` stacked `times` times along its first axis (a numpy copy)."""
+    return np.concatenate([array] * times)
+
+
+def timed_round(runner, interface, steps):
+    """Seconds of each of `steps` steps of `runner` through `interface` (a
+    `keras-api` round is timed whole and split evenly)."""
+    if interface == "harness":
+        return [timed(runner.step) for _ in range(steps)]
+    if interface != "keras-api":
+        raise ValueError(f"Unknown interface {interface!r}: expected one of {INTERFACES}.")
+    return [timed(runner.api_steps(steps)) / steps] * steps
 
 
 def device_name(framework):
@@ -256,9 +328,10 @@ def serve(contender, requests, replies):
 
     Requests: `{"op": "setup", "arch", "image_size", "batch", "precision"}` (`arch`:
     the `keras_vit.ViT` architecture arguments, as `keras_vit.parse_variant` returns them),
-    `{"op": "prepare", "mode": "infer" | "train", "warmup"}` (compiles and runs
-    untimed steps), `{"op": "round", "steps"}` (timed steps, then a matmul
-    probe), `{"op": "exit"}`.
+    `{"op": "prepare", "mode": "infer" | "train", "warmup", "interfaces"}` (compiles
+    and runs untimed steps through each interface, default `["harness"]`),
+    `{"op": "round", "steps", "interface"}` (timed steps, default through the
+    harness, then a matmul probe), `{"op": "exit"}`.
     """
     runner = None
     for line in requests:
@@ -276,11 +349,13 @@ def serve(contender, requests, replies):
             reply = {"device": runner.device_name()}
         elif op == "prepare":
             reply = runner.prepare(request["mode"])
-            for _ in range(request["warmup"]):
-                runner.step()
+            for interface in request.get("interfaces", ["harness"]):
+                for _ in range(request["warmup"]):
+                    timed_round(runner, interface, 1)
         elif op == "round":
             cpu = cpu_seconds()
-            reply = {"step_s": [timed(runner.step) for _ in range(request["steps"])]}
+            interface = request.get("interface", "harness")
+            reply = {"step_s": timed_round(runner, interface, request["steps"])}
             reply["cpu_s"] = cpu_seconds() - cpu
             reply["matmul_gflops"] = runner.matmul_gflops()
         else:

@@ -3,6 +3,7 @@
     python bench/models.py            # the full table (15-30 minutes on 2 cores)
     python bench/models.py --quick    # a smoke run: Ti/16 at 224, 2 short rounds
     python bench/models.py --out bench/results.json --contenders keras-tensorflow,hf-torch
+    python bench/models.py --keras-api  # also through Keras' predict and fit (rows "keras-api")
 
 Each contender (see `bench/contenders.py`) runs in its own worker process that stays
 alive; the driver asks the workers for one timed round each in turn, rotating the
@@ -19,7 +20,12 @@ Rows come in three precisions (see `bench/contenders.py`): float32, bfloat16 (Ke
 `mixed_bfloat16` policy against HF under `torch.autocast`) and int8 inference (Keras'
 `quantize("int8")` against PyTorch's dynamic int8 quantisation); each row's "x HF" is
 against HF at the same precision, and the "% of peak" of a bfloat16 row is against the
-bfloat16 matmul probe. The machine's CPU flags that matter for reduced precision
+bfloat16 matmul probe. With `--keras-api` every row is timed twice in the same
+workers, alternated: through the harness (`predict_on_batch` and `train_on_batch` on
+tensors made once) and through the calls users make (`model.predict` on numpy,
+`model.fit` on a `tf.data` pipeline, or numpy on PyTorch), HF's peer then running
+under `torch.inference_mode` on numpy batches (see `bench/contenders.py`); a row's
+"x HF" is against HF through the same interface. The machine's CPU flags that matter for reduced precision
 (`avx512_bf16`, `amx_bf16`, `amx_int8`, ...) are recorded with the results.
 """
 
@@ -39,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("KERAS_BACKEND", "jax")  # the driver only counts FLOPs
 
-from bench.contenders import CONTENDERS, PRECISIONS, TORCH_THREADS  # noqa: E402
+from bench.contenders import CONTENDERS, INTERFACES, PRECISIONS, TORCH_THREADS  # noqa: E402
 
 REFERENCE = "hf-torch"
 BATCH = 32
@@ -57,12 +63,25 @@ PLANS = {
         warmup=2,
         batch=BATCH,
     ),
+    "smoke": dict(  # a check that every path runs, in seconds: no figure to quote
+        groups=[("tiny", "float32", {"infer": (32,), "train": (32,)})],
+        rounds=1,
+        steps={"infer": 1, "train": 1},
+        warmup=1,
+        batch=4,
+    ),
     "quick": dict(
         groups=[("Ti/16", "float32", {"infer": (224,), "train": (224,)})],
         rounds=2,
         steps={"infer": 1, "train": 1},
         warmup=1,
         batch=BATCH,
+    ),
+}
+# Architectures of the plans' variants that are not paper variants.
+ARCHS = {
+    "tiny": dict(
+        patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64, resnet_stages=None
     ),
 }
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
@@ -127,9 +146,10 @@ def _rotated(items, shift):
     return items[shift:] + items[:shift]
 
 
-def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo):
+def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo,
+              interfaces=("harness",)):
     """Times every contender on `arch` (named `variant`) in `precision` for each
-    (mode, image size) in `tasks`."""
+    (mode, image size) in `tasks`, through each of `interfaces` (`bench/contenders.py`)."""
     batch = plan["batch"]
     sizes = sorted({size for mode_sizes in tasks.values() for size in mode_sizes})
     workers = {(c, size): Worker(c, log_dir) for c in contenders for size in sizes}
@@ -142,10 +162,13 @@ def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo):
         devices = {key: worker.receive()["device"] for key, worker in workers.items()}
         modes = [mode for mode in ("infer", "train") if tasks.get(mode)]
         for index, mode in enumerate(modes):
-            keys = [(c, size) for c in contenders for size in tasks[mode]]
-            for key in keys:
-                workers[key].send(op="prepare", mode=mode, warmup=plan["warmup"])
-            prepared = {key: workers[key].receive() for key in keys}
+            sized = [(c, size) for c in contenders for size in tasks[mode]]
+            for key in sized:
+                workers[key].send(
+                    op="prepare", mode=mode, warmup=plan["warmup"], interfaces=list(interfaces)
+                )
+            prepared = {key: workers[key].receive() for key in sized}
+            keys = [(c, size, i) for c, size in sized for i in interfaces]
             echo(
                 f"{variant} {precision} {mode}: compiled and warmed up; "
                 f"timing {plan['rounds']} rounds"
@@ -153,10 +176,12 @@ def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo):
             rounds = {key: [] for key in keys}
             for r in range(plan["rounds"]):
                 for key in _rotated(keys, r):
-                    reply = workers[key].ask(op="round", steps=plan["steps"][mode])
+                    reply = workers[key[:2]].ask(
+                        op="round", steps=plan["steps"][mode], interface=key[2]
+                    )
                     rounds[key].append(reply)
                     echo(
-                        f"  round {r + 1} {key[0]:<17} {key[1]}px "
+                        f"  round {r + 1} {key[0]:<17} {key[1]}px {key[2]:<9} "
                         f"{batch * len(reply['step_s']) / sum(reply['step_s']):7.2f} img/s"
                     )
             for size in tasks[mode]:
@@ -164,11 +189,12 @@ def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo):
                 if mode == "train":
                     flops *= TRAIN_FLOPS_FACTOR
                 peaks = [
-                    max(rounds[(c, size)][r]["matmul_gflops"] for c in contenders)
+                    max(rounds[(c, size, i)][r]["matmul_gflops"]
+                        for c in contenders for i in interfaces)
                     for r in range(plan["rounds"])
                 ]
-                for c in contenders:
-                    replies = rounds[(c, size)]
+                for c, i in [(c, i) for i in interfaces for c in contenders]:
+                    replies = rounds[(c, size, i)]
                     entries.append(
                         dict(
                             variant=variant,
@@ -176,6 +202,7 @@ def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo):
                             image_size=size,
                             mode=mode,
                             contender=c,
+                            interface=i,
                             device=devices[(c, size)],
                             batch=batch,
                             flops_per_image=flops,
@@ -205,10 +232,7 @@ def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo):
 
 def summarise(entries):
     """Adds medians, ratios to HF, % of matmul peak, and the 224 -> 384 cost growth."""
-    by_key = {
-        (e["variant"], e["precision"], e["image_size"], e["mode"], e["contender"]): e
-        for e in entries
-    }
+    by_key = {_key(e): e for e in entries}
     for e in entries:
         rates = e["images_per_s"]
         e["median_images_per_s"] = statistics.median(rates)
@@ -222,14 +246,14 @@ def summarise(entries):
             for rate, peak in zip(rates, e["round_peak_gflops"])
         )
         for name, other in (("vs_hf", REFERENCE), ("vs_tensorflow", "keras-tensorflow")):
-            ref = by_key.get((e["variant"], e["precision"], e["image_size"], e["mode"], other))
+            ref = by_key.get(_key(e, contender=other))
             if ref is not None and other != e["contender"]:
                 e[f"ratio_{name}"] = statistics.median(
                     a / b for a, b in zip(rates, ref["images_per_s"])
                 )
     growth = []
-    for (variant, precision, size, mode, contender), e in by_key.items():
-        big = by_key.get((variant, precision, 384, mode, contender))
+    for (variant, precision, size, mode, contender, interface), e in by_key.items():
+        big = by_key.get(_key(e, image_size=384))
         if size != 224 or big is None:
             continue
         growth.append(
@@ -238,6 +262,7 @@ def summarise(entries):
                 precision=precision,
                 mode=mode,
                 contender=contender,
+                interface=interface,
                 tokens=(_tokens(variant, 224), _tokens(variant, 384)),
                 flop_ratio=big["flops_per_image"] / e["flops_per_image"],
                 time_ratio=statistics.median(
@@ -246,6 +271,15 @@ def summarise(entries):
             )
         )
     return growth
+
+
+def _key(entry, **changes):
+    """An entry's row key, with `changes` (e.g. `contender=`) in place of its own."""
+    entry = {**entry, **changes}
+    return tuple(
+        entry.get(name, "harness") for name in
+        ("variant", "precision", "image_size", "mode", "contender", "interface")
+    )
 
 
 def _tokens(variant, image_size):
@@ -288,21 +322,22 @@ def format_table(entries, growth, peaks):
         f"batch {entries[0]['batch']}; machine matmul peak (median of per-round best): "
         + ", ".join(f"{precision} {peak:.0f} GFLOP/s" for precision, peak in peaks.items()),
         "",
-        "| model | precision | px | task | contender | img/s | x HF | GFLOP/s | % peak "
-        "| cores used | peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | precision | px | task | contender | called through | img/s | x HF "
+        "| GFLOP/s | % peak | cores used | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in entries:
         ratio = e.get("ratio_vs_hf")
         lines.append(
             f"| {e['variant']} | {e['precision']} | {e['image_size']} | {e['mode']} "
-            f"| {e['contender']} "
+            f"| {e['contender']} | {e.get('interface', 'harness')} "
             f"| {e['median_images_per_s']:.1f} | {'' if ratio is None else f'{ratio:.2f}'} "
             f"| {e['median_gflops_per_s']:.0f} | {100 * e['median_fraction_of_peak']:.0f} "
             f"| {e['median_cores_used']:.2f} | {e['peak_rss_mib']:.0f} |"
         )
     jax_vs_tf = [
-        f"{e['variant']} {e['precision']} {e['image_size']} {e['mode']}: "
+        f"{e['variant']} {e['precision']} {e['image_size']} {e['mode']} "
+        f"{e.get('interface', 'harness')}: "
         f"{e['ratio_vs_tensorflow']:.2f}"
         for e in entries
         if e["contender"] == "keras-jax" and "ratio_vs_tensorflow" in e
@@ -312,12 +347,14 @@ def format_table(entries, growth, peaks):
     if growth:
         lines += [
             "",
-            "| model | precision | task | contender | tokens | time per image x | FLOPs x |",
-            "|---|---|---|---|---|---|---|",
+            "| model | precision | task | contender | called through | tokens "
+            "| time per image x | FLOPs x |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for g in growth:
             lines.append(
                 f"| {g['variant']} | {g['precision']} | {g['mode']} | {g['contender']} "
+                f"| {g['interface']} "
                 f"| {g['tokens'][0]} -> {g['tokens'][1]} | {g['time_ratio']:.2f} "
                 f"| {g['flop_ratio']:.2f} |"
             )
@@ -336,7 +373,15 @@ def chosen(parser, what, text, choices):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    parser.add_argument("--quick", action="store_true", help="a short run: Ti/16 at 224")
+    parser.add_argument(
+        "--smoke", action="store_true",
+        help="a check that every path runs: a tiny model, one short round (no figures)",
+    )
+    parser.add_argument(
+        "--keras-api", action="store_true",
+        help="also time Keras' predict and fit (and HF under inference_mode) beside the harness",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--rounds", type=int, help="override the plan's rounds")
@@ -346,7 +391,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     contenders = chosen(parser, "contenders", args.contenders, CONTENDERS)
     precisions = chosen(parser, "precisions", args.precisions, PRECISIONS)
-    plan = dict(PLANS["quick" if args.quick else "full"])
+    plan = dict(PLANS["smoke" if args.smoke else "quick" if args.quick else "full"])
+    interfaces = INTERFACES[::-1] if args.keras_api else ("harness",)  # Keras-API rows first
     plan["groups"] = [group for group in plan["groups"] if group[1] in precisions]
     if not plan["groups"]:
         parser.error(f"the plan has no rows in {', '.join(precisions)}")
@@ -360,8 +406,9 @@ def main(argv=None):
 
     with tempfile.TemporaryDirectory() as log_dir:
         for variant, precision, tasks in plan["groups"]:
+            arch = ARCHS[variant] if variant in ARCHS else parse_variant(variant)
             entries += run_group(
-                variant, parse_variant(variant), precision, tasks, contenders, plan, log_dir, echo
+                variant, arch, precision, tasks, contenders, plan, log_dir, echo, interfaces
             )
     growth = summarise(entries)
     peaks = {
@@ -379,7 +426,7 @@ def main(argv=None):
         load_average_before=load_before,
         load_average_after=os.getloadavg(),
         machine=machine(),
-        plan={**plan, "contenders": contenders},
+        plan={**plan, "contenders": contenders, "interfaces": list(interfaces)},
         matmul_peak_gflops=peaks,
         entries=entries,
         growth=growth,

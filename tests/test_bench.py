@@ -78,3 +78,23 @@ def test_predict_benchmark_times_keras_vit_and_hfs_pipeline_on_the_same_files(tm
     # The same weights and [-1, 1] scaling: only the resize filters differ (PIL antialiases).
     assert keras_row["top1_agreement"] >= 0.75
     assert keras_row["startup_s"] > 0 and "| keras-tensorflow |" in stdout
+
+
+@pytest.mark.slow
+def test_models_benchmark_times_keras_predict_and_fit_beside_the_harness(tmp_path):
+    out = tmp_path / "results.json"
+    stdout = run_bench("models.py", "--smoke", "--keras-api", "--out", str(out))
+    report = json.loads(out.read_text())
+    rows = {(e["contender"], e["mode"], e["interface"]): e for e in report["entries"]}
+    assert set(rows) == {
+        (c, m, i) for c in ("keras-tensorflow", "keras-jax", "keras-torch", "hf-torch")
+        for m in ("infer", "train") for i in ("keras-api", "harness")
+    }
+    for (contender, mode, interface), e in rows.items():
+        assert e["median_images_per_s"] > 0
+        if contender != "hf-torch":  # against HF through the same interface, same rounds
+            hf = rows[("hf-torch", mode, interface)]
+            assert e["ratio_vs_hf"] == pytest.approx(
+                e["images_per_s"][0] / hf["images_per_s"][0])
+    # The Keras-API rows come first in the table.
+    assert stdout.index("| keras-api |") < stdout.index("| harness |")
