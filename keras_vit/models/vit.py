@@ -102,6 +102,8 @@ class ViTParts:
         head: the classification `Dense`, or None (`include_top=False`).
         head_dist: DeiT's distillation head `Dense` on the distillation token, whose
             logits are averaged with the head's, or None.
+        registers: the `ClassToken` holding the register tokens (`num_registers`),
+            after the class (and distillation) token, or None.
 
     Example:
 
@@ -124,6 +126,7 @@ class ViTParts:
     head: Optional[keras.layers.Dense]
     distillation_token: Optional[vit_layers.ClassToken] = None
     head_dist: Optional[keras.layers.Dense] = None
+    registers: Optional[vit_layers.ClassToken] = None
 
     @property
     def patch_embedding(self):
@@ -154,8 +157,15 @@ class ViTParts:
     @property
     def prefix_tokens(self):
         """The `ClassToken`s whose tokens stand in front of the patches, in token
-        order: the class token, then a distillation token."""
-        return tuple(t for t in (self.class_token, self.distillation_token) if t is not None)
+        order: the class token, then a distillation token, then the registers."""
+        tokens = (self.class_token, self.distillation_token, self.registers)
+        return tuple(t for t in tokens if t is not None)
+
+    @property
+    def num_prefix_tokens(self):
+        """How many tokens stand in front of the patches (timm's `num_prefix_tokens`):
+        what the patch maps, attention maps and patch-token pooling leave out."""
+        return sum(token.num_tokens for token in self.prefix_tokens)
 
     @property
     def heads(self):
@@ -217,6 +227,8 @@ FAMILY_DEFAULTS = dict(
     no_embed_class=False,
     layer_scale_init=None,
     layer_norm_epsilon=1e-6,
+    num_registers=0,
+    mlp="gelu",
 )
 RATE_ARGUMENTS = ("dropout_rate", "attention_dropout_rate", "drop_path_rate")
 # What fixes the shapes of the weights (with the family switches): the arguments a
@@ -324,7 +336,8 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             with zeros at the bottom and the right to the next multiple of the patch
             size (times a hybrid trunk's stride), as timm's `dynamic_img_pad=True`.
         pos_interpolation: how `dynamic_image_size` resamples the learned position
-            table: `"bicubic_antialias"` (timm's) or `"bilinear_align_corners"` (vit_jax's).
+            table: `"bicubic_antialias"` (timm's), `"bilinear_align_corners"` (vit_jax's)
+            or `"bicubic"` (HF's `Dinov2Model`; see `keras_vit.models.posembed`).
         num_classes: width of the (zero-initialised) classification head.
         classifier: `"token"` (class token) or `"gap"` (mean of the patch tokens).
         representation_size: width of the `pre_logits` Dense + tanh, or None.
@@ -351,6 +364,14 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             block's residual branches (DeiT III, timm's `init_values`: 1e-6).
         layer_norm_epsilon: the epsilon of every LayerNorm (1e-6 as vit_jax and timm;
             HF's DeiT and ViT configs default to 1e-12).
+        num_registers: learned register tokens after the class (and distillation)
+            token, without position embedding (Darcet et al. 2023; DINOv2 with
+            registers: 4; timm's `reg_tokens`). They take part in attention only: the
+            pooling, feature maps and attention maps leave them out. Needs
+            `classifier="token"`.
+        mlp: the blocks' MLP: `"gelu"` (the paper's) or `"swiglu"` (DINOv2's giant
+            model: `silu(gate) * up` of a `Dense(2 * mlp_dim)`, then `Dense(D)`; see
+            `TransformerBlock`).
         data_format: only `"channels_last"` (the default) is supported.
         name: model name (default `"vit"` or `"vit-{variant}"`).
         dtype: the dtype policy of the layers (default: the global policy); the head
@@ -406,6 +427,8 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         no_embed_class=False,
         layer_scale_init=None,
         layer_norm_epsilon=1e-6,
+        num_registers=0,
+        mlp="gelu",
         data_format=None,
         name=None,
         dtype=None,
@@ -447,6 +470,8 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             no_embed_class=no_embed_class,
             layer_scale_init=layer_scale_init,
             layer_norm_epsilon=layer_norm_epsilon,
+            num_registers=num_registers,
+            mlp=mlp,
         )
         if dynamic_image_pad and not dynamic_image_size:
             raise ValueError(
@@ -620,7 +645,19 @@ def _check_family(classifier, **family):
     epsilon = family["layer_norm_epsilon"]
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
         raise ValueError(f"layer_norm_epsilon must be a positive number, got {epsilon!r}.")
+    _check_registers(classifier, family["num_registers"])
+    check_choice("mlp", family["mlp"], vit_layers.MLPS)
     return family
+
+
+def _check_registers(classifier, count):
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"num_registers must be a whole number, 0 or more, got {count!r}.")
+    if count and classifier != "token":
+        raise ValueError(
+            f"num_registers={count} puts register tokens after the class token, but "
+            f"classifier={classifier!r} has none: pass classifier='token'."
+        )
 
 
 def _build_graph(
@@ -629,7 +666,7 @@ def _build_graph(
     mlp_dim, resnet_stages, classifier, representation_size, pos_embedding, dropout_rate,
     attention_dropout_rate, drop_path_rate, gelu_approximate, include_top, pooling,
     channels, head_bias_init, distilled, distillation_head, no_embed_class,
-    layer_scale_init, layer_norm_epsilon, data_format,
+    layer_scale_init, layer_norm_epsilon, data_format, num_registers, mlp,
 ):
     """The model's input, output and `ViTParts`, from checked architecture arguments.
 
@@ -656,9 +693,13 @@ def _build_graph(
         name="patch_encoder",
     )
     x = patch_encoder(patches(x))
-    class_token = distillation_token = None
+    class_token = distillation_token = registers = None
     # Prefix tokens learn their own position rows unless no_embed_class.
     use_position = pos_embedding.startswith("learned") and not no_embed_class
+    if num_registers:  # prepended first, so that they follow the other prefix tokens
+        # Without position rows, as DINOv2's: added after the position embedding.
+        registers = vit_layers.ClassToken(num_tokens=num_registers, name="registers")
+        x = registers(x)
     if distilled:  # prepended first, so that it follows the class token
         distillation_token = vit_layers.ClassToken(
             use_position=use_position, name="distillation_token"
@@ -681,6 +722,7 @@ def _build_graph(
                 gelu_approximate=gelu_approximate,
                 layer_scale_init=layer_scale_init,
                 layer_norm_epsilon=layer_norm_epsilon,
+                mlp=mlp,
                 name=BLOCK_NAME.format(index=i),
             )
         )
@@ -724,7 +766,7 @@ def _build_graph(
         x = head(x)
     parts = ViTParts(
         stem, patches, patch_encoder, class_token, dropout, tuple(blocks), norm, pool,
-        pre_logits, head, distillation_token, head_dist,
+        pre_logits, head, distillation_token, head_dist, registers,
     )
     return images, x, parts
 
