@@ -467,7 +467,8 @@ class PatchEncoder(keras.layers.Layer):
             (row and column tables of D/2 each, concatenated), `"sincos2d"`
             (fixed), or `"none"`.
         interpolation: how a learned table is resampled to another grid (see
-            `keras_vit.models.posembed`): `"bicubic_antialias"` or `"bilinear_align_corners"`.
+            `keras_vit.models.posembed`): `"bicubic_antialias"`, `"bilinear_align_corners"`
+            or `"bicubic"`.
         dense_dtypes: `{"projection": policy}` once quantized (written
             by `get_config` after `model.quantize`); None builds it with the default policy.
 
