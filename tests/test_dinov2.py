@@ -129,6 +129,22 @@ def test_a_fixed_size_model_loaded_with_hfs_interpolation_matches(references):
     assert relative_error(outputs(model, pixels), hf_outputs(hf, pixels)) < 1e-4
 
 
+def test_hf_vit_interpolate_pos_encoding_is_the_bicubic_option(tmp_path):
+    """HF's ViT (and DeiT) resample as its Dinov2Model does: `pos_interpolation="bicubic"`
+    equals `interpolate_pos_encoding=True`."""
+    from transformers import ViTConfig, ViTModel
+
+    hf = randomise(ViTModel(ViTConfig(**HF_CONFIG, intermediate_size=64, layer_norm_eps=1e-6)),
+                   seed=7)
+    hf.save_pretrained(tmp_path)
+    model = keras_vit.pretrained(tmp_path, dynamic_image_size=True, pos_interpolation="bicubic")
+    pixels = images(21, 42, seed=2)
+    with torch.no_grad():
+        expected = hf(pixel_values=torch.from_numpy(pixels.transpose(0, 3, 1, 2)),
+                      interpolate_pos_encoding=True).pooler_output.numpy()
+    assert relative_error([as_numpy(model(pixels))], [expected]) < 1e-4
+
+
 def test_negative_control_timms_antialiased_resampling_misses_dinov2(references):
     """The comparison can fail: DINOv2 at 42 px with timm's antialiased bicubic (a = -0.5)
     instead of HF's plain bicubic (a = -0.75) misses every output, though it matches at
