@@ -10,10 +10,6 @@ backend; `test_other_backends` runs it on the others.
 """
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -28,10 +24,10 @@ from transformers import (
 )
 
 import keras_vit
-from conftest import assert_keras_file_round_trip, randomise_weights
-from test_checkpoints import randomise
+from conftest import assert_module_passes_on, on_other_backends
+from test_checkpoints import as_numpy, randomise
+from test_deit import assert_family_round_trip, assert_maps_leave_out_prefix, relative_error
 
-ROOT = Path(__file__).resolve().parents[1]
 LAYERS, WIDTH, HEADS, SIZE, PATCH = 2, 32, 4, 28, 7
 HF_CONFIG = dict(hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                  image_size=SIZE, patch_size=PATCH)
@@ -54,10 +50,6 @@ def images(height=SIZE, width=SIZE, seed=0):
     return np.random.default_rng(seed).uniform(-1, 1, (3, height, width, 3)).astype("float32")
 
 
-def as_numpy(x):
-    return keras.ops.convert_to_numpy(x)
-
-
 def outputs(model, pixels):
     """`pooler_output`, `last_hidden_state` and each block's output tokens."""
     parts = keras_vit.vit_parts(model)
@@ -73,13 +65,6 @@ def hf_outputs(hf, pixels):
     # hidden_states: the embeddings, then each block's output (before the final norm).
     return [out.pooler_output.numpy(), out.last_hidden_state.numpy(),
             *(h.numpy() for h in out.hidden_states[1:])]
-
-
-def relative_error(ours, reference):
-    """The largest difference, over the largest magnitude of the reference."""
-    return max(
-        np.abs(a - b).max() / np.abs(b).max() for a, b in zip(ours, reference, strict=True)
-    )
 
 
 @pytest.fixture(scope="module")
@@ -240,19 +225,9 @@ def test_feature_maps_and_attention_maps_leave_the_registers_out(references):
     pixels = images()
     parts = keras_vit.vit_parts(model)
     assert parts.num_prefix_tokens == 5  # the class token and 4 registers
-    maps, prefix = keras_vit.feature_model(model, prefix_tokens=True)(pixels)
-    last = outputs(model, pixels)[-1]
-    assert tuple(maps.shape) == (3, 4, 4, WIDTH) and tuple(prefix.shape) == (3, 5, WIDTH)
-    np.testing.assert_array_equal(as_numpy(maps).reshape(3, 16, WIDTH), last[:, 5:])
-    np.testing.assert_array_equal(as_numpy(prefix), last[:, :5])
-
-    _, attentions = keras_vit.attention_model(model)(pixels)
-    rollout = keras_vit.attention_rollout(attentions)
-    assert tuple(rollout.shape) == (3, 21, 21)
-    np.testing.assert_array_equal(keras_vit.attention_map(rollout, (4, 4), 5).reshape(3, 16),
-                                  rollout[:, 0, 5:])
+    attentions = assert_maps_leave_out_prefix(model, pixels, outputs(model, pixels)[-1], 5, 5)
     with pytest.raises(ValueError, match=r"21 tokens do not fit grid_size \(4, 4\): expected 16"):
-        keras_vit.attention_map(rollout, (4, 4))  # registers are not told from the count
+        keras_vit.attention_map(attentions[-1][:, 0], (4, 4))  # not told from the count
     distance = keras_vit.mean_attention_distance(attentions, (4, 4), PATCH, prefix_tokens=5)
     assert distance.shape == (LAYERS, HEADS)
 
@@ -279,15 +254,7 @@ FAMILY = {
 
 @pytest.mark.parametrize("name", FAMILY)
 def test_get_config_and_keras_file_round_trip(name, tmp_path):
-    model = keras_vit.ViT(image_size=SIZE, patch_size=PATCH, hidden_dim=WIDTH, num_layers=LAYERS,
-                          num_heads=HEADS, mlp_dim=48, num_classes=10, **FAMILY[name])
-    randomise_weights(model, seed=1)
-    config = model.get_config()
-    assert {key: config[key] for key in FAMILY[name]} == FAMILY[name]
-    rebuilt = keras_vit.VisionTransformer.from_config(config)
-    assert rebuilt.get_config() == config
-    assert [w.path for w in rebuilt.weights] == [w.path for w in model.weights]
-    assert_keras_file_round_trip(model, images(), tmp_path / "model.keras")
+    assert_family_round_trip(FAMILY[name], tmp_path / "model.keras")
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -319,17 +286,7 @@ def test_registry_lists_the_dinov2_backbones_with_their_switches():
     )
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
-                    reason="started from the TensorFlow run")
-@pytest.mark.parametrize("backend", ["jax", "torch"])
+@on_other_backends
 def test_other_backends(backend):
-    """This module's numeric tests, on the JAX and PyTorch backends (Keras picks its
-    backend once per process)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
-         "tests/test_dinov2.py"],
-        cwd=ROOT, env={**os.environ, "KERAS_BACKEND": backend}, capture_output=True, text=True,
-    )
-    assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
-    assert " passed" in result.stdout and "failed" not in result.stdout
+    """This module's quick tests, on the JAX and PyTorch backends."""
+    assert_module_passes_on("tests/test_dinov2.py", backend)
