@@ -18,8 +18,10 @@ import torch
 from safetensors.numpy import load_file, save_file
 from transformers import (
     Dinov2Config,
+    Dinov2ForImageClassification,
     Dinov2Model,
     Dinov2WithRegistersConfig,
+    Dinov2WithRegistersForImageClassification,
     Dinov2WithRegistersModel,
 )
 
@@ -159,6 +161,31 @@ def test_negative_control_registers_left_out_miss_the_reference(references):
                                   references["dinov2"][0])
 
 
+@pytest.mark.parametrize("model_class, config_class", [
+    (Dinov2ForImageClassification, Dinov2Config),
+    (Dinov2WithRegistersForImageClassification, Dinov2WithRegistersConfig),
+])
+def test_hf_image_classification_matches_its_logits(model_class, config_class, tmp_path):
+    """`Dinov2*ForImageClassification`: the head reads the class token and the mean of
+    the patch tokens (registers left out), `classifier="token_gap"`."""
+    hf = randomise(model_class(config_class(**HF_CONFIG, num_labels=5)), seed=5)
+    hf.save_pretrained(tmp_path)
+    model = keras_vit.pretrained(tmp_path)
+    assert model.get_config()["classifier"] == "token_gap"
+    for pixels in (images(), images(42, 35, seed=3)):
+        with torch.no_grad():
+            logits = hf(pixel_values=torch.from_numpy(pixels.transpose(0, 3, 1, 2))).logits
+        assert relative_error([as_numpy(model(pixels))], [logits.numpy()]) < 1e-4
+    if model_class is Dinov2WithRegistersForImageClassification:
+        # Negative control: the registers counted as patches in the mean miss the logits.
+        parts = keras_vit.vit_parts(model)
+        tokens = keras.Model(model.input, parts.norm.output)(images())
+        pooled = keras_vit.TokenPooling("token_gap", index=1)(tokens)
+        with torch.no_grad():
+            logits = hf(pixel_values=torch.from_numpy(images().transpose(0, 3, 1, 2))).logits
+        assert relative_error([as_numpy(parts.head(pooled))], [logits.numpy()]) > 1e-2
+
+
 def test_a_swiglu_checkpoint_into_a_gelu_model_names_the_switch(references):
     model = keras_vit.ViT(image_size=SIZE, patch_size=PATCH, hidden_dim=WIDTH,
                           num_layers=LAYERS, num_heads=HEADS, mlp_dim=88,
@@ -247,6 +274,7 @@ def test_fine_tuning_from_a_dinov2_directory_adds_a_zero_head(references):
 FAMILY = {
     "registers": dict(num_registers=4),
     "swiglu": dict(mlp="swiglu", layer_scale_init=1e-5),
+    "classifier": dict(classifier="token_gap", num_registers=4),
     "dinov2": dict(num_registers=2, mlp="swiglu", layer_scale_init=0.1, no_embed_class=True,
                    dynamic_image_size=True, pos_interpolation="bicubic"),
 }

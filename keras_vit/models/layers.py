@@ -648,17 +648,21 @@ class ClassToken(keras.layers.Layer):
 class TokenPooling(keras.layers.Layer):
     """Pools encoder output tokens: `"token"` takes one (the first, or the one at
     `index`), `"gap"` averages all, `"distilled"` averages the first two (DeiT's class
-    and distillation tokens, as timm's `pre_logits`).
+    and distillation tokens, as timm's `pre_logits`), `"token_gap"` concatenates the
+    first with the mean of the tokens from `index` on (the patches: HF's
+    `Dinov2ForImageClassification`), twice the width.
 
     Example:
 
     >>> tuple(TokenPooling("gap")(keras.random.uniform((2, 16, 32))).shape)
     (2, 32)
+    >>> tuple(TokenPooling("token_gap", index=1)(keras.random.uniform((2, 17, 32))).shape)
+    (2, 64)
     """
 
     def __init__(self, classifier="token", index=0, **kwargs):
         super().__init__(**kwargs)
-        check_choice("classifier", classifier, ("token", "gap", "distilled"))
+        check_choice("classifier", classifier, ("token", "gap", "distilled", "token_gap"))
         self.classifier = classifier
         self.index = int(index)
 
@@ -667,10 +671,14 @@ class TokenPooling(keras.layers.Layer):
             return tokens[:, self.index]
         if self.classifier == "distilled":
             return (tokens[:, 0] + tokens[:, 1]) / 2
+        if self.classifier == "token_gap":
+            patches = ops.mean(tokens[:, self.index:], axis=1)
+            return ops.concatenate([tokens[:, 0], patches], axis=-1)
         return ops.mean(tokens, axis=1)
 
     def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[2])
+        width = input_shape[2] * (2 if self.classifier == "token_gap" else 1)
+        return (input_shape[0], width)
 
     def get_config(self):
         # `index` only when set: the configs of the paper's models stay as they were.

@@ -91,7 +91,8 @@ class ViTParts:
             feature map) into flattened patches.
         patch_encoder: the `PatchEncoder`: the patch embedding (`patch_embedding`)
             and the position table (`position_table()`).
-        class_token: the `ClassToken` of a `classifier="token"` model, or None.
+        class_token: the `ClassToken` of a `classifier="token"` (or `"token_gap"`)
+            model, or None.
         distillation_token: the `ClassToken` holding DeiT's distillation token, which
             follows the class token (`distilled=True`), or None.
         dropout: the `Dropout` applied to the embedded tokens.
@@ -231,6 +232,9 @@ FAMILY_DEFAULTS = dict(
     mlp="gelu",
 )
 RATE_ARGUMENTS = ("dropout_rate", "attention_dropout_rate", "drop_path_rate")
+CLASSIFIERS = ("token", "gap", "token_gap")
+# The classifiers that put a class token in front of the patches.
+CLASS_TOKEN_CLASSIFIERS = ("token", "token_gap")
 # What fixes the shapes of the weights (with the family switches): the arguments a
 # checkpoint or a run decides, whatever a recipe or a caller says.
 ARCHITECTURE = ("variant", "patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim",
@@ -339,7 +343,9 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             table: `"bicubic_antialias"` (timm's), `"bilinear_align_corners"` (vit_jax's)
             or `"bicubic"` (HF's `Dinov2Model`; see `keras_vit.models.posembed`).
         num_classes: width of the (zero-initialised) classification head.
-        classifier: `"token"` (class token) or `"gap"` (mean of the patch tokens).
+        classifier: `"token"` (class token), `"gap"` (mean of the patch tokens) or
+            `"token_gap"` (a class token concatenated with the mean of the patch
+            tokens, registers left out: HF's `Dinov2ForImageClassification`).
         representation_size: width of the `pre_logits` Dense + tanh, or None.
         pos_embedding: `"learned"`, `"learned2d"`, `"sincos2d"` or `"none"`.
         dropout_rate, attention_dropout_rate, drop_path_rate: regularisation;
@@ -460,7 +466,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             dict(arch, dropout_rate=dropout_rate, attention_dropout_rate=attention_dropout_rate,
                  drop_path_rate=drop_path_rate)
         )
-        check_choice("classifier", classifier, ("token", "gap"))
+        check_choice("classifier", classifier, CLASSIFIERS)
         check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
         check_choice("pos_interpolation", pos_interpolation, posembed.INTERPOLATIONS)
         family = _check_family(
@@ -624,7 +630,7 @@ def _check_family(classifier, **family):
     for name in ("distilled", "distillation_head", "no_embed_class"):
         if not isinstance(family[name], bool):
             raise ValueError(f"{name} must be True or False, got {family[name]!r}.")
-    if family["distilled"] and classifier != "token":
+    if family["distilled"] and classifier not in CLASS_TOKEN_CLASSIFIERS:
         raise ValueError(
             f"distilled=True adds a distillation token after the class token, but "
             f"classifier={classifier!r} has none: pass classifier='token'."
@@ -634,7 +640,7 @@ def _check_family(classifier, **family):
             "distillation_head=False leaves out the head of a distillation token, which "
             "needs distilled=True: pass both, or neither."
         )
-    if family["no_embed_class"] and classifier != "token":
+    if family["no_embed_class"] and classifier not in CLASS_TOKEN_CLASSIFIERS:
         raise ValueError(
             f"no_embed_class=True leaves the class token out of the position embedding, "
             f"but classifier={classifier!r} has none: pass classifier='token'."
@@ -653,7 +659,7 @@ def _check_family(classifier, **family):
 def _check_registers(classifier, count):
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValueError(f"num_registers must be a whole number, 0 or more, got {count!r}.")
-    if count and classifier != "token":
+    if count and classifier not in CLASS_TOKEN_CLASSIFIERS:
         raise ValueError(
             f"num_registers={count} puts register tokens after the class token, but "
             f"classifier={classifier!r} has none: pass classifier='token'."
@@ -705,7 +711,7 @@ def _build_graph(
             use_position=use_position, name="distillation_token"
         )
         x = distillation_token(x)
-    if classifier == "token":
+    if classifier in CLASS_TOKEN_CLASSIFIERS:
         class_token = vit_layers.ClassToken(use_position=use_position, name="class_token")
         x = class_token(x)
     dropout = keras.layers.Dropout(dropout_rate, name="embedding_dropout")
@@ -747,7 +753,12 @@ def _build_graph(
 
     pool = pre_logits = head = head_dist = None
     if include_top or pooling:
-        pool = vit_layers.TokenPooling("distilled" if two_heads else classifier, name="pool")
+        pool = vit_layers.TokenPooling(
+            "distilled" if two_heads else classifier,
+            # token_gap averages the patches: after the class token and the registers.
+            index=1 + num_registers + distilled if classifier == "token_gap" else 0,
+            name="pool",
+        )
         x = pool(tokens)
         if representation_size:
             pre_logits = keras.layers.Dense(

@@ -303,6 +303,13 @@ _HF_ARCHITECTURES = {
     "Dinov2WithRegistersModel": dict(
         include_top=False, dynamic_image_size=True, pos_interpolation="bicubic_antialias"
     ),
+    # The head reads the class token and the mean of the patch tokens.
+    "Dinov2ForImageClassification": dict(
+        classifier="token_gap", dynamic_image_size=True, pos_interpolation="bicubic"
+    ),
+    "Dinov2WithRegistersForImageClassification": dict(
+        classifier="token_gap", dynamic_image_size=True, pos_interpolation="bicubic_antialias"
+    ),
 }
 _DINOV2 = ("dinov2", "dinov2_with_registers")
 # HF `hidden_act` -> `gelu_approximate`.
@@ -374,9 +381,9 @@ def hf_model_arguments(source):
         gelu_approximate=_HF_GELU[activation],
         **_HF_ARCHITECTURES[architecture],
     )
-    if dinov2:
+    if dinov2:  # its `*Model` pools the class token, with no pooler
         args.update(_dinov2_arguments(config))
-    elif args.get("include_top", True):
+    if args.get("include_top", True):
         args["num_classes"] = len(config.get("id2label") or {}) or config.get("num_labels", 2)
     elif any(re.match(r"((vit|deit)\.)?pooler\.", key) for key in _checkpoint_keys(source)):
         if config.get("pooler_act", "tanh") != "tanh":
@@ -384,7 +391,7 @@ def hf_model_arguments(source):
                 f"{path} has pooler_act={config['pooler_act']!r}: keras-vit's pre_logits is tanh."
             )
         args["representation_size"] = config.get("pooler_output_size", hidden)
-    else:
+    elif not dinov2:
         args["pooling"] = False  # last_hidden_state
     preprocessing = hf_preprocessing(source)
     if preprocessing is not None:
