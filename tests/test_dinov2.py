@@ -186,6 +186,24 @@ def test_hf_image_classification_matches_its_logits(model_class, config_class, t
         assert relative_error([as_numpy(parts.head(pooled))], [logits.numpy()]) > 1e-2
 
 
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="exported from TensorFlow or JAX")
+def test_saved_model_export_serves_a_dinov2_classifier_at_any_size(tmp_path):
+    """A registers classifier exported with `native_resolution` serves each size as the
+    Keras model computes it (HF's `interpolate_pos_encoding` inside the SavedModel)."""
+    import tensorflow as tf
+
+    hf = randomise(Dinov2WithRegistersForImageClassification(
+        Dinov2WithRegistersConfig(**HF_CONFIG, num_labels=3, use_swiglu_ffn=True)), seed=6)
+    hf.save_pretrained(tmp_path / "hf")
+    model = keras_vit.pretrained(tmp_path / "hf")
+    keras_vit.export_saved_model(model, tmp_path / "export", native_resolution=True)
+    served = tf.saved_model.load(str(tmp_path / "export")).signatures["logits"]
+    pixels = np.random.default_rng(4).uniform(0, 255, (2, 42, 35, 3)).astype("float32")
+    expected = as_numpy(model(keras_vit.preprocess(pixels)))
+    np.testing.assert_allclose(served(images=tf.constant(pixels))["logits"].numpy(), expected,
+                               rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
 def test_a_swiglu_checkpoint_into_a_gelu_model_names_the_switch(references):
     model = keras_vit.ViT(image_size=SIZE, patch_size=PATCH, hidden_dim=WIDTH,
                           num_layers=LAYERS, num_heads=HEADS, mlp_dim=88,
