@@ -417,21 +417,28 @@ def test_an_hf_model_folder_is_a_from_source_not_a_run_folder(teacher):
     assert message.startswith(f"loaded {directory}:")
 
 
-@pytest.mark.slow
-def test_engine_fine_tuning_from_a_deit_source_resets_both_heads(teacher, tmp_path, caplog):
+def fine_tune(source, kwargs, image_size, out, caplog):
+    """The engine's one-epoch fine-tune of the demo recipe (5 digit classes) on a custom
+    architecture `kwargs` (`model.kwargs`) from `source`; its `TrainResult`."""
     from keras_vit import cli
     from keras_vit.training.config import apply_overrides
     from keras_vit.training.engine import train
 
-    arch = ("model.kwargs={'patch_size': 8, 'hidden_dim': 32, 'num_layers': 2, 'num_heads': 4, "
-            "'mlp_dim': 64, 'distilled': True, 'layer_norm_epsilon': 1e-12}")
     config = apply_overrides(cli.load_recipe("demo"), [
-        "model.variant=custom", arch, "model.image_size=16", "model.channels=3",
-        f"model.init_from={teacher[0]}", "data.classes=0-4", "schedule.epochs=1",
-        "schedule.warmup_updates=2", "checkpointing.tensorboard=False", f"out={tmp_path / 'run'}",
+        "model.variant=custom", f"model.kwargs={kwargs!r}", f"model.image_size={image_size}",
+        "model.channels=3", f"model.init_from={source}", "data.classes=0-4",
+        "schedule.epochs=1", "schedule.warmup_updates=2", "checkpointing.tensorboard=False",
+        f"out={out}",
     ])
     with caplog.at_level(logging.INFO, logger="keras_vit"):
-        result = train(config, verbose=0)
+        return train(config, verbose=0)
+
+
+@pytest.mark.slow
+def test_engine_fine_tuning_from_a_deit_source_resets_both_heads(teacher, tmp_path, caplog):
+    arch = dict(patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64,
+                distilled=True, layer_norm_epsilon=1e-12)
+    result = fine_tune(teacher[0], arch, 16, tmp_path / "run", caplog)
     for head in ("head", "head_dist"):
         assert (f"the checkpoint's {head} has {CLASSES} classes, the model 5: the {head} is "
                 "reset to zeros.") in caplog.text

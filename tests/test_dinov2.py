@@ -28,7 +28,9 @@ from transformers import (
 import keras_vit
 from conftest import assert_module_passes_on, on_other_backends
 from test_checkpoints import as_numpy, randomise
-from test_deit import assert_family_round_trip, assert_maps_leave_out_prefix, relative_error
+from test_deit import (
+    assert_family_round_trip, assert_maps_leave_out_prefix, fine_tune, relative_error,
+)
 
 LAYERS, WIDTH, HEADS, SIZE, PATCH = 2, 32, 4, 28, 7
 HF_CONFIG = dict(hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
@@ -287,6 +289,19 @@ def test_fine_tuning_from_a_dinov2_directory_adds_a_zero_head(references):
     head = keras_vit.vit_parts(model).head
     assert not np.any(as_numpy(head.kernel)) and tuple(head.kernel.shape) == (WIDTH, 5)
     assert tuple(model(images(42, 42)).shape) == (3, 5)
+
+
+@pytest.mark.slow
+def test_engine_fine_tuning_from_a_registers_backbone_adds_a_zero_head(references, tmp_path,
+                                                                      caplog):
+    arch = dict(patch_size=PATCH, hidden_dim=WIDTH, num_layers=LAYERS, num_heads=HEADS,
+                mlp_dim=4 * WIDTH, layer_scale_init=1.0, num_registers=4)
+    result = fine_tune(references["registers"][0], arch, 14, tmp_path / "run", caplog)
+    assert "the checkpoint has no head: the head is reset to zeros." in caplog.text
+    parts = keras_vit.vit_parts(result.model)
+    assert parts.registers.num_tokens == 4 and tuple(parts.head.kernel.shape) == (WIDTH, 5)
+    # The weights' own preprocessing (preprocessor_config.json), recorded by the run.
+    assert result.model.get_config()["preprocessing"]["mean"] == PROCESSOR["image_mean"]
 
 
 FAMILY = {
