@@ -29,7 +29,8 @@ import keras_vit
 from conftest import assert_module_passes_on, on_other_backends
 from test_checkpoints import as_numpy, randomise
 from test_deit import (
-    assert_family_round_trip, assert_maps_leave_out_prefix, fine_tune, relative_error,
+    assert_family_round_trip, assert_maps_leave_out_prefix, assert_mixed_precision_near_float32,
+    fine_tune, relative_error,
 )
 
 LAYERS, WIDTH, HEADS, SIZE, PATCH = 2, 32, 4, 28, 7
@@ -316,6 +317,12 @@ FAMILY = {
 @pytest.mark.parametrize("name", FAMILY)
 def test_get_config_and_keras_file_round_trip(name, tmp_path):
     assert_family_round_trip(FAMILY[name], tmp_path / "model.keras")
+
+
+def test_mixed_precision_dinov2_classifier_keeps_float32_logits():
+    assert_mixed_precision_near_float32(
+        dict(classifier="token_gap", num_registers=4, mlp="swiglu", layer_scale_init=0.5)
+    )
 
 
 @pytest.mark.parametrize("arguments, message", [
