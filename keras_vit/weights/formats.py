@@ -334,8 +334,8 @@ def _checkpoint_keys(source):
 def hf_model_arguments(source):
     """The `keras_vit.ViT` arguments of the HF transformers model saved in the
     directory `source` (`config.json` beside its safetensors, as `save_pretrained`
-    writes them): ViT and DeiT, `*ForImageClassification` (DeiT's teacher form too)
-    and `*Model`.
+    writes them): ViT, DeiT and DINOv2 (with registers too), `*ForImageClassification`
+    (DeiT's teacher form too) and `*Model`.
 
     Raises a `ValueError` naming what keras-vit cannot build (another architecture,
     activation, or attention without biases).

@@ -384,7 +384,8 @@ def _reconcile_head(layout, params, current, report):
 def _check_switches(layout, params, source):
     """Raises a `ValueError` naming the `keras_vit.ViT` switch to change when the
     checkpoint has a part of the ViT family (DeiT's distillation token and head, DeiT
-    III's layer scale) that the model lacks, or lacks one the model has."""
+    III's and DINOv2's layer scale, registers, SwiGLU) that the model lacks, or lacks
+    one the model has."""
     parts = layout.parts
     reg = params.get("reg")
     registers = reg.shape[1] if reg is not None and reg.ndim == 3 else None
@@ -719,9 +720,10 @@ def pretrained(name, **kwargs):
 
     For an HF transformers model directory (`config.json` and safetensors, as
     `save_pretrained` writes them) or `hf:ORG/NAME`, the architecture comes from its
-    `config.json` (`keras_vit.weights.formats.hf_model_arguments`): ViT and DeiT,
-    `*ForImageClassification` (the model outputs its logits; DeiT's teacher form
-    averages its two heads) or `*Model` (`pooler_output`, or the tokens without a pooler).
+    `config.json` (`keras_vit.weights.formats.hf_model_arguments`): ViT, DeiT and DINOv2
+    (with registers too), `*ForImageClassification` (the model outputs its logits; DeiT's
+    teacher form averages its two heads) or `*Model` (`pooler_output`, or the tokens
+    without a pooler; DINOv2's any input size, as HF's).
 
     Args:
         name: a registry name, e.g. `"vit_base_patch16_384.augreg_in21k_ft_in1k"`,
