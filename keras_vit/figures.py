@@ -40,7 +40,7 @@ def _scaled(values):
     return values / top if top > 0 else values
 
 
-def plot_attention_maps(image, attentions, grid_size, path, head_fusion="mean"):
+def plot_attention_maps(image, attentions, grid_size, path, head_fusion="mean", prefix_tokens=None):
     """Draws, over `image`, each layer's attention map and the rollout up to it.
 
     Top row: the head-fused attention of the layer alone (the class token's row,
@@ -56,6 +56,7 @@ def plot_attention_maps(image, attentions, grid_size, path, head_fusion="mean"):
         grid_size: `(rows, cols)` of the patch grid.
         path: PNG file to write.
         head_fusion: `"mean"`, `"max"` or `"min"` over heads.
+        prefix_tokens: the tokens before the patches (see `analysis.attention_map`).
 
     Example:
 
@@ -70,9 +71,12 @@ def plot_attention_maps(image, attentions, grid_size, path, head_fusion="mean"):
     depth = len(stacked)
     final = analysis.attention_rollout(stacked, head_fusion)  # validates the arguments
     fused = getattr(np, head_fusion)(np.stack(stacked), axis=2)
-    layer_maps = [analysis.attention_map(f, grid_size)[0] for f in fused]
+    def attention_map(matrix):
+        return analysis.attention_map(matrix, grid_size, prefix_tokens)[0]
+
+    layer_maps = [attention_map(f) for f in fused]
     rollout_maps = [
-        analysis.attention_map(analysis.attention_rollout(stacked[: i + 1], head_fusion), grid_size)[0]
+        attention_map(analysis.attention_rollout(stacked[: i + 1], head_fusion))
         for i in range(depth)
     ]
     fig = Figure(figsize=(1.9 * (depth + 1) + 0.8, 4.4), layout="constrained")
@@ -82,7 +86,7 @@ def plot_attention_maps(image, attentions, grid_size, path, head_fusion="mean"):
                    vmin=0, vmax=1, interpolation="bilinear")
     axes[0, 0].imshow(pixels, cmap=cmap)
     axes[0, 0].set_title("input")
-    mask = _scaled(analysis.attention_map(final, grid_size)[0])
+    mask = _scaled(attention_map(final))
     mask = np.kron(mask, np.ones((height // mask.shape[0], width // mask.shape[1])))
     weighted = pixels * (mask[..., None] if pixels.ndim == 3 else mask)
     axes[1, 0].imshow(weighted, cmap=cmap, vmin=0, vmax=1)
@@ -308,10 +312,13 @@ def visualize(model, images, out_dir, head_fusion="mean"):
     attentions = [keras.ops.convert_to_numpy(a) for a in attentions]
     written = {
         "attention": plot_attention_maps(
-            images[0], attentions, grid_size, out_dir / "attention.png", head_fusion
+            images[0], attentions, grid_size, out_dir / "attention.png", head_fusion,
+            parts.num_prefix_tokens,
         ),
         "distance": plot_attention_distance(
-            analysis.mean_attention_distance(attentions, grid_size, patch_size),
+            analysis.mean_attention_distance(
+                attentions, grid_size, patch_size, parts.num_prefix_tokens
+            ),
             out_dir / "distance.png", grid_size, patch_size,
         ),
     }

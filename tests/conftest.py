@@ -176,6 +176,27 @@ def clean_environment(**extra):
     return env
 
 
+def on_other_backends(test):
+    """Marks a `test(backend)` that runs a module on JAX and PyTorch: slow, started from
+    the TensorFlow run only."""
+    test = pytest.mark.parametrize("backend", ["jax", "torch"])(test)
+    test = pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
+                              reason="started from the TensorFlow run")(test)
+    return pytest.mark.slow(test)
+
+
+def assert_module_passes_on(test_file, backend):
+    """Runs the quick tests of `test_file` (relative to the checkout) on another Keras
+    `backend` in a new process (Keras picks its backend once per process); they must pass."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+         test_file],
+        cwd=ROOT, env={**os.environ, "KERAS_BACKEND": backend}, capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
+    assert " passed" in result.stdout and "failed" not in result.stdout
+
+
 def build_wheel(folder):
     """Builds this checkout's wheel into `folder` from a copy of its sources (setuptools
     leaves `build/` where it builds, and a stale `build/` can end up in a wheel); no

@@ -13,9 +13,6 @@ import logging
 import math
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -25,11 +22,12 @@ from safetensors.numpy import load_file, save_file
 from transformers import DeiTConfig, DeiTForImageClassification, DeiTForImageClassificationWithTeacher
 
 import keras_vit
-from conftest import assert_keras_file_round_trip, randomise_weights
+from conftest import (
+    assert_keras_file_round_trip, assert_module_passes_on, on_other_backends, randomise_weights,
+)
 import test_checkpoints
 from test_checkpoints import randomise
 
-ROOT = Path(__file__).resolve().parents[1]
 LAYERS, WIDTH, HEADS, CLASSES = 2, 32, 4, 10
 HF_CONFIG = dict(
     hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
@@ -285,16 +283,23 @@ FAMILY = {
 }
 
 
-@pytest.mark.parametrize("name", FAMILY)
-def test_get_config_and_keras_file_round_trip(name, tmp_path):
-    model = keras_vit.ViT(**TINY, **FAMILY[name])
+def assert_family_round_trip(switches, path):
+    """A tiny model with the family `switches` records them in its config, is rebuilt
+    from it with the same weights, and comes back from a `.keras` file at `path`
+    giving the same outputs."""
+    model = keras_vit.ViT(**TINY, **switches)
     randomise_weights(model, seed=1)
     config = model.get_config()
-    assert {key: config[key] for key in FAMILY[name]} == FAMILY[name]
+    assert {key: config[key] for key in switches} == switches
     rebuilt = keras_vit.VisionTransformer.from_config(config)
     assert rebuilt.get_config() == config
     assert [w.path for w in rebuilt.weights] == [w.path for w in model.weights]
-    assert_keras_file_round_trip(model, IMAGES, tmp_path / "model.keras")
+    assert_keras_file_round_trip(model, IMAGES, path)
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_get_config_and_keras_file_round_trip(name, tmp_path):
+    assert_family_round_trip(FAMILY[name], tmp_path / "model.keras")
 
 
 def test_paper_vit_config_has_no_family_keys():
@@ -316,6 +321,27 @@ def test_headless_distilled_model_pools_the_mean_of_both_tokens(teacher):
     np.testing.assert_allclose(as_numpy(model(IMAGES)), (every[:, 0] + every[:, 1]) / 2, atol=1e-6)
 
 
+def assert_maps_leave_out_prefix(model, images, last, prefix, prefix_tokens=None):
+    """`feature_model`'s maps (4x4) are the last block's tokens after the `prefix` tokens
+    in front of the patches, and its prefix output those; the attention map (told
+    `prefix_tokens`) is the class token's rollout row over the patches. Returns the
+    attention weights."""
+    count = len(images)
+    maps, tokens = keras_vit.feature_model(model, prefix_tokens=True)(images)
+    assert tuple(maps.shape) == (count, 4, 4, WIDTH) and tuple(tokens.shape) == (count, prefix, WIDTH)
+    np.testing.assert_array_equal(as_numpy(maps).reshape(count, 16, WIDTH), last[:, prefix:])
+    np.testing.assert_array_equal(as_numpy(tokens), last[:, :prefix])
+
+    _, attentions = keras_vit.attention_model(model)(images)
+    rollout = keras_vit.attention_rollout(attentions)
+    assert tuple(rollout.shape) == (count, 16 + prefix, 16 + prefix)
+    np.testing.assert_array_equal(
+        keras_vit.attention_map(rollout, (4, 4), prefix_tokens).reshape(count, 16),
+        rollout[:, 0, prefix:],
+    )
+    return attentions
+
+
 def test_feature_maps_attention_maps_and_lora_of_a_distilled_model(teacher):
     """The patch maps leave out both prefix tokens; the attention map is the class
     token's row over the patches; LoRA trains both heads."""
@@ -323,26 +349,16 @@ def test_feature_maps_attention_maps_and_lora_of_a_distilled_model(teacher):
 
     model = keras_vit.ViT(**TINY, distilled=True, layer_norm_epsilon=1e-12)
     keras_vit.load_pretrained(model, teacher[0])
-    maps, prefix = keras_vit.feature_model(model, prefix_tokens=True)(IMAGES)
-    last = outputs(model)[-1]
-    assert tuple(maps.shape) == (3, 4, 4, WIDTH) and tuple(prefix.shape) == (3, 2, WIDTH)
-    np.testing.assert_array_equal(as_numpy(maps).reshape(3, 16, WIDTH), last[:, 2:])
-    np.testing.assert_array_equal(as_numpy(prefix), last[:, :2])
-
-    _, attentions = keras_vit.attention_model(model)(IMAGES)
-    rollout = keras_vit.attention_rollout(attentions)
-    assert tuple(rollout.shape) == (3, 18, 18)
-    np.testing.assert_allclose(keras_vit.attention_map(rollout, (4, 4)).reshape(3, 16),
-                               rollout[:, 0, 2:], rtol=0, atol=0)
+    assert_maps_leave_out_prefix(model, IMAGES, outputs(model)[-1], 2)
 
     enable_lora(model, 2)
     trainable = {v.path for v in model.trainable_weights}
     assert {"head/kernel", "head_dist/kernel", "head/bias", "head_dist/bias"} <= trainable
 
 
-def test_mixed_precision_deit3_distilled_keeps_float32_logits():
-    """Under mixed_bfloat16 the averaged heads still give float32 logits, near float32's."""
-    family = dict(distilled=True, no_embed_class=True, layer_scale_init=0.5)
+def assert_mixed_precision_near_float32(family):
+    """A tiny model with the family switches gives float32 logits under mixed_bfloat16,
+    within 5% of the float32 model's with the same weights."""
     reference = keras_vit.ViT(**TINY, **family)
     randomise_weights(reference, seed=2)
     mixed = keras_vit.ViT(**TINY, **family, dtype="mixed_bfloat16")
@@ -350,6 +366,13 @@ def test_mixed_precision_deit3_distilled_keeps_float32_logits():
     logits = mixed(IMAGES)
     assert keras.backend.standardize_dtype(logits.dtype) == "float32"
     assert relative_error([as_numpy(logits)], [as_numpy(reference(IMAGES))]) < 0.05
+
+
+def test_mixed_precision_deit3_distilled_keeps_float32_logits():
+    """Under mixed_bfloat16 the averaged heads still give float32 logits, near float32's."""
+    assert_mixed_precision_near_float32(
+        dict(distilled=True, no_embed_class=True, layer_scale_init=0.5)
+    )
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -401,21 +424,28 @@ def test_an_hf_model_folder_is_a_from_source_not_a_run_folder(teacher):
     assert message.startswith(f"loaded {directory}:")
 
 
-@pytest.mark.slow
-def test_engine_fine_tuning_from_a_deit_source_resets_both_heads(teacher, tmp_path, caplog):
+def fine_tune(source, kwargs, image_size, out, caplog):
+    """The engine's one-epoch fine-tune of the demo recipe (5 digit classes) on a custom
+    architecture `kwargs` (`model.kwargs`) from `source`; its `TrainResult`."""
     from keras_vit import cli
     from keras_vit.training.config import apply_overrides
     from keras_vit.training.engine import train
 
-    arch = ("model.kwargs={'patch_size': 8, 'hidden_dim': 32, 'num_layers': 2, 'num_heads': 4, "
-            "'mlp_dim': 64, 'distilled': True, 'layer_norm_epsilon': 1e-12}")
     config = apply_overrides(cli.load_recipe("demo"), [
-        "model.variant=custom", arch, "model.image_size=16", "model.channels=3",
-        f"model.init_from={teacher[0]}", "data.classes=0-4", "schedule.epochs=1",
-        "schedule.warmup_updates=2", "checkpointing.tensorboard=False", f"out={tmp_path / 'run'}",
+        "model.variant=custom", f"model.kwargs={kwargs!r}", f"model.image_size={image_size}",
+        "model.channels=3", f"model.init_from={source}", "data.classes=0-4",
+        "schedule.epochs=1", "schedule.warmup_updates=2", "checkpointing.tensorboard=False",
+        f"out={out}",
     ])
     with caplog.at_level(logging.INFO, logger="keras_vit"):
-        result = train(config, verbose=0)
+        return train(config, verbose=0)
+
+
+@pytest.mark.slow
+def test_engine_fine_tuning_from_a_deit_source_resets_both_heads(teacher, tmp_path, caplog):
+    arch = dict(patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64,
+                distilled=True, layer_norm_epsilon=1e-12)
+    result = fine_tune(teacher[0], arch, 16, tmp_path / "run", caplog)
     for head in ("head", "head_dist"):
         assert (f"the checkpoint's {head} has {CLASSES} classes, the model 5: the {head} is "
                 "reset to zeros.") in caplog.text
@@ -423,17 +453,7 @@ def test_engine_fine_tuning_from_a_deit_source_resets_both_heads(teacher, tmp_pa
     assert parts.head_dist is not None and parts.head_dist.kernel.shape == (WIDTH, 5)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
-                    reason="started from the TensorFlow run")
-@pytest.mark.parametrize("backend", ["jax", "torch"])
+@on_other_backends
 def test_other_backends(backend):
-    """This module's numeric tests, on the JAX and PyTorch backends (Keras picks its
-    backend once per process)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
-         "tests/test_deit.py"],
-        cwd=ROOT, env={**os.environ, "KERAS_BACKEND": backend}, capture_output=True, text=True,
-    )
-    assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
-    assert " passed" in result.stdout and "failed" not in result.stdout
+    """This module's quick tests, on the JAX and PyTorch backends."""
+    assert_module_passes_on("tests/test_deit.py", backend)

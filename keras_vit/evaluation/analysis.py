@@ -99,9 +99,18 @@ def _stack_attentions(attentions):
     return np.stack(arrays)
 
 
-def _num_prefix_tokens(tokens, grid_size):
-    # A class token, and DeiT's distillation token after it, stand before the patches.
+def _num_prefix_tokens(tokens, grid_size, prefix_tokens=None):
+    # A class token, DeiT's distillation token and registers stand before the patches;
+    # without the count (a model's `ViTParts.num_prefix_tokens`), up to two are told
+    # from the token count.
     rows, cols = grid_size
+    if prefix_tokens is not None:
+        if tokens == rows * cols + prefix_tokens:
+            return prefix_tokens
+        raise ValueError(
+            f"{tokens} tokens do not fit grid_size {tuple(grid_size)} and prefix_tokens="
+            f"{prefix_tokens}: expected {rows * cols + prefix_tokens}."
+        )
     if tokens - rows * cols in (0, 1, 2):
         return tokens - rows * cols
     raise ValueError(
@@ -154,13 +163,15 @@ def attention_rollout(attentions, head_fusion="mean", discard_ratio=0.0):
     return rollout
 
 
-def attention_map(matrix, grid_size):
+def attention_map(matrix, grid_size, prefix_tokens=None):
     """How much each patch feeds the model's pooled output, as a `(batch, rows, cols)` map.
 
     For a class-token model this is the class token's row over the patch columns;
     for a `gap` model (no class token) it is the mean of all rows, since the
     pooled output averages every token. Apply it to a rollout or to one layer's
-    head-fused attention.
+    head-fused attention. `prefix_tokens` is how many tokens stand before the
+    patches (`ViTParts.num_prefix_tokens`, needed with registers); None tells a
+    class and a distillation token from the token count.
 
     Example:
 
@@ -171,7 +182,7 @@ def attention_map(matrix, grid_size):
     matrix = np.asarray(keras.ops.convert_to_numpy(matrix))
     if matrix.ndim != 3 or matrix.shape[-1] != matrix.shape[-2]:
         raise ValueError(f"Expected a (batch, tokens, tokens) matrix, got shape {matrix.shape}.")
-    prefix = _num_prefix_tokens(matrix.shape[-1], grid_size)
+    prefix = _num_prefix_tokens(matrix.shape[-1], grid_size, prefix_tokens)
     pooled = matrix[:, 0, prefix:] if prefix else matrix.mean(axis=1)
     return pooled.reshape(-1, *grid_size)
 
@@ -183,7 +194,7 @@ def _patch_centre_distances(grid_size, patch_size):
     return np.linalg.norm(centres[:, None] - centres[None], axis=-1)
 
 
-def mean_attention_distance(attentions, grid_size, patch_size):
+def mean_attention_distance(attentions, grid_size, patch_size, prefix_tokens=None):
     """Mean attention distance in pixels per layer and head (the paper's Fig. 7 right).
 
     For each patch query, the distances in image space from its patch centre to
@@ -198,6 +209,7 @@ def mean_attention_distance(attentions, grid_size, patch_size):
         attentions: per-layer attention weights, each `(batch, heads, T, T)`.
         grid_size: `(rows, cols)` of the patch grid.
         patch_size: patch side in pixels.
+        prefix_tokens: the tokens before the patches, as `attention_map`'s.
 
     Returns:
         float64 array `(layers, heads)`.
@@ -209,7 +221,7 @@ def mean_attention_distance(attentions, grid_size, patch_size):
     [[0.0]]
     """
     stacked = _stack_attentions(attentions)
-    prefix = _num_prefix_tokens(stacked.shape[-1], grid_size)
+    prefix = _num_prefix_tokens(stacked.shape[-1], grid_size, prefix_tokens)
     patches = stacked[..., prefix:, prefix:]
     patches = patches / patches.sum(axis=-1, keepdims=True)
     distances = _patch_centre_distances(grid_size, patch_size)

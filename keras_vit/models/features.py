@@ -76,7 +76,8 @@ def feature_model(model, layers=None, output_format="NHWC", norm=False, prefix_t
         norm: apply the model's final LayerNorm to each output (as its own last
             output is normalised).
         prefix_tokens: also return the tokens in front of the patches (the class
-            token, and DeiT's distillation token after it; none for a `gap` model),
+            token, DeiT's distillation token and the registers after it; none for a
+            `gap` model),
             which the feature maps leave out: each output becomes a pair
             `(features, prefix)` with `prefix` of shape `(batch, prefix, width)`.
 
@@ -98,7 +99,7 @@ def feature_model(model, layers=None, output_format="NHWC", norm=False, prefix_t
     indices = _block_indices(layers, len(parts.blocks))
     rows, cols = parts.grid_size
     dynamic = not parts.patches.flatten  # a dynamic_image_size model: maps follow the input
-    prefix = len(parts.prefix_tokens)
+    prefix = parts.num_prefix_tokens
     outputs = []
     for index in indices:
         tokens = parts.blocks[index].output

@@ -18,6 +18,8 @@ from keras_vit.utils.checks import check_choice, check_in_range, check_positive_
 from keras_vit.utils.serialization import serializable
 
 POSITION_EMBEDDINGS = ("learned", "learned2d", "sincos2d", "none")
+# The blocks' MLPs: the paper's GELU MLP, and the SwiGLU of DINOv2's giant model.
+MLPS = ("gelu", "swiglu")
 
 
 def _dense_dtypes_entry(layer, names):
@@ -465,7 +467,8 @@ class PatchEncoder(keras.layers.Layer):
             (row and column tables of D/2 each, concatenated), `"sincos2d"`
             (fixed), or `"none"`.
         interpolation: how a learned table is resampled to another grid (see
-            `keras_vit.models.posembed`): `"bicubic_antialias"` or `"bilinear_align_corners"`.
+            `keras_vit.models.posembed`): `"bicubic_antialias"`, `"bilinear_align_corners"`
+            or `"bicubic"`.
         dense_dtypes: `{"projection": policy}` once quantized (written
             by `get_config` after `model.quantize`); None builds it with the default policy.
 
@@ -598,57 +601,68 @@ class ClassToken(keras.layers.Layer):
             (initialised like the position table). The official checkpoints'
             position table has this row as its first; storing it here keeps the
             exact parameter count while the patch table stays a pure grid.
+        num_tokens: how many learned tokens it prepends (1; DINOv2's registers: 4).
 
     Example:
 
     >>> tokens = keras.random.uniform((2, 16, 32))
-    >>> tuple(ClassToken()(tokens).shape)
-    (2, 17, 32)
+    >>> tuple(ClassToken()(tokens).shape), tuple(ClassToken(num_tokens=4)(tokens).shape)
+    ((2, 17, 32), (2, 20, 32))
     """
 
-    def __init__(self, use_position=False, **kwargs):
+    def __init__(self, use_position=False, num_tokens=1, **kwargs):
         super().__init__(**kwargs)
         self.use_position = bool(use_position)
+        self.num_tokens = check_positive_int("num_tokens", num_tokens)
 
     def build(self, input_shape):
         width = input_shape[-1]
-        self.token = self.add_weight(name="token", shape=(1, 1, width), initializer="zeros")
+        shape = (1, self.num_tokens, width)
+        self.token = self.add_weight(name="token", shape=shape, initializer="zeros")
         if self.use_position:
             self.position = self.add_weight(
                 name="position",
-                shape=(1, 1, width),
+                shape=shape,
                 initializer=keras.initializers.RandomNormal(stddev=0.02),
             )
 
     def call(self, tokens):
         token = self.token + self.position if self.use_position else self.token
         token = ops.cast(token, tokens.dtype)
-        token = ops.broadcast_to(token, (ops.shape(tokens)[0], 1, tokens.shape[-1]))
+        token = ops.broadcast_to(
+            token, (ops.shape(tokens)[0], self.num_tokens, tokens.shape[-1])
+        )
         return ops.concatenate([token, tokens], axis=1)
 
     def compute_output_shape(self, input_shape):
         batch, length, width = input_shape
-        return (batch, None if length is None else length + 1, width)
+        return (batch, None if length is None else length + self.num_tokens, width)
 
     def get_config(self):
-        return {**super().get_config(), "use_position": self.use_position}
+        # `num_tokens` only when set: the configs of the class tokens stay as they were.
+        count = {} if self.num_tokens == 1 else {"num_tokens": self.num_tokens}
+        return {**super().get_config(), "use_position": self.use_position, **count}
 
 
 @serializable
 class TokenPooling(keras.layers.Layer):
     """Pools encoder output tokens: `"token"` takes one (the first, or the one at
     `index`), `"gap"` averages all, `"distilled"` averages the first two (DeiT's class
-    and distillation tokens, as timm's `pre_logits`).
+    and distillation tokens, as timm's `pre_logits`), `"token_gap"` concatenates the
+    first with the mean of the tokens from `index` on (the patches: HF's
+    `Dinov2ForImageClassification`), twice the width.
 
     Example:
 
     >>> tuple(TokenPooling("gap")(keras.random.uniform((2, 16, 32))).shape)
     (2, 32)
+    >>> tuple(TokenPooling("token_gap", index=1)(keras.random.uniform((2, 17, 32))).shape)
+    (2, 64)
     """
 
     def __init__(self, classifier="token", index=0, **kwargs):
         super().__init__(**kwargs)
-        check_choice("classifier", classifier, ("token", "gap", "distilled"))
+        check_choice("classifier", classifier, ("token", "gap", "distilled", "token_gap"))
         self.classifier = classifier
         self.index = int(index)
 
@@ -657,10 +671,14 @@ class TokenPooling(keras.layers.Layer):
             return tokens[:, self.index]
         if self.classifier == "distilled":
             return (tokens[:, 0] + tokens[:, 1]) / 2
+        if self.classifier == "token_gap":
+            patches = ops.mean(tokens[:, self.index:], axis=1)
+            return ops.concatenate([tokens[:, 0], patches], axis=-1)
         return ops.mean(tokens, axis=1)
 
     def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[2])
+        width = input_shape[2] * (2 if self.classifier == "token_gap" else 1)
+        return (input_shape[0], width)
 
     def get_config(self):
         # `index` only when set: the configs of the paper's models stay as they were.
@@ -734,6 +752,9 @@ class TransformerBlock(keras.layers.Layer):
         layer_scale_init: None, or the initial value of learned per-channel scales
             on both residual branches, `x = x + gamma * f(x)` (CaiT's and DeiT III's
             layer scale, timm's `init_values`; DeiT III uses 1e-6).
+        mlp: `"gelu"` (the paper's MLP) or `"swiglu"`: `mlp_fc1` is `Dense(2 * mlp_dim)`
+            whose halves `gate | up` give `silu(gate) * up` to `mlp_fc2` (DINOv2's giant
+            model; timm's `SwiGLUPacked`, HF's `use_swiglu_ffn`).
         dense_dtypes: policies of the quantized Dense sublayers by name (written
             by `get_config` after `model.quantize`); None builds them with the default policy.
 
@@ -766,9 +787,12 @@ class TransformerBlock(keras.layers.Layer):
         gelu_approximate=False,
         layer_scale_init=None,
         dense_dtypes=None,
+        mlp="gelu",
         **kwargs,
     ):
         super().__init__(**kwargs)
+        check_choice("mlp", mlp, MLPS)
+        self.mlp = mlp
         self.dense_dtypes = dict(dense_dtypes or {})
         self.layer_scale_init = None if layer_scale_init is None else float(layer_scale_init)
         self.num_heads = int(num_heads)
@@ -784,7 +808,7 @@ class TransformerBlock(keras.layers.Layer):
         self.attention_dropout = keras.layers.Dropout(attention_dropout_rate)
         self.dropout = keras.layers.Dropout(dropout_rate)
         self.drop_path = DropPath(drop_path_rate)
-        self.mlp_fc1 = self._dense(mlp_dim, "mlp_fc1")
+        self.mlp_fc1 = self._dense(mlp_dim * (2 if mlp == "swiglu" else 1), "mlp_fc1")
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -886,6 +910,12 @@ class TransformerBlock(keras.layers.Layer):
         x = x * 0.5 * (1.0 + erf_op(x * (1.0 / math.sqrt(2.0))))
         return ops.cast(x, y.dtype)
 
+    @staticmethod
+    def _swiglu(y):
+        # The packed halves of timm's SwiGLUPacked and DINOv2's `w12`: the gate first.
+        gate, up = ops.split(y, 2, axis=-1)
+        return ops.silu(gate) * up
+
     def _regularise(self, y, training, *layers):
         # Calls only the layers that change `y`: at inference, or at rate 0, Dropout and
         # DropPath return it unchanged, and each Keras layer call costs Python time that
@@ -906,7 +936,7 @@ class TransformerBlock(keras.layers.Layer):
         attended = self._scale(attended, 0)
         x = x + self._regularise(attended, training, self.dropout, self.drop_path)
         y = self.mlp_fc1(self.norm2(x))
-        y = self._gelu(y)
+        y = self._swiglu(y) if self.mlp == "swiglu" else self._gelu(y)
         y = self.mlp_fc2(self._regularise(y, training, self.dropout))
         y = self._scale(self._regularise(y, training, self.dropout), 1)
         x = x + self._regularise(y, training, self.drop_path)
@@ -934,5 +964,6 @@ class TransformerBlock(keras.layers.Layer):
             "gelu_approximate": self.gelu_approximate,
             # Only when set: the configs of blocks without layer scale stay as they were.
             **({} if self.layer_scale_init is None else {"layer_scale_init": self.layer_scale_init}),
+            **({} if self.mlp == "gelu" else {"mlp": self.mlp}),
             **_dense_dtypes_entry(self, self.DENSE_LAYERS),
         }

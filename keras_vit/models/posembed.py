@@ -8,6 +8,11 @@ Two methods, named for what they compute:
 - `"bicubic_antialias"`: timm's `resample_abs_pos_embed`, i.e.
   `torch.nn.functional.interpolate(mode="bicubic", antialias=True, align_corners=False)`,
   the Keys cubic (a = -0.5) widened by the scale factor when shrinking.
+- `"bicubic"`: HF transformers' `Dinov2Model.interpolate_pos_encoding`, i.e.
+  `interpolate(size=..., mode="bicubic", align_corners=False)` without antialiasing:
+  torch's cubic convolution (a = -0.75) on four taps, the edge entries repeated
+  beyond the grid. (The original DINOv2 code passes `scale_factor` with a 0.1 offset
+  instead of `size`, which moves the taps slightly; transformers 5 does not.)
 
 Both are separable, so each is a pair of `(new, old)` weight matrices applied along
 the rows and the columns of the grid. The formulas are written once against an array
@@ -22,7 +27,7 @@ from keras import ops
 
 from keras_vit.utils.checks import check_choice
 
-INTERPOLATIONS = ("bilinear_align_corners", "bicubic_antialias")
+INTERPOLATIONS = ("bilinear_align_corners", "bicubic_antialias", "bicubic")
 
 
 def bilinear_align_corners_weights(size_in, size_out, xp=np, dtype="float64"):
@@ -82,9 +87,37 @@ def bicubic_antialias_weights(size_in, size_out, xp=np, dtype="float64"):
     return weights / xp.sum(weights, axis=1, keepdims=True)
 
 
+def bicubic_weights(size_in, size_out, xp=np, dtype="float64"):
+    """The `(size_out, size_in)` weights of torch's bicubic resampling with
+    `align_corners=False` and no antialiasing (what HF's `Dinov2Model` uses).
+
+    Output `i` samples input `(i + 0.5) * size_in / size_out - 0.5` with the cubic
+    convolution of a = -0.75 at any scale; taps beyond the grid read its edge entry.
+    Arguments as `bilinear_align_corners_weights`.
+
+    Example:
+
+    >>> bicubic_weights(4, 4).tolist() == np.eye(4).tolist()
+    True
+    """
+    out = xp.arange(size_out, dtype=dtype)
+    source = size_in / (out[-1:] + 1.0) * (out + 0.5) - 0.5
+    # Every integer tap within two of a source point, from -2 to size_in + 1.
+    taps = xp.arange(-2, size_in + 2, dtype=dtype)
+    weights = _keys_cubic(source[:, None] - taps[None, :], xp, a=-0.75)
+    if size_in == 1:
+        return xp.sum(weights, axis=1, keepdims=True)
+    # torch clamps the tap indices: the taps before the grid weigh on its first entry,
+    # those after it on its last.
+    first = xp.sum(weights[:, :3], axis=1, keepdims=True)
+    last = xp.sum(weights[:, -3:], axis=1, keepdims=True)
+    return xp.concatenate([first, weights[:, 3:-3], last], axis=1)
+
+
 _WEIGHTS = {
     "bilinear_align_corners": bilinear_align_corners_weights,
     "bicubic_antialias": bicubic_antialias_weights,
+    "bicubic": bicubic_weights,
 }
 
 

@@ -91,7 +91,8 @@ class ViTParts:
             feature map) into flattened patches.
         patch_encoder: the `PatchEncoder`: the patch embedding (`patch_embedding`)
             and the position table (`position_table()`).
-        class_token: the `ClassToken` of a `classifier="token"` model, or None.
+        class_token: the `ClassToken` of a `classifier="token"` (or `"token_gap"`)
+            model, or None.
         distillation_token: the `ClassToken` holding DeiT's distillation token, which
             follows the class token (`distilled=True`), or None.
         dropout: the `Dropout` applied to the embedded tokens.
@@ -102,6 +103,8 @@ class ViTParts:
         head: the classification `Dense`, or None (`include_top=False`).
         head_dist: DeiT's distillation head `Dense` on the distillation token, whose
             logits are averaged with the head's, or None.
+        registers: the `ClassToken` holding the register tokens (`num_registers`),
+            after the class (and distillation) token, or None.
 
     Example:
 
@@ -124,6 +127,7 @@ class ViTParts:
     head: Optional[keras.layers.Dense]
     distillation_token: Optional[vit_layers.ClassToken] = None
     head_dist: Optional[keras.layers.Dense] = None
+    registers: Optional[vit_layers.ClassToken] = None
 
     @property
     def patch_embedding(self):
@@ -154,8 +158,15 @@ class ViTParts:
     @property
     def prefix_tokens(self):
         """The `ClassToken`s whose tokens stand in front of the patches, in token
-        order: the class token, then a distillation token."""
-        return tuple(t for t in (self.class_token, self.distillation_token) if t is not None)
+        order: the class token, then a distillation token, then the registers."""
+        tokens = (self.class_token, self.distillation_token, self.registers)
+        return tuple(t for t in tokens if t is not None)
+
+    @property
+    def num_prefix_tokens(self):
+        """How many tokens stand in front of the patches (timm's `num_prefix_tokens`):
+        what the patch maps, attention maps and patch-token pooling leave out."""
+        return sum(token.num_tokens for token in self.prefix_tokens)
 
     @property
     def heads(self):
@@ -217,8 +228,13 @@ FAMILY_DEFAULTS = dict(
     no_embed_class=False,
     layer_scale_init=None,
     layer_norm_epsilon=1e-6,
+    num_registers=0,
+    mlp="gelu",
 )
 RATE_ARGUMENTS = ("dropout_rate", "attention_dropout_rate", "drop_path_rate")
+CLASSIFIERS = ("token", "gap", "token_gap")
+# The classifiers that put a class token in front of the patches.
+CLASS_TOKEN_CLASSIFIERS = ("token", "token_gap")
 # What fixes the shapes of the weights (with the family switches): the arguments a
 # checkpoint or a run decides, whatever a recipe or a caller says.
 ARCHITECTURE = ("variant", "patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim",
@@ -324,9 +340,12 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             with zeros at the bottom and the right to the next multiple of the patch
             size (times a hybrid trunk's stride), as timm's `dynamic_img_pad=True`.
         pos_interpolation: how `dynamic_image_size` resamples the learned position
-            table: `"bicubic_antialias"` (timm's) or `"bilinear_align_corners"` (vit_jax's).
+            table: `"bicubic_antialias"` (timm's), `"bilinear_align_corners"` (vit_jax's)
+            or `"bicubic"` (HF's `Dinov2Model`; see `keras_vit.models.posembed`).
         num_classes: width of the (zero-initialised) classification head.
-        classifier: `"token"` (class token) or `"gap"` (mean of the patch tokens).
+        classifier: `"token"` (class token), `"gap"` (mean of the patch tokens) or
+            `"token_gap"` (a class token concatenated with the mean of the patch
+            tokens, registers left out: HF's `Dinov2ForImageClassification`).
         representation_size: width of the `pre_logits` Dense + tanh, or None.
         pos_embedding: `"learned"`, `"learned2d"`, `"sincos2d"` or `"none"`.
         dropout_rate, attention_dropout_rate, drop_path_rate: regularisation;
@@ -351,6 +370,14 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             block's residual branches (DeiT III, timm's `init_values`: 1e-6).
         layer_norm_epsilon: the epsilon of every LayerNorm (1e-6 as vit_jax and timm;
             HF's DeiT and ViT configs default to 1e-12).
+        num_registers: learned register tokens after the class (and distillation)
+            token, without position embedding (Darcet et al. 2023; DINOv2 with
+            registers: 4; timm's `reg_tokens`). They take part in attention only: the
+            pooling, feature maps and attention maps leave them out. Needs
+            `classifier="token"`.
+        mlp: the blocks' MLP: `"gelu"` (the paper's) or `"swiglu"` (DINOv2's giant
+            model: `silu(gate) * up` of a `Dense(2 * mlp_dim)`, then `Dense(D)`; see
+            `TransformerBlock`).
         data_format: only `"channels_last"` (the default) is supported.
         name: model name (default `"vit"` or `"vit-{variant}"`).
         dtype: the dtype policy of the layers (default: the global policy); the head
@@ -406,6 +433,8 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         no_embed_class=False,
         layer_scale_init=None,
         layer_norm_epsilon=1e-6,
+        num_registers=0,
+        mlp="gelu",
         data_format=None,
         name=None,
         dtype=None,
@@ -437,7 +466,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             dict(arch, dropout_rate=dropout_rate, attention_dropout_rate=attention_dropout_rate,
                  drop_path_rate=drop_path_rate)
         )
-        check_choice("classifier", classifier, ("token", "gap"))
+        check_choice("classifier", classifier, CLASSIFIERS)
         check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
         check_choice("pos_interpolation", pos_interpolation, posembed.INTERPOLATIONS)
         family = _check_family(
@@ -447,6 +476,8 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             no_embed_class=no_embed_class,
             layer_scale_init=layer_scale_init,
             layer_norm_epsilon=layer_norm_epsilon,
+            num_registers=num_registers,
+            mlp=mlp,
         )
         if dynamic_image_pad and not dynamic_image_size:
             raise ValueError(
@@ -599,7 +630,7 @@ def _check_family(classifier, **family):
     for name in ("distilled", "distillation_head", "no_embed_class"):
         if not isinstance(family[name], bool):
             raise ValueError(f"{name} must be True or False, got {family[name]!r}.")
-    if family["distilled"] and classifier != "token":
+    if family["distilled"] and classifier not in CLASS_TOKEN_CLASSIFIERS:
         raise ValueError(
             f"distilled=True adds a distillation token after the class token, but "
             f"classifier={classifier!r} has none: pass classifier='token'."
@@ -609,7 +640,7 @@ def _check_family(classifier, **family):
             "distillation_head=False leaves out the head of a distillation token, which "
             "needs distilled=True: pass both, or neither."
         )
-    if family["no_embed_class"] and classifier != "token":
+    if family["no_embed_class"] and classifier not in CLASS_TOKEN_CLASSIFIERS:
         raise ValueError(
             f"no_embed_class=True leaves the class token out of the position embedding, "
             f"but classifier={classifier!r} has none: pass classifier='token'."
@@ -620,7 +651,19 @@ def _check_family(classifier, **family):
     epsilon = family["layer_norm_epsilon"]
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
         raise ValueError(f"layer_norm_epsilon must be a positive number, got {epsilon!r}.")
+    _check_registers(classifier, family["num_registers"])
+    check_choice("mlp", family["mlp"], vit_layers.MLPS)
     return family
+
+
+def _check_registers(classifier, count):
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"num_registers must be a whole number, 0 or more, got {count!r}.")
+    if count and classifier not in CLASS_TOKEN_CLASSIFIERS:
+        raise ValueError(
+            f"num_registers={count} puts register tokens after the class token, but "
+            f"classifier={classifier!r} has none: pass classifier='token'."
+        )
 
 
 def _build_graph(
@@ -629,7 +672,7 @@ def _build_graph(
     mlp_dim, resnet_stages, classifier, representation_size, pos_embedding, dropout_rate,
     attention_dropout_rate, drop_path_rate, gelu_approximate, include_top, pooling,
     channels, head_bias_init, distilled, distillation_head, no_embed_class,
-    layer_scale_init, layer_norm_epsilon, data_format,
+    layer_scale_init, layer_norm_epsilon, data_format, num_registers, mlp,
 ):
     """The model's input, output and `ViTParts`, from checked architecture arguments.
 
@@ -656,15 +699,19 @@ def _build_graph(
         name="patch_encoder",
     )
     x = patch_encoder(patches(x))
-    class_token = distillation_token = None
+    class_token = distillation_token = registers = None
     # Prefix tokens learn their own position rows unless no_embed_class.
     use_position = pos_embedding.startswith("learned") and not no_embed_class
+    if num_registers:  # prepended first, so that they follow the other prefix tokens
+        # Without position rows, as DINOv2's: added after the position embedding.
+        registers = vit_layers.ClassToken(num_tokens=num_registers, name="registers")
+        x = registers(x)
     if distilled:  # prepended first, so that it follows the class token
         distillation_token = vit_layers.ClassToken(
             use_position=use_position, name="distillation_token"
         )
         x = distillation_token(x)
-    if classifier == "token":
+    if classifier in CLASS_TOKEN_CLASSIFIERS:
         class_token = vit_layers.ClassToken(use_position=use_position, name="class_token")
         x = class_token(x)
     dropout = keras.layers.Dropout(dropout_rate, name="embedding_dropout")
@@ -681,6 +728,7 @@ def _build_graph(
                 gelu_approximate=gelu_approximate,
                 layer_scale_init=layer_scale_init,
                 layer_norm_epsilon=layer_norm_epsilon,
+                mlp=mlp,
                 name=BLOCK_NAME.format(index=i),
             )
         )
@@ -705,7 +753,12 @@ def _build_graph(
 
     pool = pre_logits = head = head_dist = None
     if include_top or pooling:
-        pool = vit_layers.TokenPooling("distilled" if two_heads else classifier, name="pool")
+        pool = vit_layers.TokenPooling(
+            "distilled" if two_heads else classifier,
+            # token_gap averages the patches: after the class token and the registers.
+            index=1 + num_registers + distilled if classifier == "token_gap" else 0,
+            name="pool",
+        )
         x = pool(tokens)
         if representation_size:
             pre_logits = keras.layers.Dense(
@@ -724,7 +777,7 @@ def _build_graph(
         x = head(x)
     parts = ViTParts(
         stem, patches, patch_encoder, class_token, dropout, tuple(blocks), norm, pool,
-        pre_logits, head, distillation_token, head_dist,
+        pre_logits, head, distillation_token, head_dist, registers,
     )
     return images, x, parts
 

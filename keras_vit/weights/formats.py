@@ -200,11 +200,13 @@ def _divisible(kind, value):
 _HF_LAYER = r"encoder\.layer\.(?P<i>\d+)\."
 _TIMM_BLOCK = r"blocks\.(?P<i>\d+)\."
 # official module, conversion, HF transformers name, timm name (None: not in that format).
-# Beyond vit_jax's keys: DeiT's distillation token `dist` and head `head_dist`, and the
-# layer scales of DeiT III (timm's `ls1`, `ls2`) under `LayerScale_{attention,mlp}`.
+# Beyond vit_jax's keys: DeiT's distillation token `dist` and head `head_dist`, the
+# layer scales of DeiT III and DINOv2 (timm's `ls1`, `ls2`) under
+# `LayerScale_{attention,mlp}`, and the register tokens `reg` (1, count, D).
 _TORCH_NAMES = [
     ("cls", "copy", r"embeddings\.cls_token", r"cls_token"),
     ("dist", "copy", r"embeddings\.distillation_token", r"dist_token"),
+    ("reg", "copy", r"embeddings\.register_tokens", r"reg_token"),
     (POS_KEY, "copy", r"embeddings\.position_embeddings", r"pos_embed"),
     ("embedding", "conv", r"embeddings\.patch_embeddings\.projection", r"patch_embed\.proj"),
     (BLOCK_KEY + "LayerNorm_0", "norm", _HF_LAYER + "layernorm_before", _TIMM_BLOCK + "norm1"),
@@ -221,7 +223,12 @@ _TORCH_NAMES = [
         _HF_LAYER + r"attention\.output\.dense",
         _TIMM_BLOCK + r"attn\.proj",
     ),
-    (BLOCK_KEY + "LayerScale_attention/scale", "scale", None, _TIMM_BLOCK + r"ls1\.gamma"),
+    (
+        BLOCK_KEY + "LayerScale_attention/scale",
+        "scale",
+        _HF_LAYER + r"layer_scale1\.lambda1",
+        _TIMM_BLOCK + r"ls1\.gamma",
+    ),
     (BLOCK_KEY + "LayerNorm_2", "norm", _HF_LAYER + "layernorm_after", _TIMM_BLOCK + "norm2"),
     (
         BLOCK_KEY + "MlpBlock_3/Dense_0",
@@ -235,7 +242,12 @@ _TORCH_NAMES = [
         _HF_LAYER + r"output\.dense",
         _TIMM_BLOCK + r"mlp\.fc2",
     ),
-    (BLOCK_KEY + "LayerScale_mlp/scale", "scale", None, _TIMM_BLOCK + r"ls2\.gamma"),
+    (
+        BLOCK_KEY + "LayerScale_mlp/scale",
+        "scale",
+        _HF_LAYER + r"layer_scale2\.lambda1",
+        _TIMM_BLOCK + r"ls2\.gamma",
+    ),
     ("Transformer/encoder_norm", "norm", r"layernorm", r"norm"),
     # ViTModel's pooler is the representation layer: Dense + tanh on the class token.
     ("pre_logits", "dense", r"pooler\.dense", None),
@@ -258,7 +270,13 @@ def _rules(column):
 
 _HF_RULES, _TIMM_RULES = _rules(0), _rules(1)
 _HF_RENAMES = [
-    (r"^(vit|deit)\.", ""),
+    (r"^(vit|deit|dinov2|dinov2_with_registers)\.", ""),
+    # DINOv2's files name the block's parts as timm does; SwiGLU's packed `weights_in`
+    # (gate | up, as timm's SwiGLUPacked `fc1`) and `weights_out` are its fc1 and fc2.
+    (r"^encoder\.layer\.(\d+)\.norm1\.", r"encoder.layer.\1.layernorm_before."),
+    (r"^encoder\.layer\.(\d+)\.norm2\.", r"encoder.layer.\1.layernorm_after."),
+    (r"^encoder\.layer\.(\d+)\.mlp\.(fc1|weights_in)\.", r"encoder.layer.\1.intermediate.dense."),
+    (r"^encoder\.layer\.(\d+)\.mlp\.(fc2|weights_out)\.", r"encoder.layer.\1.output.dense."),
     # transformers 5.x module names (in memory); its files keep the older names.
     (r"^layers\.(\d+)\.attention\.q_proj\.", r"encoder.layer.\1.attention.attention.query."),
     (r"^layers\.(\d+)\.attention\.k_proj\.", r"encoder.layer.\1.attention.attention.key."),
@@ -278,7 +296,22 @@ _HF_ARCHITECTURES = {
     "DeiTForImageClassificationWithTeacher": dict(distilled=True),
     "DeiTForImageClassification": dict(distilled=True, distillation_head=False),
     "DeiTModel": dict(distilled=True, distillation_head=False, include_top=False),
+    # `pooler_output` is the normed class token; any size runs, the position table
+    # resampled as `interpolate_pos_encoding` does (plain bicubic; antialiased with
+    # registers).
+    "Dinov2Model": dict(include_top=False, dynamic_image_size=True, pos_interpolation="bicubic"),
+    "Dinov2WithRegistersModel": dict(
+        include_top=False, dynamic_image_size=True, pos_interpolation="bicubic_antialias"
+    ),
+    # The head reads the class token and the mean of the patch tokens.
+    "Dinov2ForImageClassification": dict(
+        classifier="token_gap", dynamic_image_size=True, pos_interpolation="bicubic"
+    ),
+    "Dinov2WithRegistersForImageClassification": dict(
+        classifier="token_gap", dynamic_image_size=True, pos_interpolation="bicubic_antialias"
+    ),
 }
+_DINOV2 = ("dinov2", "dinov2_with_registers")
 # HF `hidden_act` -> `gelu_approximate`.
 _HF_GELU = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
 
@@ -301,8 +334,8 @@ def _checkpoint_keys(source):
 def hf_model_arguments(source):
     """The `keras_vit.ViT` arguments of the HF transformers model saved in the
     directory `source` (`config.json` beside its safetensors, as `save_pretrained`
-    writes them): ViT and DeiT, `*ForImageClassification` (DeiT's teacher form too)
-    and `*Model`.
+    writes them): ViT, DeiT and DINOv2 (with registers too), `*ForImageClassification`
+    (DeiT's teacher form too) and `*Model`.
 
     Raises a `ValueError` naming what keras-vit cannot build (another architecture,
     activation, or attention without biases).
@@ -334,6 +367,7 @@ def hf_model_arguments(source):
     if not config.get("qkv_bias", True):
         raise ValueError(f"{path} has qkv_bias=false: keras-vit's attention has biases.")
     hidden = config.get("hidden_size", 768)
+    dinov2 = config.get("model_type") in _DINOV2
     args = dict(
         image_size=config.get("image_size", 224),
         patch_size=config.get("patch_size", 16),
@@ -343,10 +377,12 @@ def hf_model_arguments(source):
         mlp_dim=config.get("intermediate_size", 3072),
         channels=config.get("num_channels", 3),
         # transformers' own default, which config.json leaves out when it is used.
-        layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
+        layer_norm_epsilon=config.get("layer_norm_eps", 1e-6 if dinov2 else 1e-12),
         gelu_approximate=_HF_GELU[activation],
         **_HF_ARCHITECTURES[architecture],
     )
+    if dinov2:  # its `*Model` pools the class token, with no pooler
+        args.update(_dinov2_arguments(config))
     if args.get("include_top", True):
         args["num_classes"] = len(config.get("id2label") or {}) or config.get("num_labels", 2)
     elif any(re.match(r"((vit|deit)\.)?pooler\.", key) for key in _checkpoint_keys(source)):
@@ -355,12 +391,26 @@ def hf_model_arguments(source):
                 f"{path} has pooler_act={config['pooler_act']!r}: keras-vit's pre_logits is tanh."
             )
         args["representation_size"] = config.get("pooler_output_size", hidden)
-    else:
+    elif not dinov2:
         args["pooling"] = False  # last_hidden_state
     preprocessing = hf_preprocessing(source)
     if preprocessing is not None:
         args["preprocessing"] = preprocessing
     return args
+
+
+def _dinov2_arguments(config):
+    """The `keras_vit.ViT` switches of an HF DINOv2 config: layer scale, the MLP (its
+    width from `mlp_ratio`, SwiGLU's two thirds of it rounded up to a multiple of 8, as
+    `Dinov2SwiGLUFFN`) and the registers."""
+    width = int(config.get("hidden_size", 768) * config.get("mlp_ratio", 4))
+    swiglu = bool(config.get("use_swiglu_ffn", False))
+    return dict(
+        mlp_dim=(int(width * 2 / 3) + 7) // 8 * 8 if swiglu else width,
+        mlp="swiglu" if swiglu else "gelu",
+        layer_scale_init=float(config.get("layerscale_value", 1.0)),
+        num_registers=int(config.get("num_register_tokens", 0)),
+    )
 
 
 # PIL's resampling filters by number, as HF image-processor configs store them.
@@ -582,6 +632,11 @@ def read_official(source, heads, grid=None, checkpoint_grid=None):
         notes = []
         _add_prefix_rows(params, notes, grid, "timm's no_embed_class model", checkpoint_grid)
         return "timm", params, origin, notes
-    if any(re.match(r"((vit|deit)\.)?embeddings\.patch_embeddings\.", key) for key in arrays):
-        return ("hf", *_from_torch_layout(arrays, _HF_RULES, _HF_RENAMES, heads), [])
+    if any(re.match(r"((vit|deit|dinov2|dinov2_with_registers)\.)?embeddings\.patch_embeddings\.", key) for key in arrays):
+        notes = []
+        masks = [key for key in arrays if re.fullmatch(r"(\w+\.)?embeddings\.mask_token", key)]
+        for key in masks:  # DINOv2's: it stands in for masked patches in pretraining only
+            del arrays[key]
+            notes.append(f"{key} (masked-image pretraining only) is not used at inference: ignored.")
+        return ("hf", *_from_torch_layout(arrays, _HF_RULES, _HF_RENAMES, heads), notes)
     _unknown_layout(source, arrays)

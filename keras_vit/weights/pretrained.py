@@ -144,6 +144,8 @@ class _ModelLayout:
         slots.append(_Slot(("embedding/bias",), projection.bias))
         for key, token in self.prefix:
             slots.append(_Slot((key,), token.token))
+        if self.parts.registers is not None:  # no position rows: not in `prefix`
+            slots.append(_Slot(("reg",), self.parts.registers.token))
 
         def norm(key, layer):
             slots.append(_Slot((f"{key}/scale",), layer.gamma))
@@ -397,8 +399,11 @@ def _reconcile_head(layout, params, current, report):
 def _check_switches(layout, params, source):
     """Raises a `ValueError` naming the `keras_vit.ViT` switch to change when the
     checkpoint has a part of the ViT family (DeiT's distillation token and head, DeiT
-    III's layer scale) that the model lacks, or lacks one the model has."""
+    III's and DINOv2's layer scale, registers, SwiGLU) that the model lacks, or lacks
+    one the model has."""
     parts = layout.parts
+    reg = params.get("reg")
+    registers = reg.shape[1] if reg is not None and reg.ndim == 3 else None
     # (checkpoint has it, model has it, what it is, the argument that gives it, that removes it)
     checks = [
         (
@@ -409,6 +414,15 @@ def _check_switches(layout, params, source):
             any("/LayerScale_" in key for key in params),
             any(block.layer_scales for block in layout.blocks),
             "layer scale (DeiT III)", "layer_scale_init=1e-6", "layer_scale_init=None",
+        ),
+        (
+            registers is not None, parts.registers is not None,
+            f"{registers or ''} register tokens 'reg'".lstrip(),
+            f"num_registers={registers}", "num_registers=0",
+        ),
+        (
+            _swiglu_checkpoint(params), any(block.mlp == "swiglu" for block in layout.blocks),
+            "a SwiGLU MLP (DINOv2 giant)", "mlp='swiglu'", "mlp='gelu'",
         ),
     ]
     if parts.head is not None and "head/kernel" in params and "dist" in params:
@@ -424,6 +438,15 @@ def _check_switches(layout, params, source):
                 f"{'has none' if has else 'has it'}: build the model with "
                 f"{adds if has else removes}."
             )
+
+
+def _swiglu_checkpoint(params):
+    """Whether the first block's MLP is SwiGLU: its packed fc1 (gate | up) is twice as
+    wide as its fc2 takes."""
+    fc1, fc2 = (params.get(BLOCK_KEY.format(i=0) + f"MlpBlock_3/Dense_{i}/kernel") for i in (0, 1))
+    if fc1 is None or fc2 is None or fc1.ndim != 2 or fc2.ndim != 2:
+        return False
+    return fc1.shape[1] == 2 * fc2.shape[0]
 
 
 def _problems(report, origin, model_shapes, checkpoint_shapes):
@@ -721,9 +744,10 @@ def pretrained(name, **kwargs):
 
     For an HF transformers model directory (`config.json` and safetensors, as
     `save_pretrained` writes them) or `hf:ORG/NAME`, the architecture comes from its
-    `config.json` (`keras_vit.weights.formats.hf_model_arguments`): ViT and DeiT,
-    `*ForImageClassification` (the model outputs its logits; DeiT's teacher form
-    averages its two heads) or `*Model` (`pooler_output`, or the tokens without a pooler).
+    `config.json` (`keras_vit.weights.formats.hf_model_arguments`): ViT, DeiT and DINOv2
+    (with registers too), `*ForImageClassification` (the model outputs its logits; DeiT's
+    teacher form averages its two heads) or `*Model` (`pooler_output`, or the tokens
+    without a pooler; DINOv2's any input size, as HF's).
 
     Args:
         name: a registry name, e.g. `"vit_base_patch16_384.augreg_in21k_ft_in1k"`,
@@ -753,7 +777,9 @@ def pretrained(name, **kwargs):
         )
     if directory is not None:
         arguments = hf_model_arguments(directory)
-        clashes = sorted(set(kwargs) & (set(arguments) - {"include_top", "pooling"}))
+        # What leaves the weights as they are may be changed.
+        free = {"include_top", "pooling", "dynamic_image_size", "pos_interpolation"}
+        clashes = sorted(set(kwargs) & (set(arguments) - free))
         if clashes:
             raise ValueError(
                 f"pretrained() takes {', '.join(clashes)} from {directory}/config.json; to "

@@ -20,6 +20,11 @@ entry is timm's file. Sources:
   `README_revenge.md`; none for DeiT III's medium model, which it does not list),
   and the preprocessing of timm's `pretrained_cfg` (ImageNet mean and std, bicubic,
   `crop_pct`).
+- `lvd142m` (DINOv2, with and without registers): timm's safetensors copies of Meta's
+  backbones, the weights of HF's `facebook/dinov2-{small,base,large,giant}` and
+  `facebook/dinov2-with-registers-*` (timm `vision_transformer.py`: architectures,
+  518 px, no head, ImageNet mean and std, bicubic, `crop_pct` 1.0). The release reports
+  linear-probe accuracies of heads it ships apart, not of these files: no top-1.
 """
 
 import dataclasses
@@ -509,5 +514,46 @@ def _deit_entries():
     return entries
 
 
-for _entry in _official_entries() + _deit_entries():
+# ---------------------------------------------------------------------------
+# DINOv2: timm's copies on the Hugging Face Hub (`{arch}.lvd142m`).
+
+# timm vision_transformer.py: layer scale 1e-5; the giant model's SwiGLU MLP, 2/3 of
+# mlp_ratio 5.33334 (timm's SwiGLUPacked fc1 packs 2 x 4096).
+_DINOV2_GIANT = dict(patch_size=14, hidden_dim=1536, num_layers=40, num_heads=24,
+                     mlp_dim=4096, mlp="swiglu")
+# timm stores the registers' models with no_embed_class (the class token's position
+# folded into it).
+_REGISTERS = dict(num_registers=4, no_embed_class=True)
+_DINOV2 = [  # (timm architecture, variant (None: giant), switches)
+    ("vit_small_patch14_dinov2", "S/14", {}),
+    ("vit_base_patch14_dinov2", "B/14", {}),
+    ("vit_large_patch14_dinov2", "L/14", {}),
+    ("vit_giant_patch14_dinov2", None, _DINOV2_GIANT),
+    ("vit_small_patch14_reg4_dinov2", "S/14", _REGISTERS),
+    ("vit_base_patch14_reg4_dinov2", "B/14", _REGISTERS),
+    ("vit_large_patch14_reg4_dinov2", "L/14", _REGISTERS),
+    ("vit_giant_patch14_reg4_dinov2", None, dict(_DINOV2_GIANT, **_REGISTERS)),
+]
+
+
+def _dinov2_entries():
+    return [
+        WeightsEntry(
+            name=f"{arch}.lvd142m",
+            url=TIMM_HUB.format(name=f"{arch}.lvd142m"),
+            variant=variant,
+            image_size=518,
+            num_classes=0,
+            pretraining="LVD-142M",
+            model_args=dict(switches, layer_scale_init=1e-5, include_top=False),
+            mean=IMAGENET_MEAN,
+            std=IMAGENET_STD,
+            interpolation="bicubic",
+            crop_fraction=1.0,
+        )
+        for arch, variant, switches in _DINOV2
+    ]
+
+
+for _entry in _official_entries() + _deit_entries() + _dinov2_entries():
     register_weights(_entry)
