@@ -91,17 +91,22 @@ class ViTParts:
             feature map) into flattened patches.
         patch_encoder: the `PatchEncoder`: the patch embedding (`patch_embedding`)
             and the position table (`position_table()`).
-        class_token: the `ClassToken` of a `classifier="token"` model, or None.
+        class_token: the `ClassToken` of a `classifier="token"` model, or None
+            (`"gap"`, `"map"`).
         distillation_token: the `ClassToken` holding DeiT's distillation token, which
             follows the class token (`distilled=True`), or None.
         dropout: the `Dropout` applied to the embedded tokens.
         blocks: the `TransformerBlock`s, in depth order.
         norm: the final `LayerNormalization` of the encoder.
-        pool: the `TokenPooling`, or None (`include_top=False, pooling=False`).
+        pool: the `TokenPooling`, the `MAPHead` of a `classifier="map"` model, or None
+            (`include_top=False, pooling=False`).
         pre_logits: the representation `Dense` (tanh), or None.
         head: the classification `Dense`, or None (`include_top=False`).
         head_dist: DeiT's distillation head `Dense` on the distillation token, whose
             logits are averaged with the head's, or None.
+        pre_norm: the `LayerNormalization` before the blocks (CLIP's), or None.
+        projection: the bias-free `Dense` from the pooled features to a shared
+            image-text embedding (CLIP's `visual_projection`), or None.
 
     Example:
 
@@ -124,6 +129,8 @@ class ViTParts:
     head: Optional[keras.layers.Dense]
     distillation_token: Optional[vit_layers.ClassToken] = None
     head_dist: Optional[keras.layers.Dense] = None
+    pre_norm: Optional[keras.layers.LayerNormalization] = None
+    projection: Optional[keras.layers.Dense] = None
 
     @property
     def patch_embedding(self):
@@ -166,18 +173,23 @@ class ViTParts:
     def encoder(self):
         """The layers from the embedded patches to the final norm, in calling order:
         the tokens put in front of the patches (the distillation token, then the
-        class token, each prepended), the dropout, the blocks, the norm."""
-        return (*self.prefix_tokens[::-1], self.dropout, *self.blocks, self.norm)
+        class token, each prepended), the dropout, `pre_norm`, the blocks, the norm."""
+        pre_norm = () if self.pre_norm is None else (self.pre_norm,)
+        return (*self.prefix_tokens[::-1], self.dropout, *pre_norm, *self.blocks, self.norm)
 
     def kernels(self):
         """The matrix kernels (what weight decay applies to): the trunk's convolutions,
-        the patch embedding, each block's four projections, `pre_logits` and `head`."""
+        the patch embedding, each block's four projections, a `MAPHead`'s, `pre_logits`,
+        `projection` and the heads."""
         kernels = list(self.stem.kernels()) if self.stem is not None else []
         kernels.append(self.patch_embedding.kernel)
         for block in self.blocks:
             kernels.extend(layer.kernel for layer in block.projections())
+        if isinstance(self.pool, vit_layers.MAPHead):
+            kernels.extend(layer.kernel for layer in self.pool.projections())
         kernels.extend(
-            layer.kernel for layer in (self.pre_logits, *self.heads) if layer is not None
+            layer.kernel for layer in (self.pre_logits, self.projection, *self.heads)
+            if layer is not None
         )
         return tuple(kernels)
 
@@ -217,6 +229,10 @@ FAMILY_DEFAULTS = dict(
     no_embed_class=False,
     layer_scale_init=None,
     layer_norm_epsilon=1e-6,
+    pre_norm=False,
+    quick_gelu=False,
+    patch_bias=True,
+    projection_dim=None,
 )
 RATE_ARGUMENTS = ("dropout_rate", "attention_dropout_rate", "drop_path_rate")
 # What fixes the shapes of the weights (with the family switches): the arguments a
@@ -326,7 +342,10 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         pos_interpolation: how `dynamic_image_size` resamples the learned position
             table: `"bicubic_antialias"` (timm's) or `"bilinear_align_corners"` (vit_jax's).
         num_classes: width of the (zero-initialised) classification head.
-        classifier: `"token"` (class token) or `"gap"` (mean of the patch tokens).
+        classifier: `"token"` (class token), `"gap"` (no class token, the mean of the
+            patch tokens) or `"map"` (no class token, attention pooling by a learned
+            probe: the `MAPHead` of SigLIP and big_vision's `pool_type="map"`, timm's
+            `class_token=False, global_pool="map"`).
         representation_size: width of the `pre_logits` Dense + tanh, or None.
         pos_embedding: `"learned"`, `"learned2d"`, `"sincos2d"` or `"none"`.
         dropout_rate, attention_dropout_rate, drop_path_rate: regularisation;
@@ -351,6 +370,14 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             block's residual branches (DeiT III, timm's `init_values`: 1e-6).
         layer_norm_epsilon: the epsilon of every LayerNorm (1e-6 as vit_jax and timm;
             HF's DeiT and ViT configs default to 1e-12).
+        pre_norm: a LayerNorm on the embedded tokens before the blocks (CLIP's
+            `pre_layrnorm`, timm's `pre_norm=True`).
+        quick_gelu: the MLPs use CLIP's quick GELU, `x * sigmoid(1.702 x)` (HF's
+            `quick_gelu`, timm's `act_layer="quick_gelu"`), not GELU.
+        patch_bias: False leaves the bias out of the patch embedding (CLIP's).
+        projection_dim: None, or the width of a bias-free `Dense` after the pooling
+            and `pre_logits` (CLIP's `visual_projection`): with `include_top=False` the
+            model outputs CLIP's `image_embeds`.
         data_format: only `"channels_last"` (the default) is supported.
         name: model name (default `"vit"` or `"vit-{variant}"`).
         dtype: the dtype policy of the layers (default: the global policy); the head
@@ -411,6 +438,10 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         dtype=None,
         quantized=None,
         preprocessing=None,
+        pre_norm=False,
+        quick_gelu=False,
+        patch_bias=True,
+        projection_dim=None,
         **kwargs,
     ):
         data_format = data_format or keras.config.image_data_format()
@@ -437,7 +468,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             dict(arch, dropout_rate=dropout_rate, attention_dropout_rate=attention_dropout_rate,
                  drop_path_rate=drop_path_rate)
         )
-        check_choice("classifier", classifier, ("token", "gap"))
+        check_choice("classifier", classifier, ("token", "gap", "map"))
         check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
         check_choice("pos_interpolation", pos_interpolation, posembed.INTERPOLATIONS)
         family = _check_family(
@@ -447,7 +478,15 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             no_embed_class=no_embed_class,
             layer_scale_init=layer_scale_init,
             layer_norm_epsilon=layer_norm_epsilon,
+            pre_norm=pre_norm,
+            quick_gelu=quick_gelu,
+            patch_bias=patch_bias,
+            projection_dim=projection_dim,
         )
+        if quick_gelu and gelu_approximate:
+            raise ValueError(
+                "quick_gelu=True replaces GELU, which gelu_approximate=True sets: pass one of them."
+            )
         if dynamic_image_pad and not dynamic_image_size:
             raise ValueError(
                 "dynamic_image_pad=True pads images of any size, which needs "
@@ -596,7 +635,8 @@ def ViT(variant=None, *, weights=None, **kwargs):
 def _check_family(classifier, **family):
     """The family switches (`FAMILY_DEFAULTS`) as given, once checked against each
     other and `classifier`; a bad one is a `ValueError` naming it."""
-    for name in ("distilled", "distillation_head", "no_embed_class"):
+    for name in ("distilled", "distillation_head", "no_embed_class", "pre_norm", "quick_gelu",
+                 "patch_bias"):
         if not isinstance(family[name], bool):
             raise ValueError(f"{name} must be True or False, got {family[name]!r}.")
     if family["distilled"] and classifier != "token":
@@ -617,6 +657,8 @@ def _check_family(classifier, **family):
     scale = family["layer_scale_init"]
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise ValueError(f"layer_scale_init must be None or a number such as 1e-6, got {scale!r}.")
+    if family["projection_dim"] is not None:
+        check_positive_int("projection_dim", family["projection_dim"])
     epsilon = family["layer_norm_epsilon"]
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
         raise ValueError(f"layer_norm_epsilon must be a positive number, got {epsilon!r}.")
@@ -629,7 +671,8 @@ def _build_graph(
     mlp_dim, resnet_stages, classifier, representation_size, pos_embedding, dropout_rate,
     attention_dropout_rate, drop_path_rate, gelu_approximate, include_top, pooling,
     channels, head_bias_init, distilled, distillation_head, no_embed_class,
-    layer_scale_init, layer_norm_epsilon, data_format,
+    layer_scale_init, layer_norm_epsilon, data_format, pre_norm, quick_gelu, patch_bias,
+    projection_dim,
 ):
     """The model's input, output and `ViTParts`, from checked architecture arguments.
 
@@ -653,6 +696,7 @@ def _build_graph(
         grid_size=(height // stride, width // stride),
         pos_embedding=pos_embedding,
         interpolation=pos_interpolation,
+        use_bias=patch_bias,
         name="patch_encoder",
     )
     x = patch_encoder(patches(x))
@@ -669,6 +713,10 @@ def _build_graph(
         x = class_token(x)
     dropout = keras.layers.Dropout(dropout_rate, name="embedding_dropout")
     x = dropout(x)
+    pre = None
+    if pre_norm:  # after the position embedding and its dropout, as timm's norm_pre
+        pre = vit_layers.LayerNormalization(epsilon=layer_norm_epsilon, name="pre_norm")
+        x = pre(x)
     blocks = []
     for i in range(num_layers):
         blocks.append(
@@ -681,6 +729,7 @@ def _build_graph(
                 gelu_approximate=gelu_approximate,
                 layer_scale_init=layer_scale_init,
                 layer_norm_epsilon=layer_norm_epsilon,
+                quick_gelu=quick_gelu,
                 name=BLOCK_NAME.format(index=i),
             )
         )
@@ -703,15 +752,24 @@ def _build_graph(
             name=name,
         )
 
-    pool = pre_logits = head = head_dist = None
+    pool = pre_logits = head = head_dist = projection = None
     if include_top or pooling:
-        pool = vit_layers.TokenPooling("distilled" if two_heads else classifier, name="pool")
+        if classifier == "map":
+            pool = vit_layers.MAPHead(
+                num_heads, mlp_dim, layer_norm_epsilon=layer_norm_epsilon,
+                gelu_approximate=gelu_approximate, quick_gelu=quick_gelu, name="pool",
+            )
+        else:
+            pool = vit_layers.TokenPooling("distilled" if two_heads else classifier, name="pool")
         x = pool(tokens)
         if representation_size:
             pre_logits = keras.layers.Dense(
                 representation_size, activation="tanh", name="pre_logits"
             )
             x = pre_logits(x)
+        if projection_dim:
+            projection = vit_layers.Dense(projection_dim, use_bias=False, name="projection")
+            x = projection(x)
     if include_top and two_heads:
         # Each head reads its own token; the logits are their mean (timm, HF).
         head, head_dist = new_head("head"), new_head("head_dist")
@@ -724,7 +782,7 @@ def _build_graph(
         x = head(x)
     parts = ViTParts(
         stem, patches, patch_encoder, class_token, dropout, tuple(blocks), norm, pool,
-        pre_logits, head, distillation_token, head_dist,
+        pre_logits, head, distillation_token, head_dist, pre, projection,
     )
     return images, x, parts
 
