@@ -480,12 +480,12 @@ def _check_switches(layout, params, source):
         ),
         (
             f"{PRE_NORM_KEY}/scale" in params, parts.pre_norm is not None,
-            "a LayerNorm before the blocks (CLIP)", "pre_norm=True", "pre_norm=False",
+            "pre_norm LayerNorm (CLIP's, before the blocks)", "pre_norm=True", "pre_norm=False",
         ),
         (
             "embedding/bias" in params or "embedding/kernel" not in params,
             parts.patch_embedding.bias is not None,
-            "a patch-embedding bias", "patch_bias=True", "patch_bias=False",
+            "patch-embedding bias", "patch_bias=True", "patch_bias=False",
         ),
     ]
     if parts.head is not None and "head/kernel" in params and "dist" in params:
@@ -751,9 +751,10 @@ def source_defaults(weights, args):
     filled = dict(args)
     if all(args.get(key) is None for key in ARCHITECTURE):
         filled.update({key: own[key] for key in ARCHITECTURE if key in own})
-    # The family switches are architecture too: the weights need them.
-    for key in ("image_size", "num_classes", "gelu_approximate", *FAMILY_DEFAULTS):
-        if filled.get(key) is None and key in own:
+    # The family switches are architecture too: the weights need them; not CLIP's
+    # projection, which fine-tuning drops as it drops pre_logits.
+    for key in ("image_size", "num_classes", "gelu_approximate", "classifier", *FAMILY_DEFAULTS):
+        if filled.get(key) is None and key in own and key != "projection_dim":
             filled[key] = own[key]
     return filled
 

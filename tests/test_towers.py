@@ -1,0 +1,323 @@
+"""SigLIP and CLIP vision towers on the one `keras_vit.ViT`: numerics against HF
+transformers, on every Keras backend.
+
+The references are tiny randomly initialised HF `SiglipVisionModel`,
+`CLIPVisionModelWithProjection` and `CLIPVisionModel` models (and full `SiglipModel` /
+`CLIPModel`s) saved with `save_pretrained` (nothing downloads). Each comparison takes
+the output (`pooler_output`, `image_embeds`) and every block's output tokens, within
+1e-4 of their largest magnitude, in float32. The module runs on the current backend;
+`test_other_backends` runs it on the others.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file, save_file
+import transformers
+
+import keras_vit
+from conftest import assert_keras_file_round_trip, randomise_weights
+from test_checkpoints import randomise
+from test_deit import IMAGES, as_numpy, outputs, relative_error
+
+ROOT = Path(__file__).resolve().parents[1]
+WIDTH, PROJECTION = 32, 24
+HF_SIZES = dict(hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=64, image_size=32, patch_size=8)
+TINY = dict(image_size=32, patch_size=8, hidden_dim=WIDTH, num_layers=2, num_heads=4,
+            mlp_dim=64, include_top=False)
+# The switches each family's HF config gives (SigLIP: tanh GELU, eps 1e-6, the default;
+# CLIP: eps 1e-5).
+SIGLIP = dict(classifier="map", gelu_approximate=True)
+CLIP = dict(pre_norm=True, quick_gelu=True, patch_bias=False, layer_norm_epsilon=1e-5)
+OPENAI_MEAN = [0.48145466, 0.4578275, 0.40821073]
+OPENAI_STD = [0.26862954, 0.26130258, 0.27577711]
+
+
+def pixels(images=IMAGES):
+    return torch.from_numpy(images.transpose(0, 3, 1, 2))
+
+
+def save_reference(model, processor, directory, output):
+    """Saves a randomised HF model (and its image processor) in `directory`; returns
+    its `output` and each block's output tokens on `IMAGES`."""
+    model = randomise(model, seed=3)
+    model.save_pretrained(directory)
+    processor.save_pretrained(directory)
+    with torch.no_grad():
+        out = model(pixel_values=pixels(), output_hidden_states=True)
+    # hidden_states: the embeddings (CLIP: after pre_layrnorm), then each block's output.
+    return [getattr(out, output).numpy(), *(h.numpy() for h in out.hidden_states[1:])]
+
+
+@pytest.fixture(scope="module")
+def siglip(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("siglip")
+    model = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**HF_SIZES))
+    processor = transformers.SiglipImageProcessorPil()
+    return directory, save_reference(model, processor, directory, "pooler_output")
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("clip")
+    config = transformers.CLIPVisionConfig(**HF_SIZES, projection_dim=PROJECTION)
+    model = transformers.CLIPVisionModelWithProjection(config)
+    processor = transformers.CLIPImageProcessorPil()
+    return directory, save_reference(model, processor, directory, "image_embeds")
+
+
+def test_hf_siglip_vision_model_builds_and_matches_transformers(siglip):
+    directory, reference = siglip
+    model = keras_vit.pretrained(directory)  # from config.json: no constructor arguments
+    config = model.get_config()
+    assert {key: config[key] for key in SIGLIP} == SIGLIP
+    assert "cls" not in str([w.path for w in model.weights])  # no class token
+    assert config["preprocessing"] == dict(mean=[0.5] * 3, std=[0.5] * 3,
+                                           interpolation="bicubic", crop_fraction=None)
+    assert model.output_shape == (None, WIDTH)
+    assert relative_error(outputs(model), reference) < 1e-4
+
+
+def test_hf_clip_with_projection_builds_and_matches_image_embeds(clip):
+    directory, reference = clip
+    model = keras_vit.pretrained(directory)
+    config = model.get_config()
+    assert {key: config[key] for key in CLIP} == CLIP
+    assert config["projection_dim"] == PROJECTION and config["classifier"] == "token"
+    assert config["preprocessing"] == dict(mean=OPENAI_MEAN, std=OPENAI_STD,
+                                           interpolation="bicubic", crop_fraction=1.0)
+    assert relative_error(outputs(model), reference) < 1e-4
+
+
+def test_hf_clip_vision_model_outputs_its_pooler_output(tmp_path):
+    config = transformers.CLIPVisionConfig(**HF_SIZES)
+    reference = save_reference(transformers.CLIPVisionModel(config),
+                               transformers.CLIPImageProcessorPil(), tmp_path, "pooler_output")
+    model = keras_vit.pretrained(tmp_path)
+    assert "projection_dim" not in model.get_config()
+    assert relative_error(outputs(model), reference) < 1e-4
+
+
+@pytest.mark.parametrize("family", ["Siglip", "CLIP"])
+def test_a_full_image_text_model_directory_loads_its_vision_tower(family, tmp_path):
+    """SiglipModel / CLIPModel: the vision_config builds the tower, the text tower is left
+    out with a note, and the output is the model's image features."""
+    text = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                intermediate_size=32, vocab_size=64, max_position_embeddings=16)
+    vision = dict(HF_SIZES)
+    if family == "Siglip":
+        config = transformers.SiglipConfig(text_config=text, vision_config=vision)
+    else:
+        config = transformers.CLIPConfig(text_config=text, vision_config=vision,
+                                         projection_dim=PROJECTION)
+    hf = randomise(getattr(transformers, f"{family}Model")(config), seed=5)
+    hf.save_pretrained(tmp_path)
+    with torch.no_grad():
+        expected = hf.get_image_features(pixel_values=pixels())
+    expected = getattr(expected, "pooler_output", expected).numpy()
+    model = keras_vit.pretrained(tmp_path)
+    report = keras_vit.load_pretrained(model, tmp_path)
+    assert any(m.startswith("the text tower's") for m in report.messages)
+    assert relative_error([as_numpy(model(IMAGES))], [expected]) < 1e-4
+
+
+# --- negative controls: one switch flipped ---------------------------------------------
+
+
+def test_negative_control_siglip_pooled_by_mean_misses_transformers(siglip):
+    """The comparison can fail: the same encoder pooled by the mean of its tokens
+    (classifier='gap', the MAP head left out) misses HF's pooler_output."""
+    directory, reference = siglip
+    gap = keras_vit.ViT(**TINY, **{**SIGLIP, "classifier": "gap"})
+    with pytest.raises(ValueError, match=r"classifier='map' model .*with a MAP head.*"
+                       r"build it with classifier='map'"):
+        keras_vit.load_pretrained(gap, directory)
+    report = keras_vit.load_pretrained(gap, directory, strict=False)
+    assert "MAPHead_0/probe" in report.unexpected
+    ours = outputs(gap)
+    assert relative_error(ours[1:], reference[1:]) < 1e-4  # the same encoder
+    assert relative_error(ours[:1], reference[:1]) > 1e-2  # not its pooling
+
+
+def test_negative_control_clip_without_quick_gelu_misses_transformers(clip):
+    """The same tensors with GELU for quick GELU: the blocks and the embeddings miss HF's
+    by far more than the tolerance (quick GELU is within 0.02 of GELU)."""
+    directory, reference = clip
+    gelu = keras_vit.ViT(**TINY, **{**CLIP, "quick_gelu": False}, projection_dim=PROJECTION)
+    keras_vit.load_pretrained(gelu, directory)  # the same tensors: only numbers tell
+    ours = outputs(gelu)
+    for mine, theirs in zip(ours, reference):
+        assert relative_error([mine], [theirs]) > 1e-3
+
+
+@pytest.mark.parametrize("flipped, message", [
+    (dict(pre_norm=False), r"has pre_norm LayerNorm \(CLIP's, before the blocks\), but the "
+                           r"model has none: build the model with pre_norm=True"),
+    (dict(patch_bias=True), r"has no patch-embedding bias, but the model has it: build the "
+                            r"model with patch_bias=False"),
+])
+def test_a_clip_checkpoint_names_the_switch_a_model_lacks(clip, flipped, message):
+    model = keras_vit.ViT(**TINY, **{**CLIP, **flipped}, projection_dim=PROJECTION)
+    with pytest.raises(ValueError, match=message):
+        keras_vit.load_pretrained(model, clip[0])
+
+
+# --- timm's layouts of the same towers ---------------------------------------------------
+
+
+def timm_siglip(files):
+    """HF SiglipVisionModel tensors -> timm's `vit_*_siglip_*` state dict (its
+    `attn_pool`: the latent, q, a fused k|v)."""
+    state = {
+        "patch_embed.proj.weight": files["embeddings.patch_embedding.weight"],
+        "patch_embed.proj.bias": files["embeddings.patch_embedding.bias"],
+        "pos_embed": files["embeddings.position_embedding.weight"][None],
+        "attn_pool.latent": files["head.probe"],
+    }
+    width = state["pos_embed"].shape[-1]
+    for p in ("weight", "bias"):
+        state[f"norm.{p}"] = files[f"post_layernorm.{p}"]
+        fused = files[f"head.attention.in_proj_{p}"]
+        state[f"attn_pool.q.{p}"], state[f"attn_pool.kv.{p}"] = fused[:width], fused[width:]
+        for timm, hf in (("proj", "attention.out_proj"), ("norm", "layernorm"),
+                         ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2")):
+            state[f"attn_pool.{timm}.{p}"] = files[f"head.{hf}.{p}"]
+        for i in range(HF_SIZES["num_hidden_layers"]):
+            hf, timm = f"encoder.layers.{i}.", f"blocks.{i}."
+            state[f"{timm}attn.qkv.{p}"] = np.concatenate(
+                [files[f"{hf}self_attn.{n}_proj.{p}"] for n in "qkv"])
+            for t, h in (("norm1", "layer_norm1"), ("norm2", "layer_norm2"),
+                         ("attn.proj", "self_attn.out_proj"), ("mlp.fc1", "mlp.fc1"),
+                         ("mlp.fc2", "mlp.fc2")):
+                state[f"{timm}{t}.{p}"] = files[f"{hf}{h}.{p}"]
+    return state
+
+
+def test_timm_siglip_safetensors_match_transformers(siglip, tmp_path):
+    directory, reference = siglip
+    save_file(timm_siglip(load_file(directory / "model.safetensors")), tmp_path / "t.safetensors")
+    model = keras_vit.ViT(**TINY, **SIGLIP)
+    report = keras_vit.load_pretrained(model, tmp_path / "t.safetensors")
+    assert report.format == "timm" and not report.messages
+    assert relative_error(outputs(model), reference) < 1e-4
+
+
+# --- the model's own round trips and features -------------------------------------------
+
+FAMILY = {
+    "siglip": SIGLIP,
+    "siglip_classifier": dict(SIGLIP, include_top=True, num_classes=5),
+    "clip": dict(CLIP, projection_dim=PROJECTION),
+    "clip_classifier": dict(CLIP, include_top=True, num_classes=5),
+}
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_get_config_and_keras_file_round_trip(name, tmp_path):
+    model = keras_vit.ViT(**{**TINY, **FAMILY[name]})
+    randomise_weights(model, seed=1)
+    config = model.get_config()
+    assert {key: config[key] for key in FAMILY[name]} == FAMILY[name]
+    rebuilt = keras_vit.VisionTransformer.from_config(config)
+    assert rebuilt.get_config() == config
+    assert [w.path for w in rebuilt.weights] == [w.path for w in model.weights]
+    assert_keras_file_round_trip(model, IMAGES, tmp_path / "model.keras")
+
+
+def test_npz_round_trip_keeps_the_map_head_and_the_projection(tmp_path):
+    """save_npz writes the MAP head under big_vision's keys (MAPHead_0/...), the
+    pre-norm and the projection; load_pretrained restores every weight exactly."""
+    for family in (SIGLIP, dict(CLIP, projection_dim=PROJECTION)):
+        model = keras_vit.ViT(**TINY, **family)
+        randomise_weights(model, seed=2)
+        keras_vit.save_npz(model, tmp_path / "m.npz")
+        again = keras_vit.ViT(**TINY, **family)
+        keras_vit.load_pretrained(again, tmp_path / "m.npz")
+        for a, b in zip(model.weights, again.weights, strict=True):
+            np.testing.assert_array_equal(as_numpy(a), as_numpy(b))
+    keys = set(np.load(tmp_path / "m.npz"))
+    assert {"pre_norm/scale", "projection/kernel"} <= keys and "embedding/bias" not in keys
+
+
+def test_paper_vit_config_has_no_tower_keys():
+    config = keras_vit.ViT(**TINY).get_config()
+    assert not set(config) & {"pre_norm", "quick_gelu", "patch_bias", "projection_dim"}
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(quick_gelu=True, gelu_approximate=True), "quick_gelu=True replaces GELU"),
+    (dict(projection_dim=0), "projection_dim must be a positive integer, got 0"),
+    (dict(pre_norm="yes"), "pre_norm must be True or False, got 'yes'"),
+    (dict(classifier="map", distilled=True), "distilled=True .* classifier='map'"),
+])
+def test_bad_tower_switches_are_named(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        keras_vit.ViT(**TINY, **arguments)
+
+
+def test_siglip_fine_tunes_from_its_directory_with_a_new_head(siglip):
+    """ViT(weights=DIR, num_classes=...) takes the tower's switches from config.json,
+    loads the MAP head and puts a zero head on its pooled features."""
+    model = keras_vit.ViT(weights=siglip[0], num_classes=5)
+    config = model.get_config()
+    assert (config["classifier"], config["include_top"]) == ("map", True)
+    head = keras_vit.vit_parts(model).head
+    assert head.kernel.shape == (WIDTH, 5) and not np.any(as_numpy(head.kernel))
+    pooled = keras.Model(model.input, keras_vit.vit_parts(model).pool.output)
+    assert relative_error([as_numpy(pooled(IMAGES))], siglip[1][:1]) < 1e-4
+
+
+def test_clip_fine_tuning_drops_the_projection_as_pre_logits(clip):
+    model = keras_vit.ViT(weights=clip[0], num_classes=5)
+    assert "projection_dim" not in model.get_config()
+    report = keras_vit.load_pretrained(model, clip[0])
+    assert ("the model has no projection (projection_dim=None): the checkpoint's projection "
+            "is not loaded.") in report.messages
+
+
+def test_siglip_feature_maps_are_every_token(siglip):
+    """Without a class token every output token is a patch: the maps hold them all."""
+    model = keras_vit.pretrained(siglip[0])
+    maps = keras_vit.feature_model(model)(IMAGES)
+    assert tuple(maps.shape) == (3, 4, 4, WIDTH)
+    np.testing.assert_array_equal(as_numpy(maps).reshape(3, 16, WIDTH), outputs(model)[-1])
+
+
+def test_siglip_at_another_size_is_a_model_built_there(siglip, tmp_path):
+    """dynamic_image_size at 48 px equals a 48 px model given the weights by
+    load_pretrained; HF's interpolate_pos_encoding (torch bicubic without antialias,
+    a = -0.75) differs from timm's resampling keras-vit uses by 0.2% of the output here."""
+    directory = siglip[0]
+    images = np.random.default_rng(1).uniform(-1, 1, (2, 48, 48, 3)).astype("float32")
+    dynamic = keras_vit.pretrained(directory, dynamic_image_size=True)
+    fixed = keras_vit.ViT(**{**TINY, **SIGLIP, "image_size": 48})
+    keras_vit.load_pretrained(fixed, directory)
+    ours = as_numpy(dynamic(images))
+    assert relative_error([ours], [as_numpy(fixed(images))]) < 1e-5
+    hf = transformers.SiglipVisionModel.from_pretrained(directory).eval()
+    with torch.no_grad():
+        theirs = hf(pixel_values=pixels(images), interpolate_pos_encoding=True).pooler_output
+    assert 1e-4 < relative_error([ours], [theirs.numpy()]) < 5e-3
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
+                    reason="started from the TensorFlow run")
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_other_backends(backend):
+    """This module's numeric tests, on the JAX and PyTorch backends (Keras picks its
+    backend once per process)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+         "tests/test_towers.py"],
+        cwd=ROOT, env={**os.environ, "KERAS_BACKEND": backend}, capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
+    assert " passed" in result.stdout and "failed" not in result.stdout
