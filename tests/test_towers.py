@@ -209,6 +209,41 @@ def test_timm_siglip_safetensors_match_transformers(siglip, tmp_path):
     assert relative_error(outputs(model), reference) < 1e-4
 
 
+def timm_clip(files):
+    """HF CLIPVisionModelWithProjection tensors -> timm's `vit_*_clip_*` state dict, as
+    timm's `_convert_openai_clip` writes it: the projection as a head with a zero bias."""
+    files = {k.removeprefix("vision_model."): v for k, v in files.items()}
+    state = {
+        "cls_token": files["embeddings.class_embedding"][None, None],
+        "pos_embed": files["embeddings.position_embedding.weight"][None],
+        "patch_embed.proj.weight": files["embeddings.patch_embedding.weight"],
+        "head.weight": files["visual_projection.weight"],
+        "head.bias": np.zeros(PROJECTION, "float32"),
+    }
+    for p in ("weight", "bias"):
+        state[f"norm_pre.{p}"] = files[f"pre_layrnorm.{p}"]
+        state[f"norm.{p}"] = files[f"post_layernorm.{p}"]
+        for i in range(HF_SIZES["num_hidden_layers"]):
+            hf, timm = f"encoder.layers.{i}.", f"blocks.{i}."
+            state[f"{timm}attn.qkv.{p}"] = np.concatenate(
+                [files[f"{hf}self_attn.{n}_proj.{p}"] for n in "qkv"])
+            for t, h in (("norm1", "layer_norm1"), ("norm2", "layer_norm2"),
+                         ("attn.proj", "self_attn.out_proj"), ("mlp.fc1", "mlp.fc1"),
+                         ("mlp.fc2", "mlp.fc2")):
+                state[f"{timm}{t}.{p}"] = files[f"{hf}{h}.{p}"]
+    return state
+
+
+def test_timm_clip_safetensors_match_image_embeds(clip, tmp_path):
+    directory, reference = clip
+    save_file(timm_clip(load_file(directory / "model.safetensors")), tmp_path / "t.safetensors")
+    model = keras_vit.ViT(**TINY, **CLIP, projection_dim=PROJECTION)
+    report = keras_vit.load_pretrained(model, tmp_path / "t.safetensors")
+    assert report.format == "timm" and report.messages == [
+        "timm's CLIP head without a bias is the image projection (projection_dim)."]
+    assert relative_error(outputs(model), reference) < 1e-4
+
+
 # --- the model's own round trips and features -------------------------------------------
 
 FAMILY = {

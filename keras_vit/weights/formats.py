@@ -271,7 +271,7 @@ _TORCH_NAMES = [
     (MAP_HEAD_KEY + "/LayerNorm_0", "norm", r"head\.layernorm", r"attn_pool\.norm"),
     (MAP_HEAD_KEY + "/MlpBlock_0/Dense_0", "dense", r"head\.mlp\.fc1", r"attn_pool\.mlp\.fc1"),
     (MAP_HEAD_KEY + "/MlpBlock_0/Dense_1", "dense", r"head\.mlp\.fc2", r"attn_pool\.mlp\.fc2"),
-    (PROJECTION_KEY, "dense", r"visual_projection", None),
+    (PROJECTION_KEY, "dense", r"visual_projection", r"visual_projection"),
 ]
 
 
@@ -603,6 +603,17 @@ def _from_npz(arrays, source, grid=None):
     return ("big_vision" if big_vision else "vit_jax"), params, origin, notes
 
 
+def _timm_clip_projection(arrays, notes):
+    """timm holds a CLIP tower's image projection as its head, with a zero bias
+    (`_convert_openai_clip`): a tower (`norm_pre`) whose head has no bias, or a zero
+    one, gets it back as the bias-free `projection`."""
+    bias = arrays.get("head.bias")
+    if "norm_pre.weight" in arrays and "head.weight" in arrays and (bias is None or not bias.any()):
+        arrays["visual_projection.weight"] = arrays.pop("head.weight")
+        arrays.pop("head.bias", None)
+        notes.append("timm's CLIP head without a bias is the image projection (projection_dim).")
+
+
 def read_official(source, heads, grid=None):
     """Reads a checkpoint file or HF directory in the official layout.
 
@@ -626,8 +637,9 @@ def read_official(source, heads, grid=None):
     if any("/" in key for key in arrays):
         return _from_npz(arrays, source, grid)
     if "patch_embed.proj.weight" in arrays:
-        params, origin = _from_torch_layout(arrays, _TIMM_RULES, [], heads)
         notes = []
+        _timm_clip_projection(arrays, notes)
+        params, origin = _from_torch_layout(arrays, _TIMM_RULES, [], heads)
         _add_prefix_rows(params, notes, grid, "timm's no_embed_class model")
         return "timm", params, origin, notes
     if any(re.match(r"((vit|deit|vision_model)\.)?embeddings\.patch_embeddings?\.", key)
