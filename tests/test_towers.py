@@ -342,6 +342,51 @@ def test_siglip_at_another_size_is_a_model_built_there(siglip, tmp_path):
     assert 1e-4 < relative_error([ours], [theirs.numpy()]) < 5e-3
 
 
+# --- registry ---------------------------------------------------------------------------
+
+
+def test_registry_lists_the_towers_with_their_switches_and_preprocessing():
+    from keras_vit.weights import registry
+    from keras_vit.weights.pretrained import source_defaults
+
+    entries = {e.name: e for e in keras_vit.list_weights("siglip") + keras_vit.list_weights("clip")}
+    assert sorted(entries) == [
+        "vit_base_patch16_clip_224.openai", "vit_base_patch16_siglip_224.v2_webli",
+        "vit_base_patch16_siglip_224.webli", "vit_base_patch32_clip_224.openai",
+        "vit_large_patch14_clip_224.openai", "vit_so400m_patch14_siglip_384.webli",
+    ]
+    entry = entries["vit_base_patch32_clip_224.openai"]
+    assert entry.url == registry.TIMM_HUB.format(name=entry.name)
+    assert entry.preprocessing == dict(mean=OPENAI_MEAN, std=OPENAI_STD,
+                                       interpolation="bicubic", crop_fraction=1.0)
+    assert entries["vit_base_patch16_siglip_224.v2_webli"].preprocessing["interpolation"] == "bilinear"
+    # What ViT(weights=NAME) takes from the entry: the tower's switches, not the projection.
+    assert source_defaults("vit_base_patch16_clip_224.openai", {"num_classes": 5}) == dict(
+        variant="B/16", image_size=224, num_classes=5, pre_norm=True,
+        quick_gelu=True, patch_bias=False, layer_norm_epsilon=1e-5,
+    )
+    with pytest.raises(ValueError, match=r"are an image tower without classes: pass "
+                       r"num_classes=\.\.\. .* or include_top=False"):
+        keras_vit.ViT(weights="vit_base_patch16_siglip_224.webli")
+
+
+@pytest.mark.parametrize("name, reference", [
+    ("vit_base_patch16_siglip_224.webli", "SiglipVisionModel"),
+    ("vit_base_patch32_clip_224.openai", "CLIPVisionModelWithProjection"),
+])
+def test_registry_towers_have_the_parameters_of_transformers_model(name, reference):
+    """The entry's model has as many weights as HF's model of the release's config
+    (transformers' defaults are these base models), counted on the meta device."""
+    entry = keras_vit.weights.registry.get_weights(name)
+    config_class = getattr(transformers, reference.replace("WithProjection", "").replace(
+        "Model", "Config"))
+    config = config_class(projection_dim=512) if "CLIP" in reference else config_class()
+    with torch.device("meta"):
+        expected = sum(p.numel() for p in getattr(transformers, reference)(config).parameters())
+    model = keras_vit.ViT(**entry.build_args())
+    assert model.count_params() == expected
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
                     reason="started from the TensorFlow run")

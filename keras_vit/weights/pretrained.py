@@ -756,6 +756,12 @@ def source_defaults(weights, args):
     for key in ("image_size", "num_classes", "gelu_approximate", "classifier", *FAMILY_DEFAULTS):
         if filled.get(key) is None and key in own and key != "projection_dim":
             filled[key] = own[key]
+    if filled.get("num_classes") == 0 and filled.get("include_top", True):
+        raise ValueError(
+            f"weights={weights!r} are an image tower without classes: pass num_classes=... "
+            f"to fine-tune a head on it, or include_top=False (keras_vit.pretrained("
+            f"{weights!r}) builds the tower as released)."
+        )
     return filled
 
 
