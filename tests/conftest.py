@@ -205,3 +205,17 @@ def install_wheel(wheel, venv):
     subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "--no-deps", "-q",
                     str(wheel)], check=True, capture_output=True, env=clean_environment())
     return bin_dir
+
+
+def assert_quick_tests_pass_on(backend, test_file):
+    """Runs the quick tests (`-m "not slow"`) of `test_file` (relative to the checkout)
+    on the Keras `backend` in a new process (Keras picks its backend once per process),
+    and fails with their output unless they all pass."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+         test_file],
+        cwd=ROOT, env={**os.environ, "KERAS_BACKEND": backend}, capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
+    assert " passed" in result.stdout and "failed" not in result.stdout
+

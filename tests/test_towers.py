@@ -10,9 +10,6 @@ the output (`pooler_output`, `image_embeds`) and every block's output tokens, wi
 """
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -22,11 +19,10 @@ from safetensors.numpy import load_file, save_file
 import transformers
 
 import keras_vit
-from conftest import assert_keras_file_round_trip, randomise_weights
+from conftest import assert_keras_file_round_trip, assert_quick_tests_pass_on, randomise_weights
 from test_checkpoints import randomise
 from test_deit import IMAGES, as_numpy, outputs, relative_error
 
-ROOT = Path(__file__).resolve().parents[1]
 WIDTH, PROJECTION = 32, 24
 HF_SIZES = dict(hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=4,
                 intermediate_size=64, image_size=32, patch_size=8)
@@ -172,6 +168,21 @@ def test_a_clip_checkpoint_names_the_switch_a_model_lacks(clip, flipped, message
 # --- timm's layouts of the same towers ---------------------------------------------------
 
 
+def timm_blocks(files, p):
+    """The blocks' `p` ("weight" or "bias") tensors of an HF SigLIP / CLIP encoder under
+    timm's names (a fused q|k|v)."""
+    state = {}
+    for i in range(HF_SIZES["num_hidden_layers"]):
+        hf, timm = f"encoder.layers.{i}.", f"blocks.{i}."
+        state[f"{timm}attn.qkv.{p}"] = np.concatenate(
+            [files[f"{hf}self_attn.{n}_proj.{p}"] for n in "qkv"])
+        for t, h in (("norm1", "layer_norm1"), ("norm2", "layer_norm2"),
+                     ("attn.proj", "self_attn.out_proj"), ("mlp.fc1", "mlp.fc1"),
+                     ("mlp.fc2", "mlp.fc2")):
+            state[f"{timm}{t}.{p}"] = files[f"{hf}{h}.{p}"]
+    return state
+
+
 def timm_siglip(files):
     """HF SiglipVisionModel tensors -> timm's `vit_*_siglip_*` state dict (its
     `attn_pool`: the latent, q, a fused k|v)."""
@@ -189,14 +200,7 @@ def timm_siglip(files):
         for timm, hf in (("proj", "attention.out_proj"), ("norm", "layernorm"),
                          ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2")):
             state[f"attn_pool.{timm}.{p}"] = files[f"head.{hf}.{p}"]
-        for i in range(HF_SIZES["num_hidden_layers"]):
-            hf, timm = f"encoder.layers.{i}.", f"blocks.{i}."
-            state[f"{timm}attn.qkv.{p}"] = np.concatenate(
-                [files[f"{hf}self_attn.{n}_proj.{p}"] for n in "qkv"])
-            for t, h in (("norm1", "layer_norm1"), ("norm2", "layer_norm2"),
-                         ("attn.proj", "self_attn.out_proj"), ("mlp.fc1", "mlp.fc1"),
-                         ("mlp.fc2", "mlp.fc2")):
-                state[f"{timm}{t}.{p}"] = files[f"{hf}{h}.{p}"]
+        state.update(timm_blocks(files, p))
     return state
 
 
@@ -223,14 +227,7 @@ def timm_clip(files):
     for p in ("weight", "bias"):
         state[f"norm_pre.{p}"] = files[f"pre_layrnorm.{p}"]
         state[f"norm.{p}"] = files[f"post_layernorm.{p}"]
-        for i in range(HF_SIZES["num_hidden_layers"]):
-            hf, timm = f"encoder.layers.{i}.", f"blocks.{i}."
-            state[f"{timm}attn.qkv.{p}"] = np.concatenate(
-                [files[f"{hf}self_attn.{n}_proj.{p}"] for n in "qkv"])
-            for t, h in (("norm1", "layer_norm1"), ("norm2", "layer_norm2"),
-                         ("attn.proj", "self_attn.out_proj"), ("mlp.fc1", "mlp.fc1"),
-                         ("mlp.fc2", "mlp.fc2")):
-                state[f"{timm}{t}.{p}"] = files[f"{hf}{h}.{p}"]
+        state.update(timm_blocks(files, p))
     return state
 
 
@@ -342,6 +339,41 @@ def test_siglip_at_another_size_is_a_model_built_there(siglip, tmp_path):
     assert 1e-4 < relative_error([ours], [theirs.numpy()]) < 5e-3
 
 
+@pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
+                    reason="exported from TensorFlow here (JAX exports are test_export's)")
+@pytest.mark.parametrize("family", ["siglip", "clip"])
+def test_fine_tuned_tower_exports_as_a_saved_model_with_its_preprocessing(
+        family, siglip, clip, tmp_path):
+    """The SavedModel's `logits` signature (pixels in [0, 255]) equals the model on the
+    pixels normalised with the checkpoint's mean and std (CLIP's OpenAI statistics)."""
+    import tensorflow as tf
+
+    from keras_vit.models.preprocessing import model_preprocessing, normalize
+
+    directory = (siglip if family == "siglip" else clip)[0]
+    model = keras_vit.ViT(weights=directory, num_classes=5)
+    randomise_weights(model, seed=4)  # a head that is not zero
+    keras_vit.export_saved_model(model, tmp_path / "served")
+    pixels = np.random.default_rng(2).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+    served = tf.saved_model.load(str(tmp_path / "served")).signatures["logits"](
+        images=tf.constant(pixels))["logits"].numpy()
+    expected = as_numpy(model(normalize(pixels, model_preprocessing(model))))
+    assert relative_error([served], [expected]) < 1e-5
+
+
+def test_mixed_precision_map_head_keeps_float32_outputs():
+    """Under mixed_bfloat16 the MAP head and the projection run in bfloat16 and stay near
+    float32's output."""
+    for family in (dict(SIGLIP, include_top=True, num_classes=5),
+                   dict(CLIP, projection_dim=PROJECTION)):
+        reference = keras_vit.ViT(**{**TINY, **family})
+        randomise_weights(reference, seed=2)
+        mixed = keras_vit.ViT(**{**TINY, **family}, dtype="mixed_bfloat16")
+        mixed.set_weights(reference.get_weights())
+        assert relative_error([as_numpy(mixed(IMAGES)).astype("float32")],
+                              [as_numpy(reference(IMAGES))]) < 0.05
+
+
 # --- registry ---------------------------------------------------------------------------
 
 
@@ -394,10 +426,4 @@ def test_registry_towers_have_the_parameters_of_transformers_model(name, referen
 def test_other_backends(backend):
     """This module's numeric tests, on the JAX and PyTorch backends (Keras picks its
     backend once per process)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
-         "tests/test_towers.py"],
-        cwd=ROOT, env={**os.environ, "KERAS_BACKEND": backend}, capture_output=True, text=True,
-    )
-    assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
-    assert " passed" in result.stdout and "failed" not in result.stdout
+    assert_quick_tests_pass_on(backend, "tests/test_towers.py")

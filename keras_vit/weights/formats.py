@@ -289,6 +289,14 @@ def _rules(column):
 _HF_RULES, _TIMM_RULES = _rules(0), _rules(1)
 _HF_RENAMES = [
     (r"^(vit|deit)\.", ""),
+    # SigLIP and CLIP vision towers (`vision_model.` in their full models' files): their
+    # encoder's names as transformers 5.x ViT's, which the rules below rename.
+    (r"^vision_model\.", ""),
+    (r"^encoder\.layers\.(\d+)\.self_attn\.([qkv])_proj\.", r"layers.\1.attention.\2_proj."),
+    (r"^encoder\.layers\.(\d+)\.self_attn\.out_proj\.", r"layers.\1.attention.o_proj."),
+    (r"^encoder\.layers\.(\d+)\.layer_norm1\.", r"layers.\1.layernorm_before."),
+    (r"^encoder\.layers\.(\d+)\.layer_norm2\.", r"layers.\1.layernorm_after."),
+    (r"^encoder\.layers\.(\d+)\.mlp\.", r"layers.\1.mlp."),
     # transformers 5.x module names (in memory); its files keep the older names.
     (r"^layers\.(\d+)\.attention\.q_proj\.", r"encoder.layer.\1.attention.attention.query."),
     (r"^layers\.(\d+)\.attention\.k_proj\.", r"encoder.layer.\1.attention.attention.key."),
@@ -297,16 +305,6 @@ _HF_RENAMES = [
     (r"^layers\.(\d+)\.mlp\.fc1\.", r"encoder.layer.\1.intermediate.dense."),
     (r"^layers\.(\d+)\.mlp\.fc2\.", r"encoder.layer.\1.output.dense."),
     (r"^layers\.(\d+)\.", r"encoder.layer.\1."),
-    # SigLIP and CLIP vision towers (`vision_model.` in their full models' files).
-    (r"^vision_model\.", ""),
-    (r"^encoder\.layers\.(\d+)\.self_attn\.q_proj\.", r"encoder.layer.\1.attention.attention.query."),
-    (r"^encoder\.layers\.(\d+)\.self_attn\.k_proj\.", r"encoder.layer.\1.attention.attention.key."),
-    (r"^encoder\.layers\.(\d+)\.self_attn\.v_proj\.", r"encoder.layer.\1.attention.attention.value."),
-    (r"^encoder\.layers\.(\d+)\.self_attn\.out_proj\.", r"encoder.layer.\1.attention.output.dense."),
-    (r"^encoder\.layers\.(\d+)\.layer_norm1\.", r"encoder.layer.\1.layernorm_before."),
-    (r"^encoder\.layers\.(\d+)\.layer_norm2\.", r"encoder.layer.\1.layernorm_after."),
-    (r"^encoder\.layers\.(\d+)\.mlp\.fc1\.", r"encoder.layer.\1.intermediate.dense."),
-    (r"^encoder\.layers\.(\d+)\.mlp\.fc2\.", r"encoder.layer.\1.output.dense."),
     (r"^embeddings\.patch_embedding\.", r"embeddings.patch_embeddings.projection."),
     (r"^post_layernorm\.", "layernorm."),
     (r"^head\.attention\.in_proj_(weight|bias)$", r"head.attention.in_proj.\1"),
