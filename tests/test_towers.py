@@ -374,6 +374,18 @@ def test_mixed_precision_map_head_keeps_float32_outputs():
                               [as_numpy(reference(IMAGES))]) < 0.05
 
 
+def test_int8_map_head_and_projection_round_trip_through_a_keras_file(tmp_path):
+    """model.quantize("int8") reaches the MAP head's and the projection's Dense layers,
+    and the .keras file restores them quantized (the head's `dense_dtypes`)."""
+    model = keras_vit.ViT(**{**TINY, **SIGLIP}, projection_dim=PROJECTION)
+    randomise_weights(model, seed=3)
+    model.quantize("int8")
+    pool = keras_vit.vit_parts(model).pool
+    assert all(layer.quantization_mode == "int8" for layer in pool.projections())
+    assert keras_vit.vit_parts(model).projection.quantization_mode == "int8"
+    assert_keras_file_round_trip(model, IMAGES, tmp_path / "int8.keras")
+
+
 # --- registry ---------------------------------------------------------------------------
 
 
