@@ -204,15 +204,6 @@ def timm_siglip(files):
     return state
 
 
-def test_timm_siglip_safetensors_match_transformers(siglip, tmp_path):
-    directory, reference = siglip
-    save_file(timm_siglip(load_file(directory / "model.safetensors")), tmp_path / "t.safetensors")
-    model = keras_vit.ViT(**TINY, **SIGLIP)
-    report = keras_vit.load_pretrained(model, tmp_path / "t.safetensors")
-    assert report.format == "timm" and not report.messages
-    assert relative_error(outputs(model), reference) < 1e-4
-
-
 def timm_clip(files):
     """HF CLIPVisionModelWithProjection tensors -> timm's `vit_*_clip_*` state dict, as
     timm's `_convert_openai_clip` writes it: the projection as a head with a zero bias."""
@@ -231,13 +222,20 @@ def timm_clip(files):
     return state
 
 
-def test_timm_clip_safetensors_match_image_embeds(clip, tmp_path):
-    directory, reference = clip
-    save_file(timm_clip(load_file(directory / "model.safetensors")), tmp_path / "t.safetensors")
-    model = keras_vit.ViT(**TINY, **CLIP, projection_dim=PROJECTION)
+@pytest.mark.parametrize("family", ["siglip", "clip"])
+def test_timm_safetensors_match_transformers(family, siglip, clip, tmp_path):
+    """timm's SigLIP (`attn_pool`) and CLIP (`norm_pre`, the projection as a zero-bias
+    head) layouts of the same tensors give HF's outputs."""
+    directory, reference = siglip if family == "siglip" else clip
+    convert, switches, messages = {
+        "siglip": (timm_siglip, SIGLIP, []),
+        "clip": (timm_clip, dict(CLIP, projection_dim=PROJECTION),
+                 ["timm's CLIP head without a bias is the image projection (projection_dim)."]),
+    }[family]
+    save_file(convert(load_file(directory / "model.safetensors")), tmp_path / "t.safetensors")
+    model = keras_vit.ViT(**TINY, **switches)
     report = keras_vit.load_pretrained(model, tmp_path / "t.safetensors")
-    assert report.format == "timm" and report.messages == [
-        "timm's CLIP head without a bias is the image projection (projection_dim)."]
+    assert report.format == "timm" and report.messages == messages
     assert relative_error(outputs(model), reference) < 1e-4
 
 
