@@ -384,6 +384,18 @@ def test_int8_map_head_and_projection_round_trip_through_a_keras_file(tmp_path):
     assert_keras_file_round_trip(model, IMAGES, tmp_path / "int8.keras")
 
 
+def test_lora_factors_the_map_head_and_trains_the_tower_norms():
+    from keras_vit.training.lora import enable_lora
+
+    model = keras_vit.ViT(**{**TINY, **SIGLIP, **CLIP, "include_top": True, "num_classes": 5,
+                             "quick_gelu": False})
+    assert enable_lora(model, 2, train_norms=True)["layers"] == 2 * 4 + 5
+    trainable = {v.path for v in model.trainable_weights}
+    assert {"pool/query/lora_kernel_a", "pool/key_value/lora_kernel_b", "pre_norm/gamma",
+            "pool/norm/gamma", "head/kernel"} <= trainable
+    assert "pool/probe" not in trainable and "pool/query/kernel" not in trainable
+
+
 # --- registry ---------------------------------------------------------------------------
 
 
