@@ -359,6 +359,20 @@ def test_fine_tuned_tower_exports_as_a_saved_model_with_its_preprocessing(
     assert relative_error([served], [expected]) < 1e-5
 
 
+def test_onnx_export_of_every_tower_switch_matches_keras(tmp_path):
+    """One model with the MAP head, pre_norm, quick GELU, no patch bias and the projection,
+    exported to ONNX on this backend and run by onnxruntime."""
+    pytest.importorskip("onnxruntime")
+    from keras_vit.export.onnx import check_onnx, export_onnx
+    from keras_vit.export.records import TOLERANCE
+
+    model = keras_vit.ViT(**{**TINY, **SIGLIP, **CLIP, "gelu_approximate": False},
+                          projection_dim=PROJECTION)
+    randomise_weights(model, seed=5)
+    export_onnx(model, tmp_path / "tower.onnx")
+    assert check_onnx(model, tmp_path / "tower.onnx", batch_size=2) <= TOLERANCE
+
+
 def test_mixed_precision_map_head_keeps_float32_outputs():
     """Under mixed_bfloat16 the MAP head and the projection run in bfloat16 and stay near
     float32's output."""
