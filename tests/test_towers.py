@@ -337,6 +337,7 @@ def test_siglip_at_another_size_is_a_model_built_there(siglip, tmp_path):
     assert 1e-4 < relative_error([ours], [theirs.numpy()]) < 5e-3
 
 
+@pytest.mark.slow  # about 20 s
 @pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
                     reason="exported from TensorFlow here (JAX exports are test_export's)")
 @pytest.mark.parametrize("family", ["siglip", "clip"])
@@ -386,6 +387,7 @@ def test_mixed_precision_map_head_keeps_float32_outputs():
                               [as_numpy(reference(IMAGES))]) < 0.05
 
 
+@pytest.mark.slow  # about 20 s
 def test_int8_map_head_and_projection_round_trip_through_a_keras_file(tmp_path):
     """model.quantize("int8") reaches the MAP head's and the projection's Dense layers,
     and the .keras file restores them quantized (the head's `dense_dtypes`)."""
