@@ -412,6 +412,30 @@ def test_lora_factors_the_map_head_and_trains_the_tower_norms():
     assert "pool/probe" not in trainable and "pool/query/kernel" not in trainable
 
 
+@pytest.mark.slow
+def test_engine_fine_tunes_a_siglip_directory_with_a_new_head(siglip, tmp_path, caplog):
+    import logging
+
+    from keras_vit import cli
+    from keras_vit.training.config import apply_overrides
+    from keras_vit.training.engine import train
+
+    arch = ("model.kwargs={'patch_size': 8, 'hidden_dim': 32, 'num_layers': 2, 'num_heads': 4, "
+            "'mlp_dim': 64, 'classifier': 'map', 'gelu_approximate': True}")
+    config = apply_overrides(cli.load_recipe("demo"), [
+        "model.variant=custom", arch, "model.image_size=16", "model.channels=3",
+        f"model.init_from={siglip[0]}", "data.classes=0-4", "schedule.epochs=1",
+        "schedule.warmup_updates=2", "checkpointing.tensorboard=False", f"out={tmp_path / 'run'}",
+    ])
+    with caplog.at_level(logging.INFO, logger="keras_vit"):
+        result = train(config, verbose=0)
+    assert "the checkpoint has no head: the head is reset to zeros." in caplog.text
+    parts = keras_vit.vit_parts(result.model)
+    assert isinstance(parts.pool, keras_vit.models.layers.MAPHead)
+    assert parts.head.kernel.shape == (WIDTH, 5)
+    assert result.model.get_config()["preprocessing"]["interpolation"] == "bicubic"
+
+
 # --- registry ---------------------------------------------------------------------------
 
 
