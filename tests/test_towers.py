@@ -101,6 +101,18 @@ def test_hf_clip_vision_model_outputs_its_pooler_output(tmp_path):
     assert relative_error(outputs(model), reference) < 1e-4
 
 
+def test_a_siglip_without_its_head_outputs_the_tokens(tmp_path):
+    """vision_use_head=false: HF's pooler_output is None; the model gives last_hidden_state."""
+    config = transformers.SiglipVisionConfig(**HF_SIZES, vision_use_head=False)
+    hf = randomise(transformers.SiglipVisionModel(config), seed=6)
+    hf.save_pretrained(tmp_path)
+    with torch.no_grad():
+        expected = hf(pixel_values=pixels()).last_hidden_state.numpy()
+    model = keras_vit.pretrained(tmp_path)
+    assert model.get_config()["pooling"] is False
+    assert relative_error([as_numpy(model(IMAGES))], [expected]) < 1e-4
+
+
 @pytest.mark.parametrize("family", ["Siglip", "CLIP"])
 def test_a_full_image_text_model_directory_loads_its_vision_tower(family, tmp_path):
     """SiglipModel / CLIPModel: the vision_config builds the tower, the text tower is left
