@@ -277,6 +277,40 @@ def test_big_vision_table_of_a_non_square_grid_loads_with_the_models_grid(tmp_pa
         keras_vit.load_pretrained(vit, write_npz(tmp_path, arrays, "bv12.npz"))
 
 
+def test_a_non_square_grid_into_another_grid_is_refused_or_read_at_the_given_grid(tmp_path):
+    # The 10 rows of a 2x5 big_vision table also read as a 3x3 grid after a class-token
+    # row: into a 4x4 model that was a silent guess; now it asks for the grid.
+    config = dict(CONFIG, image_size=(16, 40))
+    model = randomise(ViTForImageClassification(ViTConfig(num_labels=10, **config)), seed=2)
+    model.save_pretrained(tmp_path / "hf")
+    files = load_file(tmp_path / "hf" / "model.safetensors")
+    big_vision = write_npz(
+        tmp_path, big_vision_from_official(official_from_hf(files), False, "params/"), "bv.npz"
+    )
+    vit = tiny_vit(image_size=32)
+    with pytest.raises(ValueError, match=r"3x3 grid after a class-token row, or 2x5 without "
+                       r"one; .*checkpoint_grid=\(rows, cols\)"):
+        keras_vit.load_pretrained(vit, big_vision)
+    # HF's table holds the class row: its 10 patch rows are no square; refused the same way.
+    hf = tmp_path / "hf" / "model.safetensors"
+    with pytest.raises(ValueError, match=r"10 is not square .* checkpoint_grid=\(rows, cols\)"):
+        keras_vit.load_pretrained(vit, hf)
+    with pytest.raises(ValueError, match=r"checkpoint_grid=\(3, 3\) has 9 patches, but "):
+        keras_vit.load_pretrained(vit, hf, checkpoint_grid=(3, 3))
+    # Given the grid, both formats load the same weights into the 4x4 model.
+    # (big_vision folds the class row into the token, so the logits are compared.)
+    images = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    keras_vit.load_pretrained(vit, big_vision, checkpoint_grid=(2, 5))
+    from_big_vision = as_numpy(vit(images))
+    report = keras_vit.load_pretrained(vit, hf, checkpoint_grid=(2, 5),
+                                       interpolation="bilinear_align_corners")
+    assert "resampled from a 2x5 to a 4x4 patch grid" in " ".join(report.messages)
+    np.testing.assert_allclose(as_numpy(vit(images)), from_big_vision, atol=1e-5)
+    # Into a model of the same (non-square) count, the model's grid is read, and said.
+    report = keras_vit.load_pretrained(tiny_vit(image_size=(40, 16)), big_vision)
+    assert "read as the model's 5x2 patch grid (pass checkpoint_grid" in " ".join(report.messages)
+
+
 def test_url_sources_read_and_write_through_tf_gfile(hf, shared_model):
     # gs:// goes through tf.io.gfile; TensorFlow's in-memory ram:// file system takes
     # the same code path without a network.

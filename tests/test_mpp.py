@@ -110,6 +110,22 @@ def test_mean_color_targets_equal_numpy(channels, classes):
     assert len(np.unique(expected)) > 3
 
 
+def test_an_encoder_with_imagenet_preprocessing_predicts_the_same_colours():
+    # An encoder normalised with ImageNet's mean and std (DeiT's) sees other numbers for
+    # the same pixels; its targets are still the colours of the pixels, read in [-1, 1].
+    from keras_vit.models.preprocessing import IMAGENET_MEAN, IMAGENET_STD, normalize
+
+    imagenet = {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
+    pixels = np.random.default_rng(4).uniform(0, 255, (4, 32, 32, 3)).astype("float32")
+    pixels[:, :16] = pixels[:, :16] * 0.1  # some dark patches, whose codes differ most
+    expected = _numpy_mean_color_codes(pixels / 127.5 - 1, 8, bits=3)
+    encoder = tiny_vit(include_top=False, preprocessing=imagenet)
+    model = mpp.MaskedPatchPrediction(encoder, seed=0)
+    targets = _np(model(normalize(pixels, imagenet))["targets"])
+    np.testing.assert_array_equal(targets, expected)
+    assert len(np.unique(expected)) > 8
+
+
 def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="bits must be a positive integer, got 0"):
         mpp.mean_color_targets(np.zeros((1, 8, 8, 3), "float32"), 4, bits=0)

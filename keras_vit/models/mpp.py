@@ -11,6 +11,7 @@ import keras
 from keras import ops
 
 from keras_vit.models.layers import Patches
+from keras_vit.models.preprocessing import model_preprocessing, shift_and_scale
 from keras_vit.models.vit import vit_parts
 from keras_vit.utils.checks import check_in_range, check_positive_int
 from keras_vit.utils.serialization import serializable
@@ -39,15 +40,19 @@ def check_corruption_rates(corrupt_rate, mask_rate, random_rate, prefix=""):
         )
 
 
-def mean_color_codes(patches, channels, bits=3):
+def mean_color_codes(patches, channels, bits=3, preprocessing=None):
     """Class codes of the quantised mean colour of flattened patches.
 
     Args:
         patches: `(batch, num_patches, P * P * channels)` as `Patches` makes them,
-            with pixel values in [-1, 1].
+            with pixel values in the model's input units: [-1, 1], or those of
+            `preprocessing`.
         channels: colour channels per pixel.
-        bits: bits per channel; each channel's mean is cut into `2**bits` equal
-            bins of [-1, 1].
+        bits: bits per channel; each channel's mean, in [-1, 1] pixel units whatever
+            the preprocessing, is cut into `2**bits` equal bins, so that the classes
+            are the same colours for every checkpoint.
+        preprocessing: the model's preprocessing dict (`keras_vit.models.preprocessing`),
+            None for pixels in [-1, 1].
 
     Returns:
         int32 codes of shape `(batch, num_patches)` in `[0, 2**(bits * channels))`,
@@ -70,6 +75,13 @@ def mean_color_codes(patches, channels, bits=3):
         patches, (-1, ops.shape(patches)[1], patches.shape[-1] // channels, channels)
     )
     means = ops.mean(ops.cast(pixels, "float32"), axis=2)
+    if preprocessing is not None:
+        # Back to [-1, 1]: pixel / 127.5 - 1 with pixel = x * 255 std + 255 mean (the
+        # mean is linear, so its value maps as every pixel does).
+        shift, scale = shift_and_scale(preprocessing)
+        means = means * ops.convert_to_tensor(scale / 127.5, "float32") + ops.convert_to_tensor(
+            shift / 127.5 - 1.0, "float32"
+        )
     level = ops.clip(ops.floor((means + 1.0) * (levels / 2.0)), 0, levels - 1)
     # The first channel is the most significant digit of the code, in base `levels`.
     weights = ops.convert_to_tensor(
@@ -78,7 +90,7 @@ def mean_color_codes(patches, channels, bits=3):
     return ops.cast(ops.sum(level * weights, axis=-1), "int32")
 
 
-def mean_color_targets(images, patch_size, bits=3):
+def mean_color_targets(images, patch_size, bits=3, preprocessing=None):
     """The masked-patch-prediction targets: each patch's quantised mean colour.
 
     Each channel's mean over the patch, in [-1, 1], falls in one of `2**bits` equal
@@ -87,9 +99,11 @@ def mean_color_targets(images, patch_size, bits=3):
     (`r * 64 + g * 8 + b`); 1-channel images give 8.
 
     Args:
-        images: `(batch, height, width, channels)` scaled to [-1, 1] (see `preprocess`).
+        images: `(batch, height, width, channels)` scaled to [-1, 1], or normalised
+            with `preprocessing` (see `preprocess`).
         patch_size: side of the square patches, as the encoder's.
         bits: bits per channel.
+        preprocessing: the encoder's preprocessing dict, None for [-1, 1].
 
     Returns:
         int32 codes of shape `(batch, num_patches)`, patches in row-major order.
@@ -105,7 +119,7 @@ def mean_color_targets(images, patch_size, bits=3):
             f"mean_color_targets expects images of shape (batch, height, width, "
             f"channels), got shape {tuple(images.shape)}."
         )
-    return mean_color_codes(Patches(patch_size)(images), images.shape[-1], bits)
+    return mean_color_codes(Patches(patch_size)(images), images.shape[-1], bits, preprocessing)
 
 
 def corrupt_patch_embeddings(
@@ -328,6 +342,8 @@ class MaskedPatchPrediction(keras.Model):
         self.num_patches = rows * cols
         self.hidden_dim = parts.patch_encoder.hidden_dim
         self.channels = encoder.input_shape[-1]
+        # The encoder's input units, in which the targets' colours are read.
+        self.preprocessing = model_preprocessing(encoder)
         self.corruption = PatchCorruption(
             corrupt_rate, mask_rate, random_rate, seed=seed, name="corruption"
         )
@@ -348,7 +364,7 @@ class MaskedPatchPrediction(keras.Model):
         # each weight is saved once, under the encoder.
         parts = self.parts
         patches = parts.patches(images)
-        targets = mean_color_codes(patches, self.channels, self.bits)
+        targets = mean_color_codes(patches, self.channels, self.bits, self.preprocessing)
         embeddings, kinds = self.corruption(parts.patch_embedding(patches))
         table = parts.position_table()
         x = embeddings if table is None else embeddings + ops.cast(table, embeddings.dtype)

@@ -510,30 +510,51 @@ _BIG_VISION_RENAMES = {
 }
 
 
-def _holds_prefix_rows(rows, prefix, grid):
+def _holds_prefix_rows(rows, prefix, grid, checkpoint_grid=None, label=None):
     """Whether a position table of `rows` rows, of a model with `prefix` tokens in front
     of the patches (class, distillation), starts with a row for each of them.
 
     big_vision, and timm's `no_embed_class` models (DeiT III), add the table before
     prepending the tokens (no such rows); vit_jax, older big_vision files and the other
-    timm models hold them first. The model's patch grid (`(rows, cols)` or None)
-    decides when one reading fits it; otherwise the reading whose patch count is
-    square, as released checkpoints are."""
+    timm models hold them first. The checkpoint's own grid, where the caller gives it,
+    decides; else the model's patch grid (`(rows, cols)` or None) when one reading fits
+    it; otherwise the reading whose patch count is square, as released checkpoints are.
+    For big_vision (`label`), whose tables hold no such rows, that guess is refused
+    where the rows would also make a grid of their own (10 rows: 3x3 after a class
+    row, or 2x5)."""
+    if checkpoint_grid is not None:
+        patches = checkpoint_grid[0] * checkpoint_grid[1]
+        if rows not in (patches, patches + prefix):
+            raise ValueError(
+                f"checkpoint_grid={tuple(checkpoint_grid)} has {patches} patches, but the "
+                f"{label} position table has {rows} rows: pass the grid it was trained at."
+            )
+        return rows == patches + prefix
     if grid is not None:
         patches = grid[0] * grid[1]
         if rows in (patches, patches + prefix):
             return rows == patches + prefix
-    return math.isqrt(rows - prefix) ** 2 + prefix == rows and math.isqrt(rows) ** 2 != rows
+    side = math.isqrt(rows - prefix)
+    holds = side**2 + prefix == rows and math.isqrt(rows) ** 2 != rows
+    grids = [f"{a}x{rows // a}" for a in range(2, math.isqrt(rows) + 1) if rows % a == 0]
+    if holds and label == "big_vision" and grids:
+        raise ValueError(
+            f"Cannot tell the patch grid of big_vision's {rows}-row position table: a "
+            f"{side}x{side} grid after a class-token row, or {' or '.join(grids)} without "
+            "one; pass the grid it was trained at: load_pretrained(..., "
+            "checkpoint_grid=(rows, cols))."
+        )
+    return holds
 
 
-def _add_prefix_rows(params, notes, grid, source):
+def _add_prefix_rows(params, notes, grid, source, checkpoint_grid=None):
     """Puts zero rows for the class (and distillation) tokens in front of a position
     table that has none, so that every layout holds them as vit_jax's does."""
     prefix = ("cls" in params) + ("dist" in params)
     table = params.get(POS_KEY)
     if not prefix or table is None or table.ndim != 3 or table.shape[1] <= prefix:
         return
-    if _holds_prefix_rows(table.shape[1], prefix, grid):
+    if _holds_prefix_rows(table.shape[1], prefix, grid, checkpoint_grid, source):
         return
     params[POS_KEY] = np.concatenate([np.zeros_like(table[:, :prefix]), table], axis=1)
     notes.append(
@@ -543,7 +564,7 @@ def _add_prefix_rows(params, notes, grid, source):
     )
 
 
-def _from_big_vision(params, origin, notes, grid=None):
+def _from_big_vision(params, origin, notes, grid=None, checkpoint_grid=None):
     out, out_origin = {}, {}
     for key, value in params.items():
         scanned = re.fullmatch(r"Transformer/encoderblock/(.+)", key)
@@ -562,7 +583,7 @@ def _from_big_vision(params, origin, notes, grid=None):
     for name in ("pos_embedding", "Transformer/pos_embedding"):
         if name in out:
             out[POS_KEY], out_origin[POS_KEY] = out.pop(name), out_origin.pop(name)
-            _add_prefix_rows(out, notes, grid, "big_vision")
+            _add_prefix_rows(out, notes, grid, "big_vision", checkpoint_grid)
     return out, out_origin
 
 
@@ -575,7 +596,7 @@ def _unknown_layout(source, keys):
     )
 
 
-def _from_npz(arrays, source, grid=None):
+def _from_npz(arrays, source, grid=None, checkpoint_grid=None):
     prefix = next((p for p in _NPZ_PREFIXES if any(k.startswith(p) for k in arrays)), "")
     params = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
     origin = {k[len(prefix):]: k for k in arrays if k.startswith(prefix)}
@@ -593,7 +614,7 @@ def _from_npz(arrays, source, grid=None):
         for k in params
     )
     if big_vision:
-        params, origin = _from_big_vision(params, origin, notes, grid)
+        params, origin = _from_big_vision(params, origin, notes, grid, checkpoint_grid)
     if "embedding/kernel" not in params and not any(
         k.startswith("Transformer/encoderblock_") for k in params
     ):
@@ -612,7 +633,7 @@ def _timm_clip_projection(arrays, notes):
         notes.append("timm's CLIP head without a bias is the image projection (projection_dim).")
 
 
-def read_official(source, heads, grid=None):
+def read_official(source, heads, grid=None, checkpoint_grid=None):
     """Reads a checkpoint file or HF directory in the official layout.
 
     Args:
@@ -623,6 +644,8 @@ def read_official(source, heads, grid=None):
         grid: the patch grid `(rows, cols)` of the model the weights are for, which
             tells whether a big_vision or timm position table holds rows for the class
             (and distillation) tokens.
+        checkpoint_grid: the patch grid `(rows, cols)` the checkpoint was trained at,
+            where it is known: it decides that over the model's grid.
 
     Returns:
         `(format, params, origin, notes)`: the format name (`"vit_jax"`,
@@ -633,12 +656,12 @@ def read_official(source, heads, grid=None):
     for path in _checkpoint_files(source):
         arrays.update(_read_arrays(path))
     if any("/" in key for key in arrays):
-        return _from_npz(arrays, source, grid)
+        return _from_npz(arrays, source, grid, checkpoint_grid)
     if "patch_embed.proj.weight" in arrays:
         notes = []
         _timm_clip_projection(arrays, notes)
         params, origin = _from_torch_layout(arrays, _TIMM_RULES, [], heads)
-        _add_prefix_rows(params, notes, grid, "timm's no_embed_class model")
+        _add_prefix_rows(params, notes, grid, "timm's no_embed_class model", checkpoint_grid)
         return "timm", params, origin, notes
     if any(re.match(r"((vit|deit|vision_model)\.)?embeddings\.patch_embeddings?\.", key)
            for key in arrays):

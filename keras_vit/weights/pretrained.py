@@ -287,22 +287,37 @@ def _map_head_slots(head):
     return slots
 
 
-def _checkpoint_grid(count, model_grid, source):
+def _checkpoint_grid(count, model_grid, report, given=None):
+    """The patch grid of a position table of `count` patch rows."""
+    if given is not None:
+        if count != given[0] * given[1]:
+            raise ValueError(
+                f"checkpoint_grid={tuple(given)} has {given[0] * given[1]} patches, but "
+                f"{report.source} has {count} patch position embeddings: pass the grid it "
+                "was trained at."
+            )
+        return tuple(given)
     # Same patch count: the model's grid, as vit_jax and timm assume. Otherwise the
     # released checkpoints are all square.
     if count == model_grid[0] * model_grid[1]:
+        if model_grid[0] != model_grid[1]:
+            report._note(
+                f"position embedding read as the model's {model_grid[0]}x{model_grid[1]} "
+                "patch grid (pass checkpoint_grid=(rows, cols) if it was trained at another)."
+            )
         return tuple(model_grid)
     side = math.isqrt(count)
     if side * side == count:
         return (side, side)
     raise ValueError(
-        f"Cannot tell the patch grid of the {count} position embeddings in {source}: "
+        f"Cannot tell the patch grid of the {count} position embeddings in {report.source}: "
         f"{count} is not square and differs from the model's {model_grid[0]}x"
-        f"{model_grid[1]} grid."
+        f"{model_grid[1]} grid; pass the grid it was trained at: load_pretrained(..., "
+        "checkpoint_grid=(rows, cols))."
     )
 
 
-def _position_assignments(layout, table, interpolation, report):
+def _position_assignments(layout, table, interpolation, report, checkpoint_grid=None):
     """`[(variable, value)]` that put the official table into the model, or raises."""
     encoder = layout.encoder
     rows, cols = encoder.grid_size
@@ -314,7 +329,7 @@ def _position_assignments(layout, table, interpolation, report):
         return []
     prefix_rows = [table[:, i : i + 1] for i in range(prefix)]
     patches = table[0, prefix:]
-    old = _checkpoint_grid(len(patches), (rows, cols), report.source)
+    old = _checkpoint_grid(len(patches), (rows, cols), report, checkpoint_grid)
     grid = patches.reshape(*old, width)
     if encoder.pos_embedding in ("sincos2d", "none"):
         if encoder.pos_embedding == "none":
@@ -556,7 +571,7 @@ def not_finite_weights(arrays, source):
     return f"Checkpoint {source} holds NaN or infinite values in {', '.join(names[:5])}{more}"
 
 
-def load_pretrained(model, source, *, strict=True, interpolation=None):
+def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoint_grid=None):
     """Loads pretrained ViT weights into a `keras_vit.ViT` model.
 
     `source` is a registry name (`keras_vit.list_weights()`; downloaded once into the
@@ -586,6 +601,10 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
             messages) says what was not, another which tensors are not finite.
         interpolation: `"bilinear_align_corners"` or `"bicubic_antialias"` to override
             the default resampling method.
+        checkpoint_grid: `(rows, cols)`, the patch grid the checkpoint was trained at.
+            Needed only where its position table does not say it: a table whose patch
+            count is the model's is read as the model's grid, another as a square grid,
+            and a table that could be either is refused with a message asking for it.
 
     Returns:
         A `LoadReport` (keys in the official `.npz` layout).
@@ -610,9 +629,12 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
     source = resolve_weights(os.fspath(source))
     layout = _ModelLayout(model)
     if source.endswith(".keras"):
-        fmt, params, origin, notes = "vit_jax", _keras_file_params(source), {}, []
+        (params, grid), fmt, origin, notes = _keras_file_params(source), "vit_jax", {}, []
+        checkpoint_grid = checkpoint_grid or grid
     else:
-        fmt, params, origin, notes = read_official(source, layout.heads, layout.encoder.grid_size)
+        fmt, params, origin, notes = read_official(
+            source, layout.heads, layout.encoder.grid_size, checkpoint_grid
+        )
     report = LoadReport(source, fmt)
     for note in notes:
         report._note(note)
@@ -645,7 +667,7 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
     position = []
     if table is not None:
         position = _position_assignments(
-            layout, table, interpolation or _DEFAULT_INTERPOLATION[fmt], report
+            layout, table, interpolation or _DEFAULT_INTERPOLATION[fmt], report, checkpoint_grid
         )
     elif learned:
         report.missing.append(POS_KEY)
@@ -686,8 +708,10 @@ def load_pretrained(model, source, *, strict=True, interpolation=None):
 
 
 def _keras_file_params(path):
-    """The weights of the ViT saved in the `.keras` file `path`, in the official layout."""
-    return _official_params(keras.saving.load_model(path, compile=False))
+    """The weights of the ViT saved in the `.keras` file `path`, in the official layout,
+    and its patch grid."""
+    model = keras.saving.load_model(path, compile=False)
+    return _official_params(model), _ModelLayout(model).encoder.grid_size
 
 
 def _official_params(model):
