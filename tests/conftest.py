@@ -226,3 +226,4 @@ def install_wheel(wheel, venv):
     subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "--no-deps", "-q",
                     str(wheel)], check=True, capture_output=True, env=clean_environment())
     return bin_dir
+

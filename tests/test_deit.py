@@ -125,8 +125,8 @@ def test_a_folder_without_a_transformers_model_is_named(tmp_path):
                        r"config.json and model.safetensors"):
         keras_vit.pretrained(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"")
-    (tmp_path / "config.json").write_text('{"architectures": ["SiglipVisionModel"]}')
-    with pytest.raises(ValueError, match=r"describes a 'SiglipVisionModel' model: keras-vit "
+    (tmp_path / "config.json").write_text('{"architectures": ["SwinModel"]}')
+    with pytest.raises(ValueError, match=r"describes a 'SwinModel' model: keras-vit "
                        r"builds ViTForImageClassification"):
         keras_vit.pretrained(tmp_path)
 

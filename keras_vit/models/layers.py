@@ -471,6 +471,8 @@ class PatchEncoder(keras.layers.Layer):
             or `"bicubic"`.
         dense_dtypes: `{"projection": policy}` once quantized (written
             by `get_config` after `model.quantize`); None builds it with the default policy.
+        use_bias: False leaves the bias out of the patch embedding (CLIP's convolution
+            has none).
 
     The position table covers the patches only; the class token's row lives in
     `ClassToken`, so resolution changes resample a pure patch grid.
@@ -486,7 +488,7 @@ class PatchEncoder(keras.layers.Layer):
 
     def __init__(
         self, hidden_dim, grid_size, pos_embedding="learned", interpolation="bicubic_antialias",
-        dense_dtypes=None, **kwargs
+        dense_dtypes=None, use_bias=True, **kwargs
     ):
         super().__init__(**kwargs)
         dense_dtypes = dense_dtypes or {}
@@ -505,8 +507,10 @@ class PatchEncoder(keras.layers.Layer):
         if pos_embedding == "sincos2d":
             # Validates the width now rather than at the first call.
             sincos_2d_table(self.grid_size, self.hidden_dim)
+        self.use_bias = bool(use_bias)
         self.projection = Dense(
-            self.hidden_dim, name="projection", dtype=dense_dtypes.get("projection")
+            self.hidden_dim, use_bias=self.use_bias, name="projection",
+            dtype=dense_dtypes.get("projection"),
         )
 
     def build(self, input_shape):
@@ -589,6 +593,8 @@ class PatchEncoder(keras.layers.Layer):
             "pos_embedding": self.pos_embedding,
             "interpolation": self.interpolation,
             **_dense_dtypes_entry(self, ("projection",)),
+            # Only when off: the configs of the models with a bias stay as they were.
+            **({} if self.use_bias else {"use_bias": False}),
         }
 
 
@@ -721,6 +727,37 @@ class DropPath(keras.layers.Layer):
         return {**super().get_config(), "rate": self.rate, "seed": self.seed}
 
 
+def mlp_activation(y, approximate=False, quick=False):
+    """The MLP's activation: exact (erf) GELU, its tanh form (`approximate`), or
+    CLIP's quick GELU `y * sigmoid(1.702 y)` (`quick`).
+
+    Example:
+
+    >>> x = keras.ops.convert_to_tensor([1.0])
+    >>> round(float(mlp_activation(x, quick=True)[0]), 4)
+    0.8458
+    """
+    if quick:  # OpenAI CLIP's QuickGELU (HF `quick_gelu`, timm `QuickGELU`)
+        return y * ops.sigmoid(ops.cast(1.702, y.dtype) * y)
+    if keras.backend.backend() == "torch":
+        return keras.activations.gelu(y, approximate=approximate)
+    # In float32, rounded once to a 16-bit compute dtype: XLA:CPU computes a chain
+    # of 16-bit ops by rounding after each (README, Performance).
+    x = ops.cast(y, "float32")
+    if approximate:
+        return ops.cast(keras.activations.gelu(x, approximate=True), y.dtype)
+    # Under XLA the erf form beats tf.nn.gelu's and jax.nn.gelu's erfc form
+    # (README, Performance). `erf` is built from basic ops because
+    # JAX lowers lax.erf to a StableHLO composite that TensorFlow cannot load,
+    # which would break SavedModel export of JAX-built models (jax2tf). Exports
+    # from TensorFlow take its own erf, which the LiteRT converter fuses into one
+    # GELU op and tf2onnx maps to ONNX's Erf.
+    exporting_tensorflow = keras.backend.backend() == "tensorflow" and is_tracing_for_export()
+    erf_op = ops.erf if exporting_tensorflow else erf
+    x = x * 0.5 * (1.0 + erf_op(x * (1.0 / math.sqrt(2.0))))
+    return ops.cast(x, y.dtype)
+
+
 @serializable
 class TransformerBlock(keras.layers.Layer):
     """Pre-LayerNorm Transformer encoder block.
@@ -757,6 +794,7 @@ class TransformerBlock(keras.layers.Layer):
             model; timm's `SwiGLUPacked`, HF's `use_swiglu_ffn`).
         dense_dtypes: policies of the quantized Dense sublayers by name (written
             by `get_config` after `model.quantize`); None builds them with the default policy.
+        quick_gelu: CLIP's `x * sigmoid(1.702 x)` in place of GELU.
 
     Example:
 
@@ -788,12 +826,14 @@ class TransformerBlock(keras.layers.Layer):
         layer_scale_init=None,
         dense_dtypes=None,
         mlp="gelu",
+        quick_gelu=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         check_choice("mlp", mlp, MLPS)
         self.mlp = mlp
         self.dense_dtypes = dict(dense_dtypes or {})
+        self.quick_gelu = bool(quick_gelu)
         self.layer_scale_init = None if layer_scale_init is None else float(layer_scale_init)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
@@ -892,23 +932,7 @@ class TransformerBlock(keras.layers.Layer):
         return ops.cast(out / ops.sum(exp, axis=-1, keepdims=True), v.dtype)
 
     def _gelu(self, y):
-        if keras.backend.backend() == "torch":
-            return keras.activations.gelu(y, approximate=self.gelu_approximate)
-        # In float32, rounded once to a 16-bit compute dtype: XLA:CPU computes a chain
-        # of 16-bit ops by rounding after each (README, Performance).
-        x = ops.cast(y, "float32")
-        if self.gelu_approximate:
-            return ops.cast(keras.activations.gelu(x, approximate=True), y.dtype)
-        # Under XLA the erf form beats tf.nn.gelu's and jax.nn.gelu's erfc form
-        # (README, Performance). `erf` is built from basic ops because
-        # JAX lowers lax.erf to a StableHLO composite that TensorFlow cannot load,
-        # which would break SavedModel export of JAX-built models (jax2tf). Exports
-        # from TensorFlow take its own erf, which the LiteRT converter fuses into one
-        # GELU op and tf2onnx maps to ONNX's Erf.
-        exporting_tensorflow = keras.backend.backend() == "tensorflow" and is_tracing_for_export()
-        erf_op = ops.erf if exporting_tensorflow else erf
-        x = x * 0.5 * (1.0 + erf_op(x * (1.0 / math.sqrt(2.0))))
-        return ops.cast(x, y.dtype)
+        return mlp_activation(y, self.gelu_approximate, self.quick_gelu)
 
     @staticmethod
     def _swiglu(y):
@@ -965,5 +989,105 @@ class TransformerBlock(keras.layers.Layer):
             # Only when set: the configs of blocks without layer scale stay as they were.
             **({} if self.layer_scale_init is None else {"layer_scale_init": self.layer_scale_init}),
             **({} if self.mlp == "gelu" else {"mlp": self.mlp}),
+            **({"quick_gelu": True} if self.quick_gelu else {}),
+            **_dense_dtypes_entry(self, self.DENSE_LAYERS),
+        }
+
+
+@serializable
+class MAPHead(keras.layers.Layer):
+    """Multi-head attention pooling (big_vision's `MAPHead`, SigLIP's pooling).
+
+    A learned probe token attends over all the tokens, then a residual MLP on its
+    LayerNorm: `x = Attention(probe, tokens)`, `x = x + MLP(LN(x))`, and `x[:, 0]` is
+    returned, as HF's `SiglipMultiheadAttentionPoolingHead` and timm's
+    `AttentionPoolLatent` compute it.
+
+    Args:
+        num_heads: attention heads; must divide the width.
+        mlp_dim: hidden width of the MLP.
+        layer_norm_epsilon: epsilon of the LayerNorm.
+        gelu_approximate, quick_gelu: the MLP's activation (see `mlp_activation`).
+        dense_dtypes: policies of the quantized Dense sublayers by name (written
+            by `get_config` after `model.quantize`).
+
+    Returns:
+        `(batch, width)` pooled features.
+
+    Example:
+
+    >>> head = MAPHead(num_heads=4, mlp_dim=64)
+    >>> tuple(head(keras.random.uniform((2, 16, 32))).shape)
+    (2, 32)
+    """
+
+    DENSE_LAYERS = ("query", "key_value", "attention_output", "mlp_fc1", "mlp_fc2")
+
+    def __init__(self, num_heads, mlp_dim, layer_norm_epsilon=1e-6, gelu_approximate=False,
+                 quick_gelu=False, dense_dtypes=None, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.mlp_dim = check_positive_int("mlp_dim", mlp_dim)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.gelu_approximate = bool(gelu_approximate)
+        self.quick_gelu = bool(quick_gelu)
+        self.dense_dtypes = dict(dense_dtypes or {})
+        self.norm = LayerNormalization(epsilon=self.layer_norm_epsilon, name="norm")
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        if width % self.num_heads:
+            raise ValueError(f"hidden_dim {width} is not divisible by num_heads {self.num_heads}.")
+        self.head_dim = width // self.num_heads
+        self.probe = self.add_weight(
+            name="probe", shape=(1, 1, width), initializer=keras.initializers.RandomNormal(stddev=0.02)
+        )
+        # The probe's query, and the tokens' keys and values (k | v, heads contiguous).
+        for name, units in (("query", width), ("key_value", 2 * width),
+                            ("attention_output", width), ("mlp_fc1", self.mlp_dim),
+                            ("mlp_fc2", width)):
+            setattr(self, name, Dense(units, name=name, dtype=self.dense_dtypes.get(name)))
+        token_shape = tuple(input_shape)
+        probe_shape = (token_shape[0], 1, width)
+        self.key_value.build(token_shape)
+        for layer in (self.query, self.attention_output, self.norm, self.mlp_fc1):
+            layer.build(probe_shape)
+        self.mlp_fc2.build((token_shape[0], 1, self.mlp_dim))
+
+    def projections(self):
+        """The head's `Dense` layers (`DENSE_LAYERS` order)."""
+        return tuple(getattr(self, name) for name in self.DENSE_LAYERS)
+
+    def call(self, tokens):
+        length, width = ops.shape(tokens)[1], tokens.shape[-1]
+        probe = ops.cast(self.probe, tokens.dtype)
+        query = ops.reshape(self.query(probe), (1, 1, self.num_heads, self.head_dim))
+        query = ops.transpose(query, (0, 2, 1, 3)) * ops.cast(1.0 / math.sqrt(self.head_dim),
+                                                              tokens.dtype)
+        kv = ops.reshape(self.key_value(tokens), (-1, length, 2, self.num_heads, self.head_dim))
+        key, value = (ops.squeeze(part, 0) for part in ops.split(ops.transpose(kv, (2, 0, 3, 1, 4)), 2))
+        # Float32 logits under every policy, as in `TransformerBlock`.
+        logits = backend_ops.matmul_float32(
+            ops.broadcast_to(query, (ops.shape(tokens)[0], self.num_heads, 1, self.head_dim)),
+            key, transpose_x2=True,
+        )
+        weights = ops.cast(ops.softmax(logits, axis=-1), value.dtype)
+        out = ops.reshape(ops.transpose(backend_ops.matmul(weights, value), (0, 2, 1, 3)),
+                          (-1, 1, width))
+        x = self.attention_output(out)
+        y = mlp_activation(self.mlp_fc1(self.norm(x)), self.gelu_approximate, self.quick_gelu)
+        return (x + self.mlp_fc2(y))[:, 0]
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "mlp_dim": self.mlp_dim,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "gelu_approximate": self.gelu_approximate,
+            "quick_gelu": self.quick_gelu,
             **_dense_dtypes_entry(self, self.DENSE_LAYERS),
         }

@@ -26,6 +26,9 @@ DEFAULT = {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "interpolation": "bi
 # torchvision's ImageNet statistics (timm's IMAGENET_DEFAULT_MEAN / _STD).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# OpenAI CLIP's pixel statistics (its `preprocess`, timm's OPENAI_CLIP_MEAN / _STD).
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 def check_preprocessing(preprocessing):

@@ -92,19 +92,23 @@ class ViTParts:
         patch_encoder: the `PatchEncoder`: the patch embedding (`patch_embedding`)
             and the position table (`position_table()`).
         class_token: the `ClassToken` of a `classifier="token"` (or `"token_gap"`)
-            model, or None.
+            model, or None (`"gap"`, `"map"`).
         distillation_token: the `ClassToken` holding DeiT's distillation token, which
             follows the class token (`distilled=True`), or None.
         dropout: the `Dropout` applied to the embedded tokens.
         blocks: the `TransformerBlock`s, in depth order.
         norm: the final `LayerNormalization` of the encoder.
-        pool: the `TokenPooling`, or None (`include_top=False, pooling=False`).
+        pool: the `TokenPooling`, the `MAPHead` of a `classifier="map"` model, or None
+            (`include_top=False, pooling=False`).
         pre_logits: the representation `Dense` (tanh), or None.
         head: the classification `Dense`, or None (`include_top=False`).
         head_dist: DeiT's distillation head `Dense` on the distillation token, whose
             logits are averaged with the head's, or None.
         registers: the `ClassToken` holding the register tokens (`num_registers`),
             after the class (and distillation) token, or None.
+        pre_norm: the `LayerNormalization` before the blocks (CLIP's), or None.
+        projection: the bias-free `Dense` from the pooled features to a shared
+            image-text embedding (CLIP's `visual_projection`), or None.
 
     Example:
 
@@ -128,6 +132,8 @@ class ViTParts:
     distillation_token: Optional[vit_layers.ClassToken] = None
     head_dist: Optional[keras.layers.Dense] = None
     registers: Optional[vit_layers.ClassToken] = None
+    pre_norm: Optional[keras.layers.LayerNormalization] = None
+    projection: Optional[keras.layers.Dense] = None
 
     @property
     def patch_embedding(self):
@@ -177,18 +183,23 @@ class ViTParts:
     def encoder(self):
         """The layers from the embedded patches to the final norm, in calling order:
         the tokens put in front of the patches (the distillation token, then the
-        class token, each prepended), the dropout, the blocks, the norm."""
-        return (*self.prefix_tokens[::-1], self.dropout, *self.blocks, self.norm)
+        class token, each prepended), the dropout, `pre_norm`, the blocks, the norm."""
+        pre_norm = () if self.pre_norm is None else (self.pre_norm,)
+        return (*self.prefix_tokens[::-1], self.dropout, *pre_norm, *self.blocks, self.norm)
 
     def kernels(self):
         """The matrix kernels (what weight decay applies to): the trunk's convolutions,
-        the patch embedding, each block's four projections, `pre_logits` and `head`."""
+        the patch embedding, each block's four projections, a `MAPHead`'s, `pre_logits`,
+        `projection` and the heads."""
         kernels = list(self.stem.kernels()) if self.stem is not None else []
         kernels.append(self.patch_embedding.kernel)
         for block in self.blocks:
             kernels.extend(layer.kernel for layer in block.projections())
+        if isinstance(self.pool, vit_layers.MAPHead):
+            kernels.extend(layer.kernel for layer in self.pool.projections())
         kernels.extend(
-            layer.kernel for layer in (self.pre_logits, *self.heads) if layer is not None
+            layer.kernel for layer in (self.pre_logits, self.projection, *self.heads)
+            if layer is not None
         )
         return tuple(kernels)
 
@@ -230,9 +241,13 @@ FAMILY_DEFAULTS = dict(
     layer_norm_epsilon=1e-6,
     num_registers=0,
     mlp="gelu",
+    pre_norm=False,
+    quick_gelu=False,
+    patch_bias=True,
+    projection_dim=None,
 )
 RATE_ARGUMENTS = ("dropout_rate", "attention_dropout_rate", "drop_path_rate")
-CLASSIFIERS = ("token", "gap", "token_gap")
+CLASSIFIERS = ("token", "gap", "token_gap", "map")
 # The classifiers that put a class token in front of the patches.
 CLASS_TOKEN_CLASSIFIERS = ("token", "token_gap")
 # What fixes the shapes of the weights (with the family switches): the arguments a
@@ -343,9 +358,12 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             table: `"bicubic_antialias"` (timm's), `"bilinear_align_corners"` (vit_jax's)
             or `"bicubic"` (HF's `Dinov2Model`; see `keras_vit.models.posembed`).
         num_classes: width of the (zero-initialised) classification head.
-        classifier: `"token"` (class token), `"gap"` (mean of the patch tokens) or
-            `"token_gap"` (a class token concatenated with the mean of the patch
-            tokens, registers left out: HF's `Dinov2ForImageClassification`).
+        classifier: `"token"` (class token), `"gap"` (no class token, the mean of the
+            patch tokens), `"token_gap"` (a class token concatenated with the mean of the
+            patch tokens, registers left out: HF's `Dinov2ForImageClassification`) or
+            `"map"` (no class token, attention pooling by a learned probe: the `MAPHead`
+            of SigLIP and big_vision's `pool_type="map"`, timm's `class_token=False,
+            global_pool="map"`).
         representation_size: width of the `pre_logits` Dense + tanh, or None.
         pos_embedding: `"learned"`, `"learned2d"`, `"sincos2d"` or `"none"`.
         dropout_rate, attention_dropout_rate, drop_path_rate: regularisation;
@@ -378,6 +396,14 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         mlp: the blocks' MLP: `"gelu"` (the paper's) or `"swiglu"` (DINOv2's giant
             model: `silu(gate) * up` of a `Dense(2 * mlp_dim)`, then `Dense(D)`; see
             `TransformerBlock`).
+        pre_norm: a LayerNorm on the embedded tokens before the blocks (CLIP's
+            `pre_layrnorm`, timm's `pre_norm=True`).
+        quick_gelu: the MLPs use CLIP's quick GELU, `x * sigmoid(1.702 x)` (HF's
+            `quick_gelu`, timm's `act_layer="quick_gelu"`), not GELU.
+        patch_bias: False leaves the bias out of the patch embedding (CLIP's).
+        projection_dim: None, or the width of a bias-free `Dense` after the pooling
+            and `pre_logits` (CLIP's `visual_projection`): with `include_top=False` the
+            model outputs CLIP's `image_embeds`.
         data_format: only `"channels_last"` (the default) is supported.
         name: model name (default `"vit"` or `"vit-{variant}"`).
         dtype: the dtype policy of the layers (default: the global policy); the head
@@ -440,6 +466,10 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         dtype=None,
         quantized=None,
         preprocessing=None,
+        pre_norm=False,
+        quick_gelu=False,
+        patch_bias=True,
+        projection_dim=None,
         **kwargs,
     ):
         data_format = data_format or keras.config.image_data_format()
@@ -478,7 +508,15 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             layer_norm_epsilon=layer_norm_epsilon,
             num_registers=num_registers,
             mlp=mlp,
+            pre_norm=pre_norm,
+            quick_gelu=quick_gelu,
+            patch_bias=patch_bias,
+            projection_dim=projection_dim,
         )
+        if quick_gelu and gelu_approximate:
+            raise ValueError(
+                "quick_gelu=True replaces GELU, which gelu_approximate=True sets: pass one of them."
+            )
         if dynamic_image_pad and not dynamic_image_size:
             raise ValueError(
                 "dynamic_image_pad=True pads images of any size, which needs "
@@ -627,7 +665,8 @@ def ViT(variant=None, *, weights=None, **kwargs):
 def _check_family(classifier, **family):
     """The family switches (`FAMILY_DEFAULTS`) as given, once checked against each
     other and `classifier`; a bad one is a `ValueError` naming it."""
-    for name in ("distilled", "distillation_head", "no_embed_class"):
+    for name in ("distilled", "distillation_head", "no_embed_class", "pre_norm", "quick_gelu",
+                 "patch_bias"):
         if not isinstance(family[name], bool):
             raise ValueError(f"{name} must be True or False, got {family[name]!r}.")
     if family["distilled"] and classifier not in CLASS_TOKEN_CLASSIFIERS:
@@ -648,6 +687,8 @@ def _check_family(classifier, **family):
     scale = family["layer_scale_init"]
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise ValueError(f"layer_scale_init must be None or a number such as 1e-6, got {scale!r}.")
+    if family["projection_dim"] is not None:
+        check_positive_int("projection_dim", family["projection_dim"])
     epsilon = family["layer_norm_epsilon"]
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
         raise ValueError(f"layer_norm_epsilon must be a positive number, got {epsilon!r}.")
@@ -672,7 +713,8 @@ def _build_graph(
     mlp_dim, resnet_stages, classifier, representation_size, pos_embedding, dropout_rate,
     attention_dropout_rate, drop_path_rate, gelu_approximate, include_top, pooling,
     channels, head_bias_init, distilled, distillation_head, no_embed_class,
-    layer_scale_init, layer_norm_epsilon, data_format, num_registers, mlp,
+    layer_scale_init, layer_norm_epsilon, data_format, num_registers, mlp, pre_norm,
+    quick_gelu, patch_bias, projection_dim,
 ):
     """The model's input, output and `ViTParts`, from checked architecture arguments.
 
@@ -696,6 +738,7 @@ def _build_graph(
         grid_size=(height // stride, width // stride),
         pos_embedding=pos_embedding,
         interpolation=pos_interpolation,
+        use_bias=patch_bias,
         name="patch_encoder",
     )
     x = patch_encoder(patches(x))
@@ -716,6 +759,10 @@ def _build_graph(
         x = class_token(x)
     dropout = keras.layers.Dropout(dropout_rate, name="embedding_dropout")
     x = dropout(x)
+    pre = None
+    if pre_norm:  # after the position embedding and its dropout, as timm's norm_pre
+        pre = vit_layers.LayerNormalization(epsilon=layer_norm_epsilon, name="pre_norm")
+        x = pre(x)
     blocks = []
     for i in range(num_layers):
         blocks.append(
@@ -729,6 +776,7 @@ def _build_graph(
                 layer_scale_init=layer_scale_init,
                 layer_norm_epsilon=layer_norm_epsilon,
                 mlp=mlp,
+                quick_gelu=quick_gelu,
                 name=BLOCK_NAME.format(index=i),
             )
         )
@@ -751,20 +799,29 @@ def _build_graph(
             name=name,
         )
 
-    pool = pre_logits = head = head_dist = None
+    pool = pre_logits = head = head_dist = projection = None
     if include_top or pooling:
-        pool = vit_layers.TokenPooling(
-            "distilled" if two_heads else classifier,
-            # token_gap averages the patches: after the class token and the registers.
-            index=1 + num_registers + distilled if classifier == "token_gap" else 0,
-            name="pool",
-        )
+        if classifier == "map":
+            pool = vit_layers.MAPHead(
+                num_heads, mlp_dim, layer_norm_epsilon=layer_norm_epsilon,
+                gelu_approximate=gelu_approximate, quick_gelu=quick_gelu, name="pool",
+            )
+        else:
+            pool = vit_layers.TokenPooling(
+                "distilled" if two_heads else classifier,
+                # token_gap averages the patches: after the class token and the registers.
+                index=1 + num_registers + distilled if classifier == "token_gap" else 0,
+                name="pool",
+            )
         x = pool(tokens)
         if representation_size:
             pre_logits = keras.layers.Dense(
                 representation_size, activation="tanh", name="pre_logits"
             )
             x = pre_logits(x)
+        if projection_dim:
+            projection = vit_layers.Dense(projection_dim, use_bias=False, name="projection")
+            x = projection(x)
     if include_top and two_heads:
         # Each head reads its own token; the logits are their mean (timm, HF).
         head, head_dist = new_head("head"), new_head("head_dist")
@@ -777,7 +834,7 @@ def _build_graph(
         x = head(x)
     parts = ViTParts(
         stem, patches, patch_encoder, class_token, dropout, tuple(blocks), norm, pool,
-        pre_logits, head, distillation_token, head_dist, registers,
+        pre_logits, head, distillation_token, head_dist, registers, pre, projection,
     )
     return images, x, parts
 

@@ -8,7 +8,7 @@ plain architecture. Backend-agnostic (`keras` only).
 """
 
 
-from keras_vit.models.layers import TransformerBlock
+from keras_vit.models.layers import MAPHead, TransformerBlock
 from keras_vit.models.vit import vit_parts
 from keras_vit.utils.checks import check_positive_int
 
@@ -17,7 +17,8 @@ TARGETS = TransformerBlock.DENSE_LAYERS
 
 
 def enable_lora(model, rank, *, train_norms=False):
-    """Adds rank-`rank` LoRA factors to the attention and MLP kernels and freezes the rest.
+    """Adds rank-`rank` LoRA factors to the attention and MLP kernels (a `MAPHead`'s
+    too) and freezes the rest.
 
     What stays trainable: the factors, the heads (a new task's classifier; DeiT's
     `head_dist` too) and, with
@@ -51,6 +52,9 @@ def enable_lora(model, rank, *, train_norms=False):
             "a factorisation that large is full fine-tuning; use a smaller rank."
         )
     factored = [getattr(block, name) for block in blocks for name in TARGETS]
+    map_head = parts.pool if isinstance(parts.pool, MAPHead) else None
+    if map_head is not None:  # SigLIP's pooling: attention and MLP kernels too
+        factored.extend(map_head.projections())
     if any(layer.lora_enabled for layer in factored):
         raise ValueError(f"Model {model.name!r} already has LoRA factors.")
     for layer in factored:
@@ -60,6 +64,7 @@ def enable_lora(model, rank, *, train_norms=False):
     trainable |= {id(v) for head in parts.heads for v in head.weights}
     if train_norms:
         norms = [parts.norm] + [norm for block in blocks for norm in (block.norm1, block.norm2)]
+        norms += [norm for norm in (parts.pre_norm, map_head and map_head.norm) if norm]
         trainable |= {id(v) for layer in norms for v in layer.weights}
     for variable in model.weights:
         variable.trainable = id(variable) in trainable

@@ -21,6 +21,12 @@ POS_KEY = "Transformer/posembed_input/pos_embedding"
 QKV = ("query", "key", "value")
 BLOCK_KEY = "Transformer/encoderblock_{i}/"
 ATTENTION_KEY = BLOCK_KEY + "MultiHeadDotProductAttention_1"
+# Beyond vit_jax: big_vision's MAP head (SigLIP), CLIP's LayerNorm before the blocks and
+# its projection to the image-text embedding.
+MAP_HEAD_KEY = "MAPHead_0"
+MAP_ATTENTION_KEY = MAP_HEAD_KEY + "/MultiHeadDotProductAttention_0"
+PRE_NORM_KEY = "pre_norm"
+PROJECTION_KEY = "projection"
 
 # ---------------------------------------------------------------------------
 # Files: local paths, or gs:// and other URLs through TensorFlow's file systems.
@@ -160,23 +166,27 @@ def _convert(kind, target, param, value, heads):
     """One torch tensor as `[(official key, array)]`; torch Linear weights are (out, in)."""
     if kind in ("copy", "scale"):
         return [(target, value)]
+    if kind in ("token", "rows"):  # HF's (D,) class token and (N, D) table: (1, ., D)
+        return [(target, value.reshape((1,) * (3 - value.ndim) + value.shape))]
     if kind == "norm":
         return [(f"{target}/{'scale' if param == 'weight' else 'bias'}", value)]
     if param == "bias":
-        if kind == "qkv":
+        if kind in _FUSED:
+            names = _FUSED[kind]
             return [
                 (f"{target}/{name}/bias", _split_heads(part, heads, 0))
-                for name, part in zip(QKV, np.split(value, 3))
+                for name, part in zip(names, np.split(value, len(names)))
             ]
         split = _split_heads(value, heads, 0) if kind == "heads_in" else value
         return [(f"{target}/bias", split)]
     if kind == "conv":
         return [(f"{target}/kernel", value.transpose(2, 3, 1, 0))]
     kernel = value.T
-    if kind == "qkv":
+    if kind in _FUSED:
+        names = _FUSED[kind]
         return [
             (f"{target}/{name}/kernel", _split_heads(part, heads, 1))
-            for name, part in zip(QKV, np.split(kernel, 3, axis=1))
+            for name, part in zip(names, np.split(kernel, len(names), axis=1))
         ]
     if kind == "heads_in":
         kernel = _split_heads(kernel, heads, 1)
@@ -185,7 +195,13 @@ def _convert(kind, target, param, value, heads):
     return [(f"{target}/kernel", kernel)]
 
 
+# Fused projections: q|k|v (and timm's MAP head's k|v), split into the official ones.
+_FUSED = {"qkv": QKV, "kv": QKV[1:]}
+
+
 def _expected_ndim(kind, param):
+    if kind in ("token", "rows"):
+        return 1 if kind == "token" else 2
     if kind == "copy":
         return 3
     if param == "bias" or kind in ("norm", "scale"):
@@ -194,7 +210,7 @@ def _expected_ndim(kind, param):
 
 
 def _divisible(kind, value):
-    return kind != "qkv" or value.shape[0] % 3 == 0
+    return kind not in _FUSED or value.shape[0] % len(_FUSED[kind]) == 0
 
 
 _HF_LAYER = r"encoder\.layer\.(?P<i>\d+)\."
@@ -254,6 +270,20 @@ _TORCH_NAMES = [
     # DeiTForImageClassificationWithTeacher: cls_classifier and distillation_classifier.
     ("head", "dense", r"(cls_)?classifier", r"head"),
     ("head_dist", "dense", r"distillation_classifier", r"head_dist"),
+    # SigLIP and CLIP vision towers (HF SiglipVisionModel, CLIPVisionModel[WithProjection];
+    # timm's SigLIP `attn_pool`): HF's class token and table without a batch axis.
+    ("cls", "token", r"embeddings\.class_embedding", None),
+    (POS_KEY, "rows", r"embeddings\.position_embedding\.weight", None),
+    (PRE_NORM_KEY, "norm", r"pre_layrnorm", r"norm_pre"),
+    (MAP_HEAD_KEY + "/probe", "copy", r"head\.probe", r"attn_pool\.latent"),
+    (MAP_ATTENTION_KEY, "qkv", r"head\.attention\.in_proj", None),
+    (MAP_ATTENTION_KEY + "/query", "heads_in", None, r"attn_pool\.q"),
+    (MAP_ATTENTION_KEY, "kv", None, r"attn_pool\.kv"),
+    (MAP_ATTENTION_KEY + "/out", "heads_out", r"head\.attention\.out_proj", r"attn_pool\.proj"),
+    (MAP_HEAD_KEY + "/LayerNorm_0", "norm", r"head\.layernorm", r"attn_pool\.norm"),
+    (MAP_HEAD_KEY + "/MlpBlock_0/Dense_0", "dense", r"head\.mlp\.fc1", r"attn_pool\.mlp\.fc1"),
+    (MAP_HEAD_KEY + "/MlpBlock_0/Dense_1", "dense", r"head\.mlp\.fc2", r"attn_pool\.mlp\.fc2"),
+    (PROJECTION_KEY, "dense", r"visual_projection", r"visual_projection"),
 ]
 
 
@@ -263,7 +293,7 @@ def _rules(column):
     for target, kind, *names in _TORCH_NAMES:
         name = names[column]
         if name is not None:
-            suffix = "" if kind in ("copy", "scale") else r"\.(?P<param>weight|bias)"
+            suffix = "" if kind in ("copy", "scale", "token", "rows") else r"\.(?P<param>weight|bias)"
             rules.append((name + suffix, target, kind))
     return rules
 
@@ -277,6 +307,14 @@ _HF_RENAMES = [
     (r"^encoder\.layer\.(\d+)\.norm2\.", r"encoder.layer.\1.layernorm_after."),
     (r"^encoder\.layer\.(\d+)\.mlp\.(fc1|weights_in)\.", r"encoder.layer.\1.intermediate.dense."),
     (r"^encoder\.layer\.(\d+)\.mlp\.(fc2|weights_out)\.", r"encoder.layer.\1.output.dense."),
+    # SigLIP and CLIP vision towers (`vision_model.` in their full models' files): their
+    # encoder's names as transformers 5.x ViT's, which the rules below rename.
+    (r"^vision_model\.", ""),
+    (r"^encoder\.layers\.(\d+)\.self_attn\.([qkv])_proj\.", r"layers.\1.attention.\2_proj."),
+    (r"^encoder\.layers\.(\d+)\.self_attn\.out_proj\.", r"layers.\1.attention.o_proj."),
+    (r"^encoder\.layers\.(\d+)\.layer_norm1\.", r"layers.\1.layernorm_before."),
+    (r"^encoder\.layers\.(\d+)\.layer_norm2\.", r"layers.\1.layernorm_after."),
+    (r"^encoder\.layers\.(\d+)\.mlp\.", r"layers.\1.mlp."),
     # transformers 5.x module names (in memory); its files keep the older names.
     (r"^layers\.(\d+)\.attention\.q_proj\.", r"encoder.layer.\1.attention.attention.query."),
     (r"^layers\.(\d+)\.attention\.k_proj\.", r"encoder.layer.\1.attention.attention.key."),
@@ -285,7 +323,12 @@ _HF_RENAMES = [
     (r"^layers\.(\d+)\.mlp\.fc1\.", r"encoder.layer.\1.intermediate.dense."),
     (r"^layers\.(\d+)\.mlp\.fc2\.", r"encoder.layer.\1.output.dense."),
     (r"^layers\.(\d+)\.", r"encoder.layer.\1."),
+    (r"^embeddings\.patch_embedding\.", r"embeddings.patch_embeddings.projection."),
+    (r"^post_layernorm\.", "layernorm."),
+    (r"^head\.attention\.in_proj_(weight|bias)$", r"head.attention.in_proj.\1"),
 ]
+# The text tower and the contrastive scalars of a full SiglipModel / CLIPModel file.
+_HF_TEXT_TOWER = r"(text_model\.|text_projection\.|logit_scale$|logit_bias$)"
 
 
 # HF transformers architectures keras-vit builds: the `keras_vit.ViT` switches of each.
@@ -310,10 +353,24 @@ _HF_ARCHITECTURES = {
     "Dinov2WithRegistersForImageClassification": dict(
         classifier="token_gap", dynamic_image_size=True, pos_interpolation="bicubic_antialias"
     ),
+    # Vision towers: SigLIP's `pooler_output` (the MAP head), CLIP's (the class token
+    # after the final norm), or with the projection its `image_embeds` (a full
+    # SiglipModel / CLIPModel directory: its vision_config, the image features).
+    "SiglipVisionModel": dict(classifier="map", include_top=False),
+    "SiglipModel": dict(classifier="map", include_top=False),
+    "CLIPVisionModel": dict(pre_norm=True, patch_bias=False, include_top=False),
+    "CLIPVisionModelWithProjection": dict(pre_norm=True, patch_bias=False, include_top=False),
+    "CLIPModel": dict(pre_norm=True, patch_bias=False, include_top=False),
 }
 _DINOV2 = ("dinov2", "dinov2_with_registers")
-# HF `hidden_act` -> `gelu_approximate`.
-_HF_GELU = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
+# What a tower's config.json leaves out takes its config class's default (transformers
+# SiglipVisionConfig, CLIPVisionConfig / CLIPConfig).
+_HF_TOWER_DEFAULTS = {
+    "Siglip": dict(layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh"),
+    "CLIP": dict(layer_norm_eps=1e-5, hidden_act="quick_gelu", patch_size=32, projection_dim=512),
+}
+# HF `hidden_act` -> `gelu_approximate` (`quick_gelu`: CLIP's, `quick_gelu=True`).
+_HF_GELU = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True, "quick_gelu": False}
 
 
 def _checkpoint_keys(source):
@@ -335,7 +392,10 @@ def hf_model_arguments(source):
     """The `keras_vit.ViT` arguments of the HF transformers model saved in the
     directory `source` (`config.json` beside its safetensors, as `save_pretrained`
     writes them): ViT, DeiT and DINOv2 (with registers too), `*ForImageClassification`
-    (DeiT's teacher form too) and `*Model`.
+    (DeiT's teacher form too) and `*Model`; the vision towers `SiglipVisionModel` and
+    `CLIPVisionModel` (their `pooler_output`), `CLIPVisionModelWithProjection`
+    (`image_embeds`), and the image side of a full `SiglipModel` or `CLIPModel` (its
+    `vision_config`).
 
     Raises a `ValueError` naming what keras-vit cannot build (another architecture,
     activation, or attention without biases).
@@ -351,7 +411,7 @@ def hf_model_arguments(source):
             f"{source} is not an HF transformers model directory: it holds no config.json "
             "(save the model with save_pretrained, or pass hf:ORG/NAME)."
         )
-    config = json.loads(_read_bytes(path))
+    config = top = json.loads(_read_bytes(path))
     architectures = config.get("architectures") or []
     architecture = architectures[0] if architectures else None
     if architecture not in _HF_ARCHITECTURES:
@@ -359,6 +419,9 @@ def hf_model_arguments(source):
             f"{path} describes a {architecture or config.get('model_type')!r} model: "
             f"keras-vit builds {', '.join(_HF_ARCHITECTURES)}."
         )
+    tower = next((family for family in _HF_TOWER_DEFAULTS if architecture.startswith(family)), None)
+    if tower is not None:
+        config = {**_HF_TOWER_DEFAULTS[tower], **config.get("vision_config", config)}
     activation = config.get("hidden_act", "gelu")
     if activation not in _HF_GELU:
         raise ValueError(
@@ -383,7 +446,14 @@ def hf_model_arguments(source):
     )
     if dinov2:  # its `*Model` pools the class token, with no pooler
         args.update(_dinov2_arguments(config))
-    if args.get("include_top", True):
+    if activation == "quick_gelu":
+        args["quick_gelu"] = True
+    if architecture in ("CLIPVisionModelWithProjection", "CLIPModel"):
+        args["projection_dim"] = top.get("projection_dim", config["projection_dim"])
+    if tower is not None:
+        if not config.get("vision_use_head", True):  # a SigLIP without its MAP head
+            args["pooling"] = False  # last_hidden_state
+    elif args.get("include_top", True):
         args["num_classes"] = len(config.get("id2label") or {}) or config.get("num_labels", 2)
     elif any(re.match(r"((vit|deit)\.)?pooler\.", key) for key in _checkpoint_keys(source)):
         if config.get("pooler_act", "tanh") != "tanh":
@@ -603,6 +673,17 @@ def _from_npz(arrays, source, grid=None, checkpoint_grid=None):
     return ("big_vision" if big_vision else "vit_jax"), params, origin, notes
 
 
+def _timm_clip_projection(arrays, notes):
+    """timm holds a CLIP tower's image projection as its head, with a zero bias
+    (`_convert_openai_clip`): a tower (`norm_pre`) whose head has no bias, or a zero
+    one, gets it back as the bias-free `projection`."""
+    bias = arrays.get("head.bias")
+    if "norm_pre.weight" in arrays and "head.weight" in arrays and (bias is None or not bias.any()):
+        arrays["visual_projection.weight"] = arrays.pop("head.weight")
+        arrays.pop("head.bias", None)
+        notes.append("timm's CLIP head without a bias is the image projection (projection_dim).")
+
+
 def read_official(source, heads, grid=None, checkpoint_grid=None):
     """Reads a checkpoint file or HF directory in the official layout.
 
@@ -628,15 +709,21 @@ def read_official(source, heads, grid=None, checkpoint_grid=None):
     if any("/" in key for key in arrays):
         return _from_npz(arrays, source, grid, checkpoint_grid)
     if "patch_embed.proj.weight" in arrays:
-        params, origin = _from_torch_layout(arrays, _TIMM_RULES, [], heads)
         notes = []
+        _timm_clip_projection(arrays, notes)
+        params, origin = _from_torch_layout(arrays, _TIMM_RULES, [], heads)
         _add_prefix_rows(params, notes, grid, "timm's no_embed_class model", checkpoint_grid)
         return "timm", params, origin, notes
-    if any(re.match(r"((vit|deit|dinov2|dinov2_with_registers)\.)?embeddings\.patch_embeddings\.", key) for key in arrays):
-        notes = []
+    if any(re.match(
+        r"((vit|deit|dinov2|dinov2_with_registers|vision_model)\.)?embeddings\.patch_embeddings?\.",
+        key) for key in arrays
+    ):
+        text = [key for key in arrays if re.match(_HF_TEXT_TOWER, key)]
+        notes = [f"the text tower's {len(text)} tensors are not loaded (an image model)."] if text else []
+        # DINOv2's mask token stands in for masked patches in pretraining only.
         masks = [key for key in arrays if re.fullmatch(r"(\w+\.)?embeddings\.mask_token", key)]
-        for key in masks:  # DINOv2's: it stands in for masked patches in pretraining only
-            del arrays[key]
-            notes.append(f"{key} (masked-image pretraining only) is not used at inference: ignored.")
-        return ("hf", *_from_torch_layout(arrays, _HF_RULES, _HF_RENAMES, heads), notes)
+        notes += [f"{key} (masked-image pretraining only) is not used at inference: ignored."
+                  for key in masks]
+        vision = {key: value for key, value in arrays.items() if key not in set(text + masks)}
+        return ("hf", *_from_torch_layout(vision, _HF_RULES, _HF_RENAMES, heads), notes)
     _unknown_layout(source, arrays)

@@ -23,14 +23,17 @@ from keras_vit.weights.download import resolve_weights
 from keras_vit.weights.formats import (
     ATTENTION_KEY,
     BLOCK_KEY,
+    MAP_HEAD_KEY,
     POS_KEY,
+    PRE_NORM_KEY,
+    PROJECTION_KEY,
     QKV,
     hf_model_arguments,
     hf_preprocessing,
     holds_safetensors,
     read_official,
 )
-from keras_vit.models.layers import sincos_2d_table
+from keras_vit.models.layers import MAPHead, sincos_2d_table
 from keras_vit.models.vit import vit_parts
 from keras_vit.utils.files import atomic_write
 
@@ -141,7 +144,8 @@ class _ModelLayout:
                 lambda parts: parts[0].reshape(-1, width),
             )
         )
-        slots.append(_Slot(("embedding/bias",), projection.bias))
+        if projection.bias is not None:  # CLIP's patch embedding has none (patch_bias=False)
+            slots.append(_Slot(("embedding/bias",), projection.bias))
         for key, token in self.prefix:
             slots.append(_Slot((key,), token.token))
         if self.parts.registers is not None:  # no position rows: not in `prefix`
@@ -168,6 +172,8 @@ class _ModelLayout:
                         slots.append(_Slot((f"{prefix}/conv{suffix}/kernel",), conv.kernel))
                         norm(f"{prefix}/gn{suffix}", gn)
 
+        if self.parts.pre_norm is not None:
+            norm(PRE_NORM_KEY, self.parts.pre_norm)
         for i, block in enumerate(self.blocks):
             prefix, mha, heads = BLOCK_KEY.format(i=i), ATTENTION_KEY.format(i=i), block.num_heads
             norm(prefix + "LayerNorm_0", block.norm1)
@@ -203,6 +209,10 @@ class _ModelLayout:
             for branch, scale in zip(("attention", "mlp"), block.layer_scales):
                 slots.append(_Slot((f"{prefix}LayerScale_{branch}/scale",), scale))
         norm("Transformer/encoder_norm", self.parts.norm)
+        if isinstance(self.parts.pool, MAPHead):
+            slots.extend(_map_head_slots(self.parts.pool))
+        if self.parts.projection is not None:  # bias-free
+            slots.append(_Slot((f"{PROJECTION_KEY}/kernel",), self.parts.projection.kernel))
         for key in ("pre_logits", *HEADS):
             if getattr(self.parts, key) is not None:
                 dense(key, getattr(self.parts, key))
@@ -238,6 +248,45 @@ class _ModelLayout:
             if keys.intersection(slot.keys):
                 value = slot.join([params[key] for key in slot.keys])
                 slot.variable.assign(np.asarray(value, dtype=slot.variable.dtype))
+
+
+def _map_head_slots(head):
+    """The `_Slot`s of a `MAPHead` under big_vision's keys (`MAPHead_0/...`): the
+    probe, the attention as `(D, heads, head_dim)` query / key / value kernels (the
+    key and value held by one fused Dense), the LayerNorm and the MLP."""
+    heads = head.num_heads
+    mha = f"{MAP_HEAD_KEY}/MultiHeadDotProductAttention_0"
+
+    def split_kernel(parts):
+        return lambda a: [k.reshape(k.shape[0], heads, -1) for k in np.split(a, parts, 1)]
+
+    def split_bias(parts):
+        return lambda a: [b.reshape(heads, -1) for b in np.split(a, parts)]
+
+    def join_kernel(parts):
+        return np.concatenate([k.reshape(k.shape[0], -1) for k in parts], 1)
+
+    def join_bias(parts):
+        return np.concatenate([b.reshape(-1) for b in parts])
+
+    slots = [_Slot((f"{MAP_HEAD_KEY}/probe",), head.probe)]
+    for names, layer in ((QKV[:1], head.query), (QKV[1:], head.key_value)):
+        slots.append(_Slot(tuple(f"{mha}/{n}/kernel" for n in names), layer.kernel,
+                           split_kernel(len(names)), join_kernel))
+        slots.append(_Slot(tuple(f"{mha}/{n}/bias" for n in names), layer.bias,
+                           split_bias(len(names)), join_bias))
+    out = head.attention_output
+    slots.append(_Slot((f"{mha}/out/kernel",), out.kernel,
+                       lambda a: [a.reshape(heads, -1, a.shape[1])],
+                       lambda parts: parts[0].reshape(-1, parts[0].shape[-1])))
+    slots.append(_Slot((f"{mha}/out/bias",), out.bias))
+    slots.append(_Slot((f"{MAP_HEAD_KEY}/LayerNorm_0/scale",), head.norm.gamma))
+    slots.append(_Slot((f"{MAP_HEAD_KEY}/LayerNorm_0/bias",), head.norm.beta))
+    for i, layer in enumerate((head.mlp_fc1, head.mlp_fc2)):
+        for param in ("kernel", "bias"):
+            key = f"{MAP_HEAD_KEY}/MlpBlock_0/Dense_{i}/{param}"
+            slots.append(_Slot((key,), getattr(layer, param)))
+    return slots
 
 
 def _checkpoint_grid(count, model_grid, report, given=None):
@@ -396,6 +445,40 @@ def _reconcile_head(layout, params, current, report):
     return forced
 
 
+def _classifiers(layout, params):
+    """The `classifier` of the checkpoint `params` and of the model: `"token"` with a
+    class token, else `"map"` with a MAP head, else `"gap"` (a model without pooling
+    takes either)."""
+    if "cls" in params:
+        have = "token"
+    else:
+        have = "map" if any(key.startswith(MAP_HEAD_KEY + "/") for key in params) else "gap"
+    pool = layout.parts.pool
+    if layout.class_token is not None:
+        need = "token"
+    elif isinstance(pool, MAPHead):
+        need = "map"
+    else:
+        need = have if pool is None and have != "token" else "gap"
+    return have, need
+
+
+def _drop_tower_parts(layout, params, report):
+    """Leaves out a CLIP projection, or a MAP head, that the model has no place for
+    (fine-tuning from the pooled features; `include_top=False, pooling=False`), with
+    a note, as `_drop_pre_logits` does for `pre_logits`."""
+    parts = layout.parts
+    unused = []
+    if parts.projection is None and f"{PROJECTION_KEY}/kernel" in params:
+        unused.append((PROJECTION_KEY, "projection (projection_dim=None)"))
+    if parts.pool is None and any(key.startswith(MAP_HEAD_KEY + "/") for key in params):
+        unused.append((MAP_HEAD_KEY, "MAP head (pooling=False)"))
+    for key, what in unused:
+        for name in [name for name in params if name.startswith(key + "/")]:
+            del params[name]
+        report._note(f"the model has no {what}: the checkpoint's {key} is not loaded.")
+
+
 def _check_switches(layout, params, source):
     """Raises a `ValueError` naming the `keras_vit.ViT` switch to change when the
     checkpoint has a part of the ViT family (DeiT's distillation token and head, DeiT
@@ -423,6 +506,15 @@ def _check_switches(layout, params, source):
         (
             _swiglu_checkpoint(params), any(block.mlp == "swiglu" for block in layout.blocks),
             "a SwiGLU MLP (DINOv2 giant)", "mlp='swiglu'", "mlp='gelu'",
+        ),
+        (
+            f"{PRE_NORM_KEY}/scale" in params, parts.pre_norm is not None,
+            "pre_norm LayerNorm (CLIP's, before the blocks)", "pre_norm=True", "pre_norm=False",
+        ),
+        (
+            "embedding/bias" in params or "embedding/kernel" not in params,
+            parts.patch_embedding.bias is not None,
+            "patch-embedding bias", "patch_bias=True", "patch_bias=False",
         ),
     ]
     if parts.head is not None and "head/kernel" in params and "dist" in params:
@@ -570,12 +662,14 @@ def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoin
     for note in notes:
         report._note(note)
 
-    model_token = layout.class_token is not None
-    if ("cls" in params) != model_token:
-        have, need = ("token", "gap") if "cls" in params else ("gap", "token")
+    have, need = _classifiers(layout, params)
+    # A class token decides the token layout; a MAP head only its pooling (strict=False
+    # loads the encoder into a model that pools otherwise).
+    if have != need and (strict or "token" in (have, need)):
         raise ValueError(
             f"Checkpoint {source} is a classifier={have!r} model "
-            f"({'with' if have == 'token' else 'without'} a class token 'cls'), but the "
+            f"({'with' if have == 'token' else 'without'} a class token 'cls'"
+            f"{', with a MAP head' if have == 'map' else ''}), but the "
             f"model uses classifier={need!r}: build it with classifier={have!r}."
         )
     if strict:  # otherwise the parts the model lacks are reported like other tensors
@@ -585,6 +679,7 @@ def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoin
     current = layout.params()
     _resample_patches(params, current, report)
     _drop_pre_logits(layout, params, report)
+    _drop_tower_parts(layout, params, report)
     forced = _reconcile_head(layout, params, current, report)
     model_shapes = {key: tuple(value.shape) for key, value in current.items()}
     learned = layout.encoder.pos_embedding.startswith("learned")
@@ -703,10 +798,17 @@ def source_defaults(weights, args):
     filled = dict(args)
     if all(args.get(key) is None for key in ARCHITECTURE):
         filled.update({key: own[key] for key in ARCHITECTURE if key in own})
-    # The family switches are architecture too: the weights need them.
-    for key in ("image_size", "num_classes", "gelu_approximate", *FAMILY_DEFAULTS):
-        if filled.get(key) is None and key in own:
+    # The family switches are architecture too: the weights need them; not CLIP's
+    # projection, which fine-tuning drops as it drops pre_logits.
+    for key in ("image_size", "num_classes", "gelu_approximate", "classifier", *FAMILY_DEFAULTS):
+        if filled.get(key) is None and key in own and key != "projection_dim":
             filled[key] = own[key]
+    if filled.get("num_classes") == 0 and filled.get("include_top", True):
+        raise ValueError(
+            f"weights={weights!r} are an image tower without classes: pass num_classes=... "
+            f"to fine-tune a head on it, or include_top=False (keras_vit.pretrained("
+            f"{weights!r}) builds the tower as released)."
+        )
     return filled
 
 

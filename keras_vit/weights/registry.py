@@ -25,6 +25,16 @@ entry is timm's file. Sources:
   `facebook/dinov2-with-registers-*` (timm `vision_transformer.py`: architectures,
   518 px, no head, ImageNet mean and std, bicubic, `crop_pct` 1.0). The release reports
   linear-probe accuracies of heads it ships apart, not of these files: no top-1.
+- `webli`, `v2_webli` (SigLIP, SigLIP 2), `openai` (CLIP): the image towers of Google's
+  and OpenAI's releases (`google/siglip-*`, `google/siglip2-*`, `openai/clip-vit-*` on
+  the Hugging Face Hub), as timm's copies (timm `vision_transformer.py`: architectures,
+  resolutions). They output the pooled features (SigLIP's MAP head) or the image
+  embedding (CLIP's projection) and have no classes (`num_classes` 0). Their
+  preprocessing is the release's (its HF image processor): SigLIP's pixels in [-1, 1]
+  (mean = std = 0.5), the whole image resized, bicubically (SigLIP) or bilinearly
+  (SigLIP 2, as big_vision's `resize`); CLIP's OpenAI mean and std, bicubic, the
+  central crop of the resized short side (fraction 1.0). timm's `pretrained_cfg` keeps
+  its default 0.9 crop for most of them.
 """
 
 import dataclasses
@@ -35,6 +45,8 @@ from keras_vit.models.preprocessing import (
     DEFAULT,
     IMAGENET_MEAN,
     IMAGENET_STD,
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
     check_preprocessing,
 )
 from keras_vit.models.vit import parse_variant
@@ -555,5 +567,42 @@ def _dinov2_entries():
     ]
 
 
-for _entry in _official_entries() + _deit_entries() + _dinov2_entries():
+# SigLIP, SigLIP 2 and CLIP image towers: timm's copies on the Hugging Face Hub.
+
+_SIGLIP = dict(classifier="map", gelu_approximate=True, include_top=False)
+_CLIP = dict(pre_norm=True, quick_gelu=True, patch_bias=False, layer_norm_epsilon=1e-5,
+             include_top=False)
+_SO400M = dict(patch_size=14, hidden_dim=1152, mlp_dim=4304, num_heads=16, num_layers=27)
+_SIGLIP_PREPROCESSING = dict(mean=(0.5,) * 3, std=(0.5,) * 3, crop_fraction=None)
+_CLIP_PREPROCESSING = dict(mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD, interpolation="bicubic",
+                           crop_fraction=1.0)
+# (timm name, variant (None: model_args), resolution, switches, data, preprocessing); the
+# release's HF id in the comment.
+_TOWERS = [
+    ("vit_base_patch16_siglip_224.webli", "B/16", 224,  # google/siglip-base-patch16-224
+     _SIGLIP, "WebLI", dict(_SIGLIP_PREPROCESSING, interpolation="bicubic")),
+    ("vit_so400m_patch14_siglip_384.webli", None, 384,  # google/siglip-so400m-patch14-384
+     dict(_SIGLIP, **_SO400M), "WebLI", dict(_SIGLIP_PREPROCESSING, interpolation="bicubic")),
+    ("vit_base_patch16_siglip_224.v2_webli", "B/16", 224,  # google/siglip2-base-patch16-224
+     _SIGLIP, "WebLI", dict(_SIGLIP_PREPROCESSING, interpolation="bilinear")),
+    ("vit_base_patch32_clip_224.openai", "B/32", 224,  # openai/clip-vit-base-patch32
+     dict(_CLIP, projection_dim=512), "WIT-400M", _CLIP_PREPROCESSING),
+    ("vit_base_patch16_clip_224.openai", "B/16", 224,  # openai/clip-vit-base-patch16
+     dict(_CLIP, projection_dim=512), "WIT-400M", _CLIP_PREPROCESSING),
+    ("vit_large_patch14_clip_224.openai", "L/14", 224,  # openai/clip-vit-large-patch14
+     dict(_CLIP, projection_dim=768), "WIT-400M", _CLIP_PREPROCESSING),
+]
+
+
+def _tower_entries():
+    return [
+        WeightsEntry(
+            name=name, url=TIMM_HUB.format(name=name), variant=variant, image_size=image_size,
+            num_classes=0, pretraining=data, model_args=dict(switches), **preprocessing,
+        )
+        for name, variant, image_size, switches, data, preprocessing in _TOWERS
+    ]
+
+
+for _entry in _official_entries() + _deit_entries() + _dinov2_entries() + _tower_entries():
     register_weights(_entry)
