@@ -348,10 +348,14 @@ def test_registry_lists_the_dinov2_backbones_with_their_switches():
     assert entries["vit_base_patch14_dinov2.lvd142m"].preprocessing == dict(
         mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], interpolation="bicubic",
         crop_fraction=1.0)
-    assert source_defaults("vit_small_patch14_reg4_dinov2.lvd142m", {"image_size": 224}) == dict(
-        variant="S/14", image_size=224, num_classes=0, layer_scale_init=1e-5, num_registers=4,
-        no_embed_class=True,
+    name = "vit_small_patch14_reg4_dinov2.lvd142m"
+    assert source_defaults(name, {"image_size": 224, "include_top": False}) == dict(
+        variant="S/14", image_size=224, include_top=False, num_classes=0, layer_scale_init=1e-5,
+        num_registers=4, no_embed_class=True,
     )
+    # A backbone has no classes: a head needs its width.
+    with pytest.raises(ValueError, match=f"weights='{name}' are an image tower without classes"):
+        source_defaults(name, {"image_size": 224})
 
 
 @on_other_backends
