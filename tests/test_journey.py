@@ -35,6 +35,8 @@ NETWORK = "needs the network (the test has only the loopback mirror)"
 SUITE = "runs the test suite, of which this test is part"
 CLUSTER = "needs machines the test does not have (several hosts, a TPU, Docker)"
 IMAGENET = "needs ImageNet (or its archives) and days of accelerator time"
+TWO = ("one shell block, run as written by tests/test_jax_processes.py (on a free port, "
+       "through this checkout)")
 
 PLAN = {
     "pip install -e . && keras-vit demo": Instead(
@@ -104,14 +106,22 @@ PLAN = {
     "gcloud compute tpus tpu-vm ssh vit-pod --zone=us-central2-b --worker=all --command='pip install "
     "-e ./keras-vit'": Skip(CLUSTER),
     "gcloud compute tpus tpu-vm ssh vit-pod --zone=us-central2-b --worker=all --command='TPU_NAME=vit-pod \\": Skip(CLUSTER),
-    "gcloud compute tpus tpu-vm ssh vit-pod --zone=us-central2-b --worker=all --command='KERAS_BACKEND=jax "
-    "python train_jax.py'": Skip(CLUSTER),
+    "gcloud compute tpus tpu-vm ssh vit-pod --zone=us-central2-b --worker=all --command='KERAS_BACKEND=jax \\": Skip(CLUSTER),
+    "gcloud compute tpus tpu-vm ssh vit-pod --zone=us-central2-b --worker=all --command='pip install -e "
+    '"./keras-vit[jax]" "jax[tpu]"\'': Skip(CLUSTER),
+    "srun --nodes=2 --ntasks-per-node=8 --gpus-per-task=1 env KERAS_BACKEND=jax \\": Skip(CLUSTER),
+    # The two-process block, one shell: tests/test_jax_processes.py runs it as written.
+    "export KERAS_BACKEND=jax JAX_COORDINATOR_ADDRESS=127.0.0.1:8476 JAX_NUM_PROCESSES=2": Skip(TWO),
+    "JAX_PROCESS_ID=1 keras-vit pretrain --recipe demo --out runs/two --set schedule.epochs=2 &": Skip(TWO),
+    "JAX_PROCESS_ID=0 keras-vit pretrain --recipe demo --out runs/two --set schedule.epochs=2": Skip(TWO),
+    "wait": Skip(TWO),
     'python -m pytest -m "not slow"': Skip(SUITE),
 }
 # Commands that appear more than once (by first line) run each time.
 SECOND_PYTHON_C = {  # the README's later `python -c` blocks, in order
     1: Skip("reads gs:// (Google Cloud Storage): " + NETWORK),
     2: Skip("downloads from the Hugging Face Hub: " + NETWORK),
+    3: Skip("downloads timm's SigLIP and CLIP files from the Hugging Face Hub: " + NETWORK),
 }
 
 
