@@ -11,7 +11,7 @@ import keras
 from keras import ops
 
 from keras_vit.models.layers import Patches
-from keras_vit.models.preprocessing import model_preprocessing, shift_and_scale
+from keras_vit.models.preprocessing import DEFAULT, model_preprocessing, shift_and_scale
 from keras_vit.models.vit import vit_parts
 from keras_vit.utils.checks import check_in_range, check_positive_int
 from keras_vit.utils.serialization import serializable
@@ -342,8 +342,10 @@ class MaskedPatchPrediction(keras.Model):
         self.num_patches = rows * cols
         self.hidden_dim = parts.patch_encoder.hidden_dim
         self.channels = encoder.input_shape[-1]
-        # The encoder's input units, in which the targets' colours are read.
-        self.preprocessing = model_preprocessing(encoder)
+        # The encoder's input units, in which the targets' colours are read; None for
+        # [-1, 1], which needs no mapping on each training step.
+        preprocessing = model_preprocessing(encoder)
+        self.preprocessing = None if preprocessing == DEFAULT else preprocessing
         self.corruption = PatchCorruption(
             corrupt_rate, mask_rate, random_rate, seed=seed, name="corruption"
         )
