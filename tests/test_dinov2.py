@@ -305,6 +305,18 @@ def test_engine_fine_tuning_from_a_registers_backbone_adds_a_zero_head(reference
     assert result.model.get_config()["preprocessing"]["mean"] == PROCESSOR["image_mean"]
 
 
+@pytest.mark.parametrize("kind", ["dinov2", "registers"])
+def test_vit_weights_of_a_backbone_without_num_classes_is_the_backbone(kind, references):
+    """ViT(weights=DIR) of a headless source, no num_classes: the model pretrained(DIR)
+    builds, whose output is HF's pooler_output (it asked for num_classes; a49e3a4 built a
+    zero 1000-class head), at another size too (the position table resampled)."""
+    directory, hf = references[kind]
+    model = keras_vit.ViT(weights=directory)
+    assert keras_vit.vit_parts(model).head is None
+    assert model.get_config() == keras_vit.pretrained(directory).get_config()
+    assert relative_error(outputs(model, images()), hf_outputs(hf, images())) < 1e-4
+
+
 FAMILY = {
     "registers": dict(num_registers=4),
     "swiglu": dict(mlp="swiglu", layer_scale_init=1e-5),
@@ -353,9 +365,12 @@ def test_registry_lists_the_dinov2_backbones_with_their_switches():
         variant="S/14", image_size=224, include_top=False, num_classes=0, layer_scale_init=1e-5,
         num_registers=4, no_embed_class=True,
     )
-    # A backbone has no classes: a head needs its width.
+    # Without num_classes nor include_top: the backbone as released, as timm builds it
+    # (num_classes=0); include_top=True still needs the classes.
+    assert source_defaults(name, {"image_size": 224}) == dict(
+        keras_vit.weights.registry.get_weights(name).build_args(), image_size=224)
     with pytest.raises(ValueError, match=f"weights='{name}' are an image tower without classes"):
-        source_defaults(name, {"image_size": 224})
+        source_defaults(name, {"image_size": 224, "include_top": True})
 
 
 @on_other_backends

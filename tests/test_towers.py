@@ -318,6 +318,17 @@ def test_siglip_fine_tunes_from_its_directory_with_a_new_head(siglip):
     assert relative_error([as_numpy(pooled(IMAGES))], siglip[1][:1]) < 1e-4
 
 
+@pytest.mark.parametrize("tower", ["siglip", "clip"])
+def test_vit_weights_of_a_tower_without_num_classes_is_the_tower(tower, request):
+    """ViT(weights=DIR) without num_classes: the tower pretrained(DIR) builds, its output
+    HF's pooler_output (SigLIP's MAP head) or image_embeds (CLIP's projection); it asked
+    for num_classes or include_top=False before."""
+    directory, reference = request.getfixturevalue(tower)
+    model = keras_vit.ViT(weights=directory)
+    assert model.get_config() == keras_vit.pretrained(directory).get_config()
+    assert relative_error(outputs(model), reference) < 1e-4
+
+
 def test_clip_fine_tuning_drops_the_projection_as_pre_logits(clip):
     model = keras_vit.ViT(weights=clip[0], num_classes=5)
     assert "projection_dim" not in model.get_config()
@@ -473,9 +484,12 @@ def test_registry_lists_the_towers_with_their_switches_and_preprocessing():
         variant="B/16", image_size=224, num_classes=5, pre_norm=True,
         quick_gelu=True, patch_bias=False, layer_norm_epsilon=1e-5,
     )
+    # Without num_classes nor include_top: the tower as released, CLIP's projection kept.
+    for name, entry in entries.items():
+        assert source_defaults(name, {}) == entry.build_args()
     with pytest.raises(ValueError, match=r"are an image tower without classes: pass "
-                       r"num_classes=\.\.\. .* or include_top=False"):
-        keras_vit.ViT(weights="vit_base_patch16_siglip_224.webli")
+                       r"num_classes=\.\.\. .* leave num_classes and include_top out"):
+        keras_vit.ViT(weights="vit_base_patch16_siglip_224.webli", include_top=True)
 
 
 @pytest.mark.parametrize("name, reference", [

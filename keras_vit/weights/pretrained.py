@@ -764,6 +764,26 @@ def _hf_directory(source):
     return None
 
 
+def source_arguments(source):
+    """The `keras_vit.ViT` arguments that build the registry checkpoint or HF
+    transformers model directory (or `hf:ORG/NAME`) `source` as released, or None for
+    another source.
+
+    Example:
+
+    >>> source_arguments("vit_base_patch16_siglip_224.webli")["include_top"]
+    False
+    >>> source_arguments("model.npz") is None
+    True
+    """
+    directory = _hf_directory(source)
+    if directory is not None:
+        return hf_model_arguments(directory)
+    if registry.is_registered(source):
+        return registry.get_weights(source).build_args()
+    return None
+
+
 def source_defaults(weights, args):
     """`keras_vit.ViT` arguments with what a registry checkpoint or an HF model
     directory fixes filled in.
@@ -773,8 +793,11 @@ def source_defaults(weights, args):
     `args` gives one), `image_size`, `num_classes`, `gelu_approximate` and the family
     switches (`distilled`, `layer_scale_init`, ...) left as None come from it;
     `representation_size` does not (fine-tuning drops `pre_logits`, as vit_jax does).
-    A variant other than the checkpoint's is a `ValueError`. Other sources leave `args`
-    as they are.
+    A source without a classifier (a backbone or image tower) given neither
+    `num_classes` nor `include_top` is built as released (`source_arguments`, as
+    `pretrained` builds it: its `pooler_output` or `image_embeds`), with the other
+    `args` given. A variant other than the checkpoint's is a `ValueError`. Other
+    sources leave `args` as they are.
 
     Example:
 
@@ -782,12 +805,8 @@ def source_defaults(weights, args):
     >>> source_defaults("vit_base_patch16_224.augreg_in21k", args)
     {'variant': 'B/16', 'image_size': 224, 'num_classes': 10, 'gelu_approximate': True}
     """
-    directory = _hf_directory(weights)
-    if directory is not None:
-        own = hf_model_arguments(directory)
-    elif registry.is_registered(weights):
-        own = registry.get_weights(weights).build_args()
-    else:
+    own = source_arguments(weights)
+    if own is None:
         return args
     variant = args.get("variant")
     if variant is not None and own.get("variant") not in (None, variant):
@@ -795,6 +814,10 @@ def source_defaults(weights, args):
             f"weights={weights!r} are a ViT-{own['variant']} checkpoint, but variant="
             f"{variant!r}: pass variant={own['variant']!r}, or leave it out."
         )
+    given = {key: value for key, value in args.items() if value is not None}
+    # timm builds a classifier-less source headless (num_classes=0): the tower as released.
+    if own.get("include_top") is False and not {"num_classes", "include_top"} & set(given):
+        return {**own, **given}
     filled = dict(args)
     if all(args.get(key) is None for key in ARCHITECTURE):
         filled.update({key: own[key] for key in ARCHITECTURE if key in own})
@@ -806,8 +829,8 @@ def source_defaults(weights, args):
     if filled.get("num_classes") == 0 and filled.get("include_top", True):
         raise ValueError(
             f"weights={weights!r} are an image tower without classes: pass num_classes=... "
-            f"to fine-tune a head on it, or include_top=False (keras_vit.pretrained("
-            f"{weights!r}) builds the tower as released)."
+            f"to fine-tune a head on it, or leave num_classes and include_top out (the "
+            f"tower as released)."
         )
     return filled
 
@@ -878,7 +901,7 @@ def pretrained(name, **kwargs):
             "needs its config.json and model.safetensors, as save_pretrained writes them."
         )
     if directory is not None:
-        arguments = hf_model_arguments(directory)
+        arguments = source_arguments(directory)
         # What leaves the weights as they are may be changed.
         free = {"include_top", "pooling", "dynamic_image_size", "pos_interpolation"}
         clashes = sorted(set(kwargs) & (set(arguments) - free))
@@ -899,14 +922,15 @@ def pretrained(name, **kwargs):
             f"keras_vit.ViT(VARIANT, weights={name!r}, image_size=..., num_classes=...)."
         )
     entry = registry.get_weights(name)
-    clashes = sorted(set(kwargs) & set(entry.build_args()))
+    arguments = source_arguments(name)
+    clashes = sorted(set(kwargs) & set(arguments))
     if clashes:
         raise ValueError(
             f"pretrained() takes {', '.join(clashes)} from the registry entry {name!r}; to "
             f"change them, fine-tune: keras_vit.ViT({entry.variant!r}, weights={name!r}, "
             f"{', '.join(f'{k}=...' for k in clashes)})."
         )
-    model = ViT(**entry.build_args(), **kwargs)
+    model = ViT(**arguments, **kwargs)
     load_pretrained(model, source)
     model.weights_entry = entry
     return model
