@@ -13,6 +13,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from keras_vit.evaluation import analysis
+from keras_vit.models.layers import MAPHead
 from keras_vit.models.vit import vit_parts
 
 
@@ -40,11 +41,13 @@ def _scaled(values):
     return values / top if top > 0 else values
 
 
-def plot_attention_maps(image, attentions, grid_size, path, head_fusion="mean", prefix_tokens=None):
+def plot_attention_maps(image, attentions, grid_size, path, head_fusion="mean", prefix_tokens=None,
+                        pooling=None):
     """Draws, over `image`, each layer's attention map and the rollout up to it.
 
     Top row: the head-fused attention of the layer alone (the class token's row,
-    or the mean row of a `gap` model, see `analysis.attention_map`). Bottom row:
+    the mean row of a `gap` model, or the rows the MAP head's probe reads with its
+    `pooling` attention, see `analysis.attention_map`). Bottom row:
     the attention rollout through that layer. The first column shows the image
     and the image weighted by the full rollout (as in the paper's Fig. 6). Each
     map is scaled to its own maximum.
@@ -57,6 +60,9 @@ def plot_attention_maps(image, attentions, grid_size, path, head_fusion="mean", 
         path: PNG file to write.
         head_fusion: `"mean"`, `"max"` or `"min"` over heads.
         prefix_tokens: the tokens before the patches (see `analysis.attention_map`).
+        pooling: a `map` model's MAP-head attention `(batch, heads, T)`
+            (`analysis.attention_model(model, pooling=True)`); the first panel then
+            shows the probe's own attention over the patches.
 
     Example:
 
@@ -71,8 +77,10 @@ def plot_attention_maps(image, attentions, grid_size, path, head_fusion="mean", 
     depth = len(stacked)
     final = analysis.attention_rollout(stacked, head_fusion)  # validates the arguments
     fused = getattr(np, head_fusion)(np.stack(stacked), axis=2)
+    probe = None if pooling is None else np.asarray(pooling)[:1]
+
     def attention_map(matrix):
-        return analysis.attention_map(matrix, grid_size, prefix_tokens)[0]
+        return analysis.attention_map(matrix, grid_size, prefix_tokens, probe)[0]
 
     layer_maps = [attention_map(f) for f in fused]
     rollout_maps = [
@@ -86,6 +94,10 @@ def plot_attention_maps(image, attentions, grid_size, path, head_fusion="mean", 
                    vmin=0, vmax=1, interpolation="bilinear")
     axes[0, 0].imshow(pixels, cmap=cmap)
     axes[0, 0].set_title("input")
+    if probe is not None:
+        axes[0, 0].imshow(_scaled(analysis.attention_map(None, grid_size, prefix_tokens, probe)[0]),
+                          **overlay)
+        axes[0, 0].set_title("MAP head probe")
     mask = _scaled(attention_map(final))
     mask = np.kron(mask, np.ones((height // mask.shape[0], width // mask.shape[1])))
     weighted = pixels * (mask[..., None] if pixels.ndim == 3 else mask)
@@ -308,12 +320,14 @@ def visualize(model, images, out_dir, head_fusion="mean"):
     out_dir = Path(out_dir)
     parts = vit_parts(model)
     grid_size, patch_size = analysis.patch_grid(model)
-    _, attentions = analysis.attention_model(model)(images)
+    # A MAP head reads the tokens through its probe's attention, not a token's row.
+    map_head = isinstance(parts.pool, MAPHead)
+    _, attentions, *pooling = analysis.attention_model(model, pooling=map_head)(images)
     attentions = [keras.ops.convert_to_numpy(a) for a in attentions]
     written = {
         "attention": plot_attention_maps(
             images[0], attentions, grid_size, out_dir / "attention.png", head_fusion,
-            parts.num_prefix_tokens,
+            parts.num_prefix_tokens, *(keras.ops.convert_to_numpy(p) for p in pooling),
         ),
         "distance": plot_attention_distance(
             analysis.mean_attention_distance(

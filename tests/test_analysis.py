@@ -153,6 +153,40 @@ def test_attention_model_outputs_equal_the_models_and_share_its_weights(override
     assert analysis.is_hybrid(model) == ("resnet_stages" in overrides)
 
 
+def test_map_head_attention_equals_its_probes_softmax_over_the_tokens():
+    """attention_model(pooling=True) of a classifier="map" model gives the MAP head's
+    probe attention, checked against numpy from the head's own weights; attention_map
+    of it (and of a rollout) weights the rows by its head mean."""
+    model = _randomise(tiny_vit(classifier="map"), scale=0.3)
+    images = np.random.default_rng(4).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    outputs, attentions, pooling = analysis.attention_model(model, pooling=True)(images)
+    np.testing.assert_allclose(_np(outputs), _np(model(images)), atol=1e-5)
+    head = model.get_layer("pool")
+    tokens = _np(keras.Model(model.input, head.input)(images)).astype("float64")
+    query = _np(head.probe)[0] @ _np(head.query.kernel) + _np(head.query.bias)  # (1, 32)
+    key = (tokens @ _np(head.key_value.kernel) + _np(head.key_value.bias))[..., :32]
+    q = query.reshape(1, 4, 8).transpose(1, 0, 2)  # (heads, 1, head_dim)
+    k = key.reshape(2, 16, 4, 8).transpose(0, 2, 1, 3)  # (batch, heads, 16, head_dim)
+    expected = softmax(q @ k.transpose(0, 1, 3, 2) / np.sqrt(8), axis=-1)[:, :, 0]
+    assert tuple(pooling.shape) == (2, 4, 16)
+    np.testing.assert_allclose(_np(pooling), expected, atol=2e-5)
+    np.testing.assert_allclose(analysis.attention_map(None, (4, 4), pooling=pooling),
+                               expected.mean(1).reshape(2, 4, 4), atol=2e-5)
+    rollout = analysis.attention_rollout(attentions)
+    np.testing.assert_allclose(analysis.attention_map(rollout, (4, 4), pooling=pooling),
+                               np.einsum("bt,bts->bs", expected.mean(1), rollout).reshape(2, 4, 4),
+                               atol=2e-5)
+
+
+def test_pooling_attention_of_a_model_without_a_map_head_is_refused():
+    with pytest.raises(ValueError, match=r"Model 'vit' has no MAP head \(classifier='map', "
+                       r"pooled\), so it has no pooling attention"):
+        analysis.attention_model(tiny_vit(name="vit"), pooling=True)
+    with pytest.raises(ValueError, match=r"pooling attention has shape \(1, 4, 17\): expected "
+                       r"\(batch, heads, 16\)"):
+        analysis.attention_map(np.ones((1, 16, 16)), (4, 4), pooling=np.ones((1, 4, 17)))
+
+
 def test_attention_model_rejects_a_model_without_transformer_blocks():
     dense = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)], name="plain")
     with pytest.raises(ValueError, match="Model 'plain' has no TransformerBlock layers"):
@@ -280,6 +314,9 @@ def test_figures_are_written_as_png(tmp_path):
                "examples": 10}
     written["probes"] = figures.plot_probes(results, tmp_path / "probes.png")
     assert sorted(written) == ["attention", "distance", "filters", "position", "probes"]
+    # A map model (no class token): the maps through its MAP head's probe.
+    written["map"] = figures.visualize(_randomise(tiny_vit(classifier="map"), scale=0.1),
+                                       images, tmp_path / "map")["attention"]
     for path in written.values():
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         pixels = imread(path)

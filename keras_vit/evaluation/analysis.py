@@ -9,38 +9,52 @@ post-processing of its outputs or of the model's weights.
 import keras
 import numpy as np
 
-from keras_vit.models.layers import TransformerBlock
+from keras_vit.models.layers import MAPHead, TransformerBlock
 from keras_vit.utils.checks import check_choice, check_in_range
 from keras_vit.models.vit import vit_parts
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
 
-class _BlockWithAttention(keras.layers.Layer):
-    """Calls a `TransformerBlock` with `return_attention=True`, sharing its weights.
+class _WithAttention(keras.layers.Layer):
+    """Calls a `TransformerBlock` or `MAPHead` with `return_attention=True`, sharing
+    its weights.
 
     A separate layer because a Keras functional graph expects every call of one
     layer to return the same number of outputs, and the original model calls the
-    block without attention.
+    layer without attention.
     """
 
-    def __init__(self, block, **kwargs):
-        super().__init__(name=f"{block.name}_with_attention", **kwargs)
-        self.block = block
+    def __init__(self, layer, **kwargs):
+        super().__init__(name=f"{layer.name}_with_attention", **kwargs)
+        self.layer = layer
 
     def call(self, x, training=False):
-        return self.block(x, training=training, return_attention=True)
+        if isinstance(self.layer, MAPHead):  # no dropout to switch
+            return self.layer(x, return_attention=True)
+        return self.layer(x, training=training, return_attention=True)
 
 
-def attention_model(model):
+def attention_model(model, pooling=False):
     """A model sharing `model`'s weights that also returns every block's attention.
 
     The new model maps images to `(outputs, attentions)`: `outputs` are those of
     `model` (logits, or features for a model without a head) and `attentions` is
     a list with one `(batch, heads, tokens, tokens)` float32 array per
-    `TransformerBlock`, in depth order. `model` itself is unchanged and keeps its
-    fused-attention fast path. Any functional model containing keras-vit
+    `TransformerBlock`, in depth order. With `pooling=True` it maps them to
+    `(outputs, attentions, pooling)`, `pooling` the `(batch, heads, tokens)` float32
+    attention of a `classifier="map"` model's MAP head: its probe's over the last
+    block's tokens (pass it to `attention_map`). `model` itself is unchanged and
+    keeps its fused-attention fast path. Any functional model containing keras-vit
     `TransformerBlock`s works.
+
+    Args:
+        model: a keras-vit model.
+        pooling: also return the MAP head's attention; a model without a MAP head
+            is a `ValueError`.
+
+    Returns:
+        The Keras model.
 
     Example:
 
@@ -58,12 +72,17 @@ def attention_model(model):
             f"Model {model.name!r} has no TransformerBlock layers, so it has no attention "
             "weights to return."
         )
-    attentions = []
+    if pooling and not any(isinstance(layer, MAPHead) for layer in model.layers):
+        raise ValueError(
+            f"Model {model.name!r} has no MAP head (classifier='map', pooled), so it has no "
+            "pooling attention: leave pooling out and read the class token's or the mean row."
+        )
+    attentions, pooled = [], []
 
     def call_with_attention(layer, *args, **kwargs):
-        if isinstance(layer, TransformerBlock):
-            outputs, weights = _BlockWithAttention(layer)(*args, **kwargs)
-            attentions.append(weights)
+        if isinstance(layer, (TransformerBlock, MAPHead)):
+            outputs, weights = _WithAttention(layer)(*args, **kwargs)
+            (pooled if isinstance(layer, MAPHead) else attentions).append(weights)
             return outputs
         return layer(*args, **kwargs)
 
@@ -76,7 +95,8 @@ def attention_model(model):
             f"attention_model needs a functional model such as keras_vit.ViT; "
             f"{model.name!r} could not be rebuilt: {error}"
         ) from None
-    return keras.Model(rebuilt.input, (rebuilt.output, attentions), name=f"{model.name}_attention")
+    outputs = (rebuilt.output, attentions, *pooled[:1]) if pooling else (rebuilt.output, attentions)
+    return keras.Model(rebuilt.input, outputs, name=f"{model.name}_attention")
 
 
 def _stack_attentions(attentions):
@@ -163,27 +183,50 @@ def attention_rollout(attentions, head_fusion="mean", discard_ratio=0.0):
     return rollout
 
 
-def attention_map(matrix, grid_size, prefix_tokens=None):
+def attention_map(matrix, grid_size, prefix_tokens=None, pooling=None):
     """How much each patch feeds the model's pooled output, as a `(batch, rows, cols)` map.
 
     For a class-token model this is the class token's row over the patch columns;
     for a `gap` model (no class token) it is the mean of all rows, since the
-    pooled output averages every token. Apply it to a rollout or to one layer's
-    head-fused attention. `prefix_tokens` is how many tokens stand before the
-    patches (`ViTParts.num_prefix_tokens`, needed with registers); None tells a
-    class and a distillation token from the token count.
+    pooled output averages every token; for a `map` model, given the MAP head's
+    `pooling` attention (`attention_model(model, pooling=True)`), the rows weighted
+    by its head-averaged probe attention, since the pooled output reads the tokens
+    so (`matrix=None`: the probe's attention itself). Apply it to a rollout or to
+    one layer's head-fused attention. `prefix_tokens` is how many tokens stand
+    before the patches (`ViTParts.num_prefix_tokens`, needed with registers); None
+    tells a class and a distillation token from the token count.
 
     Example:
 
     >>> rollout = attention_rollout([np.full((1, 1, 5, 5), 0.2)])
     >>> attention_map(rollout, (2, 2)).shape
     (1, 2, 2)
+    >>> attention_map(None, (2, 2), pooling=np.full((1, 2, 4), 0.25)).shape
+    (1, 2, 2)
     """
+    if pooling is not None:
+        pooling = np.asarray(keras.ops.convert_to_numpy(pooling), dtype="float64")
+        if pooling.ndim != 3:
+            raise ValueError(
+                f"Expected the MAP head's (batch, heads, tokens) attention as pooling, got "
+                f"shape {pooling.shape}."
+            )
+        probe = pooling.mean(axis=1)
+        if matrix is None:
+            matrix = np.broadcast_to(np.eye(probe.shape[-1]), (len(probe), *probe.shape[-1:] * 2))
     matrix = np.asarray(keras.ops.convert_to_numpy(matrix))
     if matrix.ndim != 3 or matrix.shape[-1] != matrix.shape[-2]:
         raise ValueError(f"Expected a (batch, tokens, tokens) matrix, got shape {matrix.shape}.")
     prefix = _num_prefix_tokens(matrix.shape[-1], grid_size, prefix_tokens)
-    pooled = matrix[:, 0, prefix:] if prefix else matrix.mean(axis=1)
+    if pooling is not None:
+        if probe.shape != matrix.shape[:2]:
+            raise ValueError(
+                f"The pooling attention has shape {pooling.shape}: expected (batch, heads, "
+                f"{matrix.shape[-1]}) for the {matrix.shape} matrix."
+            )
+        pooled = np.einsum("bt,bts->bs", probe, matrix)[:, prefix:]
+    else:
+        pooled = matrix[:, 0, prefix:] if prefix else matrix.mean(axis=1)
     return pooled.reshape(-1, *grid_size)
 
 

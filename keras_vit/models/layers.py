@@ -1058,7 +1058,9 @@ class MAPHead(keras.layers.Layer):
         """The head's `Dense` layers (`DENSE_LAYERS` order)."""
         return tuple(getattr(self, name) for name in self.DENSE_LAYERS)
 
-    def call(self, tokens):
+    def call(self, tokens, return_attention=False):
+        """Pools `tokens`; with `return_attention`, also returns the probe's float32
+        attention over them, `(batch, heads, tokens)` (where the model looks)."""
         length, width = ops.shape(tokens)[1], tokens.shape[-1]
         probe = ops.cast(self.probe, tokens.dtype)
         query = ops.reshape(self.query(probe), (1, 1, self.num_heads, self.head_dim))
@@ -1071,12 +1073,16 @@ class MAPHead(keras.layers.Layer):
             ops.broadcast_to(query, (ops.shape(tokens)[0], self.num_heads, 1, self.head_dim)),
             key, transpose_x2=True,
         )
-        weights = ops.cast(ops.softmax(logits, axis=-1), value.dtype)
+        attention = ops.softmax(logits, axis=-1)
+        weights = ops.cast(attention, value.dtype)
         out = ops.reshape(ops.transpose(backend_ops.matmul(weights, value), (0, 2, 1, 3)),
                           (-1, 1, width))
         x = self.attention_output(out)
         y = mlp_activation(self.mlp_fc1(self.norm(x)), self.gelu_approximate, self.quick_gelu)
-        return (x + self.mlp_fc2(y))[:, 0]
+        pooled = (x + self.mlp_fc2(y))[:, 0]
+        if return_attention:
+            return pooled, ops.cast(attention[:, :, 0], "float32")
+        return pooled
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[-1])
