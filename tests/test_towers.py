@@ -253,6 +253,79 @@ def test_timm_safetensors_match_transformers(family, siglip, clip, tmp_path):
     assert relative_error(outputs(model), reference) < 1e-4
 
 
+def big_vision_siglip(files, prefix):
+    """HF SiglipVisionModel tensors -> the official big_vision SigLIP `.npz` layout: the
+    inverse of transformers' `convert_siglip_to_hf.py` (`create_rename_keys`,
+    `rename_key`, `read_in_q_k_v_head`), with a text tower and the contrastive scalars
+    beside the image tower."""
+    width, heads = WIDTH, HF_SIZES["num_attention_heads"]
+
+    def qkv(kernel):  # torch (out, in) -> Flax DenseGeneral (D, heads, head_dim)
+        return kernel.T.reshape(width, heads, -1)
+
+    img = {
+        "embedding/kernel": files["embeddings.patch_embedding.weight"].transpose(2, 3, 1, 0),
+        "embedding/bias": files["embeddings.patch_embedding.bias"],
+        "pos_embedding": files["embeddings.position_embedding.weight"][None],
+        "Transformer/encoder_norm/scale": files["post_layernorm.weight"],
+        "Transformer/encoder_norm/bias": files["post_layernorm.bias"],
+        "MAPHead_0/probe": files["head.probe"],
+        "MAPHead_0/LayerNorm_0/scale": files["head.layernorm.weight"],
+        "MAPHead_0/LayerNorm_0/bias": files["head.layernorm.bias"],
+        "MAPHead_0/MultiHeadDotProductAttention_0/out/kernel":
+            files["head.attention.out_proj.weight"].T.reshape(heads, -1, width),
+        "MAPHead_0/MultiHeadDotProductAttention_0/out/bias": files["head.attention.out_proj.bias"],
+    }
+    for i, name in enumerate(("query", "key", "value")):
+        kernel = np.split(files["head.attention.in_proj_weight"], 3)[i]
+        bias = np.split(files["head.attention.in_proj_bias"], 3)[i]
+        img[f"MAPHead_0/MultiHeadDotProductAttention_0/{name}/kernel"] = qkv(kernel)
+        img[f"MAPHead_0/MultiHeadDotProductAttention_0/{name}/bias"] = bias.reshape(heads, -1)
+    for j in (0, 1):
+        img[f"MAPHead_0/MlpBlock_0/Dense_{j}/kernel"] = files[f"head.mlp.fc{j + 1}.weight"].T
+        img[f"MAPHead_0/MlpBlock_0/Dense_{j}/bias"] = files[f"head.mlp.fc{j + 1}.bias"]
+    for i in range(HF_SIZES["num_hidden_layers"]):
+        bv, hf = f"Transformer/encoderblock_{i}/", f"encoder.layers.{i}."
+        for n in (0, 1):
+            img[f"{bv}LayerNorm_{n}/scale"] = files[f"{hf}layer_norm{n + 1}.weight"]
+            img[f"{bv}LayerNorm_{n}/bias"] = files[f"{hf}layer_norm{n + 1}.bias"]
+            img[f"{bv}MlpBlock_0/Dense_{n}/kernel"] = files[f"{hf}mlp.fc{n + 1}.weight"].T
+            img[f"{bv}MlpBlock_0/Dense_{n}/bias"] = files[f"{hf}mlp.fc{n + 1}.bias"]
+        mha = f"{bv}MultiHeadDotProductAttention_0/"
+        for name in ("query", "key", "value"):
+            img[f"{mha}{name}/kernel"] = qkv(files[f"{hf}self_attn.{name[0]}_proj.weight"])
+            img[f"{mha}{name}/bias"] = files[f"{hf}self_attn.{name[0]}_proj.bias"].reshape(heads, -1)
+        img[f"{mha}out/kernel"] = files[f"{hf}self_attn.out_proj.weight"].T.reshape(heads, -1, width)
+        img[f"{mha}out/bias"] = files[f"{hf}self_attn.out_proj.bias"]
+    text = {"txt/Embed_0/embedding": np.ones((64, 16), "float32"),
+            "txt/Encoder_0/encoder_norm/scale": np.ones(16, "float32"),
+            "t": np.ones(1, "float32"), "b": np.zeros(1, "float32")}
+    return {**{f"{prefix}img/{k}": v for k, v in img.items()},
+            **{prefix + k: v for k, v in text.items()}}
+
+
+@pytest.mark.parametrize("prefix, scanned", [("params/", False), ("", True)])
+def test_big_vision_siglip_npz_matches_transformers(siglip, tmp_path, prefix, scanned):
+    """The official big_vision SigLIP release (`params/img/...`, the MAP head as
+    `MAPHead_0`; HF's converted copies drop `params/`; the so400m files scan the blocks
+    into `Transformer/encoderblock/` with a depth axis) loads into the tower and gives
+    HF's pooler_output; the text tower is left out with a note."""
+    directory, reference = siglip
+    arrays = big_vision_siglip(load_file(directory / "model.safetensors"), prefix)
+    if scanned:
+        blocks = [k for k in arrays if "/encoderblock_0/" in k]
+        for key in blocks:
+            depth = [arrays.pop(key.replace("encoderblock_0/", f"encoderblock_{i}/"))
+                     for i in range(2)]
+            arrays[key.replace("encoderblock_0/", "encoderblock/")] = np.stack(depth)
+    np.savez(tmp_path / "siglip.npz", **arrays)
+    model = keras_vit.ViT(**TINY, **SIGLIP)
+    report = keras_vit.load_pretrained(model, tmp_path / "siglip.npz")
+    assert report.format == "big_vision"
+    assert report.messages == ["the text tower's 4 tensors are not loaded (an image model)."]
+    assert relative_error(outputs(model), reference) < 1e-4
+
+
 # --- the model's own round trips and features -------------------------------------------
 
 FAMILY = {

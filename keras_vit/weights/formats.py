@@ -552,7 +552,9 @@ def _from_torch_layout(arrays, rules, renames, heads):
     return params, origin
 
 
-_NPZ_PREFIXES = ("opt/target/", "params/img/", "params/")
+# big_vision's image-text models (SigLIP) hold the image tower under `img/` (HF's copies of
+# the release drop `params/`).
+_NPZ_PREFIXES = ("opt/target/", "params/img/", "img/", "params/")
 # big_vision's Linen modules are numbered without the dropout layers vit_jax counts.
 _BIG_VISION_RENAMES = {
     "MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
@@ -638,6 +640,10 @@ def _from_big_vision(params, origin, notes, grid=None, checkpoint_grid=None):
     return out, out_origin
 
 
+def _text_tower_note(count):
+    return f"the text tower's {count} tensors are not loaded (an image model)."
+
+
 def _unknown_layout(source, keys):
     keys = sorted(keys)
     raise ValueError(
@@ -656,8 +662,13 @@ def _from_npz(arrays, source, grid=None, checkpoint_grid=None):
         # Some hybrid files keep GroupNorm parameters with singleton dims, (1, 1, 1, C).
         if re.fullmatch(r"(gn_root|block\d+/unit\d+/gn(\d|_proj))/(scale|bias)", key):
             params[key] = value.reshape(-1)
-    if len(params) < len(arrays):
-        notes.append(f"ignored {len(arrays) - len(params)} tensors outside {prefix!r}.")
+    # The text tower and the contrastive scalars (`t`, `b`) beside an image tower.
+    text = [k for k in arrays if prefix.endswith("img/")
+            and re.fullmatch(re.escape(prefix[: -len("img/")]) + r"(txt/.*|t|b)", k)]
+    if text:
+        notes.append(_text_tower_note(len(text)))
+    if len(params) + len(text) < len(arrays):
+        notes.append(f"ignored {len(arrays) - len(params) - len(text)} tensors outside {prefix!r}.")
     big_vision = any(
         k in ("pos_embedding", "Transformer/pos_embedding")
         or k.startswith("Transformer/encoderblock/")
@@ -719,7 +730,7 @@ def read_official(source, heads, grid=None, checkpoint_grid=None):
         key) for key in arrays
     ):
         text = [key for key in arrays if re.match(_HF_TEXT_TOWER, key)]
-        notes = [f"the text tower's {len(text)} tensors are not loaded (an image model)."] if text else []
+        notes = [_text_tower_note(len(text))] if text else []
         # DINOv2's mask token stands in for masked patches in pretraining only.
         masks = [key for key in arrays if re.fullmatch(r"(\w+\.)?embeddings\.mask_token", key)]
         notes += [f"{key} (masked-image pretraining only) is not used at inference: ignored."
