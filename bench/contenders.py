@@ -9,8 +9,11 @@ everything the libraries print goes to stderr.
     python bench/contenders.py keras-tensorflow   # then speaks the protocol on stdin
 
 Contenders: `keras-tensorflow`, `keras-jax`, `keras-torch` (keras-vit on each Keras
-backend, with the model's default compilation) and `hf-torch` (HF transformers'
-`ViTForImageClassification`, eager PyTorch).
+backend, with the model's default compilation) and `hf-torch` (HF transformers, eager
+PyTorch). Families (`setup`'s `family`): `vit` (HF `ViTForImageClassification`),
+`dinov2` (`Dinov2Model`) and `siglip` (`SiglipVisionModel`); the last two get a linear
+1000-class head on their `pooler_output` in PyTorch, as keras-vit's head on the same
+pooled features (`FAMILIES`), so that every contender computes logits.
 
 Interfaces (`round`'s `interface`): `harness` times one step at a time on tensors made
 once (Keras' `predict_on_batch` and `train_on_batch`; HF's forward under
@@ -52,6 +55,13 @@ WEIGHT_DECAY = 0.01
 CLIP_NORM = 1.0
 MATMUL_SIZE = 2048
 NUM_CLASSES = 1000
+# The `keras_vit.ViT` switches of each family's HF reference (DINOv2: layer scale;
+# SigLIP: the MAP head, tanh GELU), beside the architecture (`parse_variant`).
+FAMILIES = {
+    "vit": {},
+    "dinov2": dict(layer_scale_init=1.0),
+    "siglip": dict(classifier="map", gelu_approximate=True),
+}
 
 
 def peak_rss_mib():
@@ -76,7 +86,7 @@ def _data(batch, image_size, channels_first):
 class KerasViT:
     """keras-vit on the Keras backend this process was started with."""
 
-    def __init__(self, arch, image_size, batch, precision):
+    def __init__(self, arch, image_size, batch, precision, family="vit"):
         import keras
 
         import keras_vit
@@ -90,7 +100,9 @@ class KerasViT:
         self.precision = precision
         if precision == "bfloat16":
             keras.config.set_dtype_policy("mixed_bfloat16")
-        self.model = keras_vit.ViT(image_size=image_size, num_classes=NUM_CLASSES, **arch)
+        self.model = keras_vit.ViT(
+            image_size=image_size, num_classes=NUM_CLASSES, **arch, **FAMILIES[family]
+        )
         if precision == "int8":
             self.model.quantize("int8")
         images, labels = _data(batch, image_size, channels_first=False)
@@ -142,34 +154,61 @@ class KerasViT:
         return device_name(self.keras.backend.backend())
 
 
-class HFViT:
-    """HF transformers' ViTForImageClassification, eager PyTorch."""
+def hf_classifier(family, arch, image_size):
+    """The HF transformers model of `family` with architecture `arch`, as a torch module
+    mapping `pixel_values` to 1000-class logits: `ViTForImageClassification`, or
+    `Dinov2Model` / `SiglipVisionModel` with a linear head on `pooler_output`."""
+    import torch
+    import transformers
 
-    def __init__(self, arch, image_size, batch, precision):
+    sizes = dict(hidden_size=arch["hidden_dim"], num_hidden_layers=arch["num_layers"],
+                 num_attention_heads=arch["num_heads"], patch_size=arch["patch_size"],
+                 image_size=image_size, attn_implementation="sdpa")
+    if family == "vit":
+        config = transformers.ViTConfig(
+            **sizes, intermediate_size=arch["mlp_dim"], num_labels=NUM_CLASSES,
+            layer_norm_eps=1e-6, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        )
+        backbone, head = transformers.ViTForImageClassification(config), None
+    elif family == "dinov2":
+        # Dinov2Config takes the MLP width as an integer ratio (every variant's is 4).
+        config = transformers.Dinov2Config(**sizes, mlp_ratio=arch["mlp_dim"] // arch["hidden_dim"])
+        backbone = transformers.Dinov2Model(config)
+    elif family == "siglip":
+        config = transformers.SiglipVisionConfig(**sizes, intermediate_size=arch["mlp_dim"])
+        backbone = transformers.SiglipVisionModel(config)
+    else:
+        raise ValueError(f"Unknown family {family!r}: expected one of {', '.join(FAMILIES)}.")
+    if family != "vit":
+        head = torch.nn.Linear(arch["hidden_dim"], NUM_CLASSES)
+
+    class Classifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone, self.head, self.config = backbone, head, backbone.config
+
+        def forward(self, pixel_values):
+            if self.head is None:
+                return self.backbone(pixel_values=pixel_values).logits
+            return self.head(self.backbone(pixel_values=pixel_values).pooler_output)
+
+    return Classifier()
+
+
+class HFViT:
+    """HF transformers' model of a family (`hf_classifier`), eager PyTorch."""
+
+    def __init__(self, arch, image_size, batch, precision, family="vit"):
         import contextlib
 
         import torch
-        from transformers import ViTConfig, ViTForImageClassification
 
         torch.set_num_threads(TORCH_THREADS)
         torch.manual_seed(0)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.precision = precision
-        config = ViTConfig(
-            hidden_size=arch["hidden_dim"],
-            num_hidden_layers=arch["num_layers"],
-            num_attention_heads=arch["num_heads"],
-            intermediate_size=arch["mlp_dim"],
-            patch_size=arch["patch_size"],
-            image_size=image_size,
-            num_labels=NUM_CLASSES,
-            layer_norm_eps=1e-6,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-            attn_implementation="sdpa",
-        )
         self.torch = torch
-        self.model = ViTForImageClassification(config).to(self.device)
+        self.model = hf_classifier(family, arch, image_size).to(self.device)
         if precision == "int8":
             self.model = torch.ao.quantization.quantize_dynamic(
                 self.model, {torch.nn.Linear}, dtype=torch.qint8
@@ -203,7 +242,7 @@ class HFViT:
         labels = self.labels if labels is None else labels
         if self.mode == "train":
             with self.autocast:
-                logits = self.model(pixel_values=images).logits
+                logits = self.model(pixel_values=images)
                 loss = torch.nn.functional.cross_entropy(logits.float(), labels)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP_NORM)
@@ -211,7 +250,7 @@ class HFViT:
             self.optimizer.zero_grad(set_to_none=True)
             return loss.item()
         with torch.no_grad(), self.autocast:
-            logits = self.model(pixel_values=images).logits
+            logits = self.model(pixel_values=images)
         return logits.float().cpu()
 
     def api_steps(self, steps):
@@ -234,7 +273,7 @@ class HFViT:
             outputs = []
             for x, _ in converted:
                 with torch.inference_mode(), self.autocast:
-                    outputs.append(self.model(pixel_values=x).logits.float().cpu().numpy())
+                    outputs.append(self.model(pixel_values=x).float().cpu().numpy())
             return np.concatenate(outputs)
 
         return run
@@ -326,8 +365,9 @@ def timed(run):
 def serve(contender, requests, replies):
     """Answers the driver's requests until it says `exit`.
 
-    Requests: `{"op": "setup", "arch", "image_size", "batch", "precision"}` (`arch`:
-    the `keras_vit.ViT` architecture arguments, as `keras_vit.parse_variant` returns them),
+    Requests: `{"op": "setup", "arch", "image_size", "batch", "precision", "family"}`
+    (`arch`: the `keras_vit.ViT` architecture arguments, as `keras_vit.parse_variant`
+    returns them; `family`: a `FAMILIES` name, default `vit`),
     `{"op": "prepare", "mode": "infer" | "train", "warmup", "interfaces"}` (compiles
     and runs untimed steps through each interface, default `["harness"]`),
     `{"op": "round", "steps", "interface"}` (timed steps, default through the
@@ -345,7 +385,8 @@ def serve(contender, requests, replies):
             precision = request.get("precision", "float32")
             if precision not in PRECISIONS:
                 raise ValueError(f"Unknown precision {precision!r}: expected one of {PRECISIONS}.")
-            runner = kind(request["arch"], request["image_size"], request["batch"], precision)
+            runner = kind(request["arch"], request["image_size"], request["batch"], precision,
+                          request.get("family", "vit"))
             reply = {"device": runner.device_name()}
         elif op == "prepare":
             reply = runner.prepare(request["mode"])

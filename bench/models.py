@@ -1,11 +1,16 @@
-"""Benchmarks keras-vit against HF transformers' ViT on this machine, in one run.
+"""Benchmarks keras-vit against HF transformers' ViT, DINOv2 and SigLIP on this machine,
+in one run.
 
     python bench/models.py            # the full table (15-30 minutes on 2 cores)
     python bench/models.py --quick    # a smoke run: Ti/16 at 224, 2 short rounds
+    python bench/models.py --models dinov2-s14,siglip-b16  # only those rows
     python bench/models.py --out bench/results.json --contenders keras-tensorflow,hf-torch
     python bench/models.py --keras-api  # also through Keras' predict and fit (rows "keras-api")
 
-Each contender (see `bench/contenders.py`) runs in its own worker process that stays
+The DINOv2-S/14 and SigLIP-B/16 rows (224 px) time HF's `Dinov2Model` and
+`SiglipVisionModel` with a linear 1000-class head on their `pooler_output` against
+keras-vit's model of the same family (`bench/contenders.py` `FAMILIES`), random
+weights. Each contender (see `bench/contenders.py`) runs in its own worker process that stays
 alive; the driver asks the workers for one timed round each in turn, rotating the
 order every round, so that drift on a shared machine hits all of them alike. Figures
 are medians over rounds; ratios are medians of the per-round ratios. Every round also
@@ -45,7 +50,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("KERAS_BACKEND", "jax")  # the driver only counts FLOPs
 
-from bench.contenders import CONTENDERS, INTERFACES, PRECISIONS, TORCH_THREADS  # noqa: E402
+from bench.contenders import (  # noqa: E402
+    CONTENDERS, FAMILIES, INTERFACES, PRECISIONS, TORCH_THREADS,
+)
 
 REFERENCE = "hf-torch"
 BATCH = 32
@@ -57,6 +64,8 @@ PLANS = {
             ("S/16", "float32", {"infer": (224,), "train": (224,)}),
             ("Ti/16", "bfloat16", {"infer": (224,), "train": (224,)}),
             ("Ti/16", "int8", {"infer": (224,)}),
+            ("dinov2-s14", "float32", {"infer": (224,), "train": (224,)}),
+            ("siglip-b16", "float32", {"infer": (224,), "train": (224,)}),
         ],
         rounds=3,
         steps={"infer": 3, "train": 2},
@@ -64,7 +73,10 @@ PLANS = {
         batch=BATCH,
     ),
     "smoke": dict(  # a check that every path runs, in seconds: no figure to quote
-        groups=[("tiny", "float32", {"infer": (32,), "train": (32,)})],
+        groups=[
+            (name, "float32", {"infer": (32,), "train": (32,)})
+            for name in ("tiny", "tiny-dinov2", "tiny-siglip")
+        ],
         rounds=1,
         steps={"infer": 1, "train": 1},
         warmup=1,
@@ -78,11 +90,14 @@ PLANS = {
         batch=BATCH,
     ),
 }
-# Architectures of the plans' variants that are not paper variants.
-ARCHS = {
-    "tiny": dict(
-        patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64, resnet_stages=None
-    ),
+# The plans' models that are not paper ViTs: (a paper variant or an architecture, family).
+TINY = dict(patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64, resnet_stages=None)
+MODELS = {
+    "tiny": (TINY, "vit"),
+    "tiny-dinov2": (TINY, "dinov2"),
+    "tiny-siglip": (TINY, "siglip"),
+    "dinov2-s14": ("S/14", "dinov2"),
+    "siglip-b16": ("B/16", "siglip"),
 }
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
 TRAIN_FLOPS_FACTOR = 3  # forward + backward (two products per forward product)
@@ -130,15 +145,27 @@ class Worker:
             self.process.wait(timeout=60)
 
 
-def model_flops(arch, image_size):
-    """Forward FLOPs per image of the `keras_vit.ViT` with architecture arguments `arch`."""
+def model_flops(arch, image_size, family="vit"):
+    """Forward FLOPs per image of the `keras_vit.ViT` with architecture arguments `arch`
+    in `family` (`bench/contenders.py` `FAMILIES`)."""
     import keras
 
     from keras_vit import ViT
     from keras_vit.models.flops import forward_flops
 
     with keras.StatelessScope():
-        return forward_flops(ViT(image_size=image_size, num_classes=1000, **arch))
+        return forward_flops(
+            ViT(image_size=image_size, num_classes=1000, **arch, **FAMILIES[family])
+        )
+
+
+def model_arch(name):
+    """The architecture arguments and family of a plan's model `name`: a `MODELS` entry
+    or a paper variant."""
+    from keras_vit.models.vit import parse_variant
+
+    arch, family = MODELS.get(name, (name, "vit"))
+    return (parse_variant(arch) if isinstance(arch, str) else arch), family
 
 
 def _rotated(items, shift):
@@ -147,9 +174,10 @@ def _rotated(items, shift):
 
 
 def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo,
-              interfaces=("harness",)):
-    """Times every contender on `arch` (named `variant`) in `precision` for each
-    (mode, image size) in `tasks`, through each of `interfaces` (`bench/contenders.py`)."""
+              interfaces=("harness",), family="vit"):
+    """Times every contender on `arch` (named `variant`, of `family`) in `precision` for
+    each (mode, image size) in `tasks`, through each of `interfaces`
+    (`bench/contenders.py`)."""
     batch = plan["batch"]
     sizes = sorted({size for mode_sizes in tasks.values() for size in mode_sizes})
     workers = {(c, size): Worker(c, log_dir) for c in contenders for size in sizes}
@@ -157,7 +185,8 @@ def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo,
     try:
         for (contender, size), worker in workers.items():
             worker.send(
-                op="setup", arch=arch, image_size=size, batch=batch, precision=precision
+                op="setup", arch=arch, image_size=size, batch=batch, precision=precision,
+                family=family,
             )
         devices = {key: worker.receive()["device"] for key, worker in workers.items()}
         modes = [mode for mode in ("infer", "train") if tasks.get(mode)]
@@ -185,7 +214,7 @@ def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo,
                         f"{batch * len(reply['step_s']) / sum(reply['step_s']):7.2f} img/s"
                     )
             for size in tasks[mode]:
-                flops = model_flops(arch, size)
+                flops = model_flops(arch, size, family)
                 if mode == "train":
                     flops *= TRAIN_FLOPS_FACTOR
                 peaks = [
@@ -388,27 +417,31 @@ def main(argv=None):
     parser.add_argument(
         "--precisions", default=",".join(PRECISIONS), help="only the rows in these precisions"
     )
+    parser.add_argument(
+        "--models", help="only the rows of these models of the plan (e.g. dinov2-s14,siglip-b16)"
+    )
     args = parser.parse_args(argv)
     contenders = chosen(parser, "contenders", args.contenders, CONTENDERS)
     precisions = chosen(parser, "precisions", args.precisions, PRECISIONS)
     plan = dict(PLANS["smoke" if args.smoke else "quick" if args.quick else "full"])
     interfaces = INTERFACES[::-1] if args.keras_api else ("harness",)  # Keras-API rows first
-    plan["groups"] = [group for group in plan["groups"] if group[1] in precisions]
+    models = dict.fromkeys(group[0] for group in plan["groups"])
+    models = chosen(parser, "models", args.models, list(models)) if args.models else models
+    plan["groups"] = [g for g in plan["groups"] if g[1] in precisions and g[0] in models]
     if not plan["groups"]:
-        parser.error(f"the plan has no rows in {', '.join(precisions)}")
+        parser.error(f"the plan has no rows of {', '.join(models)} in {', '.join(precisions)}")
     if args.rounds:
         plan["rounds"] = args.rounds
     echo = lambda text: print(text, file=sys.stderr, flush=True)
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = os.getloadavg()
     entries = []
-    from keras_vit.models.vit import parse_variant
-
     with tempfile.TemporaryDirectory() as log_dir:
         for variant, precision, tasks in plan["groups"]:
-            arch = ARCHS[variant] if variant in ARCHS else parse_variant(variant)
+            arch, family = model_arch(variant)
             entries += run_group(
-                variant, arch, precision, tasks, contenders, plan, log_dir, echo, interfaces
+                variant, arch, precision, tasks, contenders, plan, log_dir, echo, interfaces,
+                family,
             )
     growth = summarise(entries)
     peaks = {

@@ -82,19 +82,37 @@ def test_predict_benchmark_times_keras_vit_and_hfs_pipeline_on_the_same_files(tm
 
 @pytest.mark.slow
 def test_models_benchmark_times_keras_predict_and_fit_beside_the_harness(tmp_path):
+    """Every contender, task and interface for the tiny ViT and the tiny DINOv2 and
+    SigLIP models (HF's Dinov2Model and SiglipVisionModel with a linear head)."""
     out = tmp_path / "results.json"
     stdout = run_bench("models.py", "--smoke", "--keras-api", "--out", str(out))
     report = json.loads(out.read_text())
-    rows = {(e["contender"], e["mode"], e["interface"]): e for e in report["entries"]}
+    rows = {(e["variant"], e["contender"], e["mode"], e["interface"]): e
+            for e in report["entries"]}
     assert set(rows) == {
-        (c, m, i) for c in ("keras-tensorflow", "keras-jax", "keras-torch", "hf-torch")
+        (v, c, m, i) for v in ("tiny", "tiny-dinov2", "tiny-siglip")
+        for c in ("keras-tensorflow", "keras-jax", "keras-torch", "hf-torch")
         for m in ("infer", "train") for i in ("keras-api", "harness")
     }
-    for (contender, mode, interface), e in rows.items():
+    for (variant, contender, mode, interface), e in rows.items():
         assert e["median_images_per_s"] > 0
         if contender != "hf-torch":  # against HF through the same interface, same rounds
-            hf = rows[("hf-torch", mode, interface)]
+            hf = rows[(variant, "hf-torch", mode, interface)]
             assert e["ratio_vs_hf"] == pytest.approx(
                 e["images_per_s"][0] / hf["images_per_s"][0])
     # The Keras-API rows come first in the table.
     assert stdout.index("| keras-api |") < stdout.index("| harness |")
+    # The families' FLOPs count their own parts: SigLIP's MAP head beside the ViT's.
+    flops = {v: rows[(v, "hf-torch", "infer", "harness")]["flops_per_image"]
+             for v in ("tiny", "tiny-siglip")}
+    assert flops["tiny-siglip"] != flops["tiny"]
+
+
+def test_models_benchmark_selects_rows_by_model_and_names_an_unknown_one():
+    result = subprocess.run(
+        [sys.executable, "bench/models.py", "--smoke", "--models", "tiny-dinov2,vit-x"],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert result.returncode == 2
+    assert ("unknown models ['vit-x']: expected some of tiny, tiny-dinov2, tiny-siglip"
+            in result.stderr)
