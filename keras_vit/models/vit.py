@@ -230,21 +230,14 @@ def vit_parts(model):
 
 
 SIZE_ARGUMENTS = ("patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim")
-# The switches of the ViT family (DeiT, DeiT III) and their values for the paper's ViT.
-# `get_config` records one only when it differs, so the configs (and `.keras` files) of
-# the paper's models stay as keras-vit wrote them before these existed.
-FAMILY_DEFAULTS = dict(
-    distilled=False,
-    distillation_head=True,
-    no_embed_class=False,
-    layer_scale_init=None,
-    layer_norm_epsilon=1e-6,
-    num_registers=0,
-    mlp="gelu",
-    pre_norm=False,
-    quick_gelu=False,
-    patch_bias=True,
-    projection_dim=None,
+# The switches of the ViT family (DeiT, DeiT III, registers, DINOv2, CLIP, ...): keyword
+# arguments of `VisionTransformer`, whose defaults there (`FAMILY_DEFAULTS`) give the
+# paper's ViT. `get_config` records one only when it differs, so the configs (and `.keras`
+# files) of the paper's models stay as keras-vit wrote them before these existed.
+FAMILY_SWITCHES = (
+    "distilled", "distillation_head", "no_embed_class", "layer_scale_init",
+    "layer_norm_epsilon", "num_registers", "mlp", "pre_norm", "quick_gelu", "patch_bias",
+    "projection_dim",
 )
 RATE_ARGUMENTS = ("dropout_rate", "attention_dropout_rate", "drop_path_rate")
 CLASSIFIERS = ("token", "gap", "token_gap", "map")
@@ -472,6 +465,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         projection_dim=None,
         **kwargs,
     ):
+        given = dict(locals())  # the family switches are read by name (FAMILY_SWITCHES)
         data_format = data_format or keras.config.image_data_format()
         if data_format != "channels_last":
             raise ValueError(
@@ -499,20 +493,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         check_choice("classifier", classifier, CLASSIFIERS)
         check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
         check_choice("pos_interpolation", pos_interpolation, posembed.INTERPOLATIONS)
-        family = _check_family(
-            classifier,
-            distilled=distilled,
-            distillation_head=distillation_head,
-            no_embed_class=no_embed_class,
-            layer_scale_init=layer_scale_init,
-            layer_norm_epsilon=layer_norm_epsilon,
-            num_registers=num_registers,
-            mlp=mlp,
-            pre_norm=pre_norm,
-            quick_gelu=quick_gelu,
-            patch_bias=patch_bias,
-            projection_dim=projection_dim,
-        )
+        family = _check_family(classifier, **{name: given[name] for name in FAMILY_SWITCHES})
         if quick_gelu and gelu_approximate:
             raise ValueError(
                 "quick_gelu=True replaces GELU, which gelu_approximate=True sets: pass one of them."
@@ -615,6 +596,13 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             if not tf.distribute.has_strategy():
                 return True
         return None  # Keras decides
+
+
+# The family switches' defaults, as `VisionTransformer`'s signature writes them.
+FAMILY_DEFAULTS = {
+    name: inspect.signature(VisionTransformer.__init__).parameters[name].default
+    for name in FAMILY_SWITCHES
+}
 
 
 def ViT(variant=None, *, weights=None, **kwargs):
