@@ -28,8 +28,8 @@ class _BlockWithAttention(keras.layers.Layer):
         super().__init__(name=f"{block.name}_with_attention", **kwargs)
         self.block = block
 
-    def call(self, x, training=False):
-        return self.block(x, training=training, return_attention=True)
+    def call(self, x, training=False, **kwargs):  # kwargs: EVA-02's rotary table
+        return self.block(x, training=training, return_attention=True, **kwargs)
 
 
 def attention_model(model):
