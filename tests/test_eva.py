@@ -22,7 +22,7 @@ import keras_vit
 from conftest import assert_module_passes_on, on_other_backends
 from test_deit import (
     assert_family_round_trip, assert_maps_leave_out_prefix, assert_mixed_precision_near_float32,
-    relative_error,
+    fine_tune, relative_error,
 )
 
 LAYERS, WIDTH, HEADS, SIZE, PATCH, CLASSES = 2, 32, 4, 28, 7, 6
@@ -321,6 +321,25 @@ def test_bad_switches_are_named(arguments, message):
                   num_heads=HEADS, mlp_dim=MLP)
     with pytest.raises(ValueError, match=message):
         keras_vit.ViT(**{**kwargs, **arguments})
+
+
+def test_masked_patch_prediction_refuses_a_rope_encoder():
+    encoder = keras_vit.ViT(image_size=SIZE, patch_size=PATCH, hidden_dim=WIDTH, num_layers=1,
+                            num_heads=HEADS, mlp_dim=MLP, rope=True, include_top=False)
+    with pytest.raises(ValueError, match="built with rope=True .*without rope"):
+        keras_vit.MaskedPatchPrediction(encoder)
+
+
+@pytest.mark.slow
+def test_engine_fine_tuning_from_a_timm_eva02_file_resets_the_head(timm_files, tmp_path, caplog):
+    """The engine fine-tunes an EVA-02 from its timm file: its head (6 classes) reset to
+    zeros for the recipe's 5, the rest loaded."""
+    arch = dict(patch_size=PATCH, hidden_dim=WIDTH, num_layers=LAYERS, num_heads=HEADS,
+                mlp_dim=MLP, **switches("base"))
+    result = fine_tune(timm_files["base"][0], arch, SIZE, tmp_path / "run", caplog)
+    assert f"the checkpoint's head has {CLASSES} classes, the model 5: the head is reset" in caplog.text
+    parts = keras_vit.vit_parts(result.model)
+    assert parts.rope is not None and tuple(parts.head.kernel.shape) == (WIDTH, 5)
 
 
 @on_other_backends
