@@ -19,7 +19,7 @@ import torch
 from safetensors.numpy import save_file
 
 import keras_vit
-from conftest import assert_module_passes_on, on_other_backends
+from conftest import assert_module_passes_on, bucket_entry, on_other_backends
 from test_deit import (
     assert_family_round_trip, assert_maps_leave_out_prefix, assert_mixed_precision_near_float32,
     fine_tune, relative_error,
@@ -245,6 +245,22 @@ def test_registry_switches_build_the_timm_layouts(timm_files):
         keras_vit.load_pretrained(model, path)
         reference = timm_eva_forward(state, images(), kind, KINDS[kind]["reference"])
         assert relative_error(outputs(model, images()), reference) < 1e-4
+
+
+def test_pretrained_builds_a_registry_eva02_with_no_arguments(timm_files, bucket):
+    """`keras_vit.pretrained(NAME)` of an EVA-02 entry (here a tiny one served by the
+    loopback bucket) builds the architecture from the entry alone and equals timm's."""
+    import shutil
+
+    path, state = timm_files["base"]
+    shutil.copy(path, bucket.root / "eva02-tiny.safetensors")
+    switches_ = switches("base", patch_size=PATCH, hidden_dim=WIDTH, num_layers=LAYERS,
+                         num_heads=HEADS, mlp_dim=MLP)
+    bucket_entry("test_eva02_28.random", "eva02-tiny.safetensors", image_size=SIZE,
+                 num_classes=CLASSES, labels=None, model_args=switches_)
+    model = keras_vit.pretrained("test_eva02_28.random")
+    reference = timm_eva_forward(state, images(), "base", KINDS["base"]["reference"])
+    assert relative_error(outputs(model, images()), reference) < 1e-4
 
 
 def test_registry_lists_eva02_with_its_sources_values():
