@@ -339,6 +339,22 @@ def test_bad_switches_are_named(arguments, message):
         keras_vit.ViT(**{**kwargs, **arguments})
 
 
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="exported from TensorFlow or JAX")
+def test_saved_model_export_serves_an_eva02_at_any_size(timm_files, tmp_path):
+    """A dynamic EVA-02 exported with `native_resolution` serves another size as the Keras
+    model computes it (the rotary table and position table inside the SavedModel)."""
+    import tensorflow as tf
+
+    model = eva("base", dynamic_image_size=True)
+    keras_vit.load_pretrained(model, timm_files["base"][0])
+    keras_vit.export_saved_model(model, tmp_path / "export", native_resolution=True)
+    served = tf.saved_model.load(str(tmp_path / "export")).signatures["logits"]
+    pixels = np.random.default_rng(4).uniform(0, 255, (2, 42, 35, 3)).astype("float32")
+    expected = keras.ops.convert_to_numpy(model(keras_vit.preprocess(pixels)))
+    np.testing.assert_allclose(served(images=tf.constant(pixels))["logits"].numpy(), expected,
+                               rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
 def test_masked_patch_prediction_refuses_a_rope_encoder():
     encoder = keras_vit.ViT(image_size=SIZE, patch_size=PATCH, hidden_dim=WIDTH, num_layers=1,
                             num_heads=HEADS, mlp_dim=MLP, rope=True, include_top=False)
