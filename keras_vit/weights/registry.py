@@ -652,7 +652,7 @@ def _eva02_entries():
         name = f"eva02_{size}_patch14_{image_size}.{tag}"
         pretraining = tag.split("_ft_")[0]
         finetuning = {"ft_in1k": "ImageNet-1k", "ft_in22k": "ImageNet-22k",
-                      "ft_in22k_in1k": "ImageNet-22k, then ImageNet-1k"}.get(tag[len(pretraining) + 1:])
+                      "ft_in22k_in1k": "ImageNet-22k > ImageNet-1k"}.get(tag[len(pretraining) + 1:])
         entries.append(WeightsEntry(
             name=name, url=TIMM_HUB.format(name=name), variant=None, image_size=image_size,
             num_classes=classes, labels="imagenet1k" if classes == IMAGENET1K_CLASSES else None,
