@@ -71,9 +71,11 @@ def eva_state(kind, seed=3):
             })
         else:
             state.update({
-                b + "attn.q_proj.weight": normal(WIDTH, WIDTH), b + "attn.q_proj.bias": normal(WIDTH),
+                b + "attn.q_proj.weight": normal(WIDTH, WIDTH),
+                b + "attn.q_proj.bias": normal(WIDTH),
                 b + "attn.k_proj.weight": normal(WIDTH, WIDTH),
-                b + "attn.v_proj.weight": normal(WIDTH, WIDTH), b + "attn.v_proj.bias": normal(WIDTH),
+                b + "attn.v_proj.weight": normal(WIDTH, WIDTH),
+                b + "attn.v_proj.bias": normal(WIDTH),
                 b + "mlp.fc1_g.weight": normal(MLP, WIDTH), b + "mlp.fc1_g.bias": normal(MLP),
                 b + "mlp.fc1_x.weight": normal(MLP, WIDTH), b + "mlp.fc1_x.bias": normal(MLP),
                 b + "mlp.norm.weight": normal(MLP, mean=1.0), b + "mlp.norm.bias": normal(MLP),
@@ -369,7 +371,8 @@ def test_engine_fine_tuning_from_a_timm_eva02_file_resets_the_head(timm_files, t
     arch = dict(patch_size=PATCH, hidden_dim=WIDTH, num_layers=LAYERS, num_heads=HEADS,
                 mlp_dim=MLP, **switches("base"))
     result = fine_tune(timm_files["base"][0], arch, SIZE, tmp_path / "run", caplog)
-    assert f"the checkpoint's head has {CLASSES} classes, the model 5: the head is reset" in caplog.text
+    reset = f"the checkpoint's head has {CLASSES} classes, the model 5: the head is reset"
+    assert reset in caplog.text
     parts = keras_vit.vit_parts(result.model)
     assert parts.rope is not None and tuple(parts.head.kernel.shape) == (WIDTH, 5)
 

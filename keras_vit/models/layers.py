@@ -653,8 +653,9 @@ class ClassToken(keras.layers.Layer):
 @serializable
 class TokenPooling(keras.layers.Layer):
     """Pools encoder output tokens: `"token"` takes one (the first, or the one at
-    `index`), `"gap"` averages those from `index` on (all by default), `"distilled"` averages the first two (DeiT's class
-    and distillation tokens, as timm's `pre_logits`), `"token_gap"` concatenates the
+    `index`), `"gap"` averages those from `index` on (all by default), `"distilled"`
+    averages the first two (DeiT's class and distillation tokens, as timm's
+    `pre_logits`), `"token_gap"` concatenates the
     first with the mean of the tokens from `index` on (the patches: HF's
     `Dinov2ForImageClassification`), twice the width.
 

@@ -657,7 +657,8 @@ def _eva02_entries():
             name=name, url=TIMM_HUB.format(name=name), variant=None, image_size=image_size,
             num_classes=classes, labels="imagenet1k" if classes == IMAGENET1K_CLASSES else None,
             pretraining=_EVA02_PRETRAINING[pretraining], finetuning=finetuning, top1=top1,
-            model_args=dict(_EVA02, **_EVA02_SIZES[size], **({} if classes else dict(include_top=False))),
+            model_args=dict(_EVA02, **_EVA02_SIZES[size],
+                            **({} if classes else dict(include_top=False))),
             mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD, interpolation="bicubic",
             crop_fraction=None if tag.endswith("ft_in22k") or "in22k_in1k" in tag
             else 1.0 if classes else 0.9,
