@@ -357,6 +357,19 @@ def test_saved_model_export_serves_an_eva02_at_any_size(timm_files, tmp_path):
                                rtol=0, atol=1e-5 * np.abs(expected).max())
 
 
+def test_onnx_export_of_an_eva02_matches_keras(timm_files, tmp_path):
+    """EVA-02's rotary attention, SwiGLU with its norm and fc_norm, exported to ONNX on
+    this backend and run by onnxruntime."""
+    pytest.importorskip("onnxruntime")
+    from keras_vit.export.onnx import check_onnx, export_onnx
+    from keras_vit.export.records import TOLERANCE
+
+    model = eva("base")
+    keras_vit.load_pretrained(model, timm_files["base"][0])
+    export_onnx(model, tmp_path / "eva.onnx")
+    assert check_onnx(model, tmp_path / "eva.onnx", batch_size=2) <= TOLERANCE
+
+
 def test_masked_patch_prediction_refuses_a_rope_encoder():
     encoder = keras_vit.ViT(image_size=SIZE, patch_size=PATCH, hidden_dim=WIDTH, num_layers=1,
                             num_heads=HEADS, mlp_dim=MLP, rope=True, include_top=False)
