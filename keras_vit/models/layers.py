@@ -781,11 +781,12 @@ class RotaryEmbedding(keras.layers.Layer):
         else:
             rows, cols = self.grid_size
         bands = self.head_dim // 4
-        exponents = ops.arange(bands, dtype="float32") / bands
+        # arange(0, n): jax2onnx (JAX ONNX export) takes no arange(n) with stop None.
+        exponents = ops.arange(0, bands, dtype="float32") / bands
         frequencies = 1.0 / ops.power(ops.cast(self.temperature, "float32"), exponents)
         axes = []
         for size, reference in zip((rows, cols), self.reference_grid or (None, None)):
-            index = ops.arange(size, dtype="float32")
+            index = ops.arange(0, size, dtype="float32")
             if reference is not None:  # timm's order: index / size * reference
                 index = index / ops.cast(size, "float32") * reference
             axes.append(index[:, None] * frequencies)  # (size, bands)
