@@ -29,10 +29,10 @@ class _WithAttention(keras.layers.Layer):
         super().__init__(name=f"{layer.name}_with_attention", **kwargs)
         self.layer = layer
 
-    def call(self, x, training=False):
+    def call(self, x, training=False, **kwargs):  # kwargs: EVA-02's rotary table
         if isinstance(self.layer, MAPHead):  # no dropout to switch
             return self.layer(x, return_attention=True)
-        return self.layer(x, training=training, return_attention=True)
+        return self.layer(x, training=training, return_attention=True, **kwargs)
 
 
 def attention_model(model, pooling=False):

@@ -653,8 +653,9 @@ class ClassToken(keras.layers.Layer):
 @serializable
 class TokenPooling(keras.layers.Layer):
     """Pools encoder output tokens: `"token"` takes one (the first, or the one at
-    `index`), `"gap"` averages all, `"distilled"` averages the first two (DeiT's class
-    and distillation tokens, as timm's `pre_logits`), `"token_gap"` concatenates the
+    `index`), `"gap"` averages those from `index` on (all by default), `"distilled"`
+    averages the first two (DeiT's class and distillation tokens, as timm's
+    `pre_logits`), `"token_gap"` concatenates the
     first with the mean of the tokens from `index` on (the patches: HF's
     `Dinov2ForImageClassification`), twice the width.
 
@@ -680,7 +681,7 @@ class TokenPooling(keras.layers.Layer):
         if self.classifier == "token_gap":
             patches = ops.mean(tokens[:, self.index:], axis=1)
             return ops.concatenate([tokens[:, 0], patches], axis=-1)
-        return ops.mean(tokens, axis=1)
+        return ops.mean(tokens[:, self.index:], axis=1)
 
     def compute_output_shape(self, input_shape):
         width = input_shape[2] * (2 if self.classifier == "token_gap" else 1)
@@ -725,6 +726,108 @@ class DropPath(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "rate": self.rate, "seed": self.seed}
+
+
+@serializable
+class RotaryEmbedding(keras.layers.Layer):
+    """EVA-02's 2-D rotary position embedding: the sines and cosines each attention
+    rotates its patch queries and keys by (timm's `RotaryEmbeddingCat` with
+    `in_pixels=False`, applied by `apply_rot_embed_cat`).
+
+    The head width is split in two halves, one for the patch's row and one for its
+    column, each with `head_dim // 4` frequencies `temperature ** (-i / (head_dim // 4))`,
+    each repeated for an interleaved pair of channels. With `reference_grid`, the row
+    and column indices are scaled to that grid (`index / rows * reference_rows`), as
+    EVA-02 serves other image sizes than it was trained at. The tokens in front of the
+    patches get no rotation: rows of sine 0 and cosine 1.
+
+    Args:
+        head_dim: the attention head width, a multiple of 4.
+        grid_size: `(rows, cols)` of the patch grid when the patches come flattened.
+        reference_grid: `(rows, cols)` the positions are scaled to (timm's
+            `ref_feat_shape`), or None for the grid's own indices.
+        num_prefix_tokens: the tokens in front of the patches (class token, ...).
+        temperature: the frequency base.
+
+    Returns:
+        From the patches `(batch, rows, cols, C)` (or flattened, with `grid_size`), the
+        float32 table `(prefix + rows * cols, 2 * head_dim)`: sines, then cosines.
+
+    Example:
+
+    >>> rope = RotaryEmbedding(8, grid_size=(2, 3), num_prefix_tokens=1)
+    >>> tuple(rope(keras.ops.zeros((1, 6, 12))).shape)
+    (7, 16)
+    """
+
+    def __init__(self, head_dim, grid_size, reference_grid=None, num_prefix_tokens=0,
+                 temperature=10000.0, **kwargs):
+        super().__init__(**kwargs)
+        check_positive_int("head_dim", head_dim)
+        if head_dim % 4:
+            raise ValueError(
+                f"rope=True needs a head width (hidden_dim / num_heads) that is a multiple "
+                f"of 4, got {head_dim}: change hidden_dim or num_heads."
+            )
+        self.head_dim = int(head_dim)
+        self.grid_size = tuple(grid_size)
+        self.reference_grid = None if reference_grid is None else tuple(reference_grid)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.temperature = float(temperature)
+
+    def call(self, patches):
+        if len(patches.shape) == 4:  # a dynamic model's patch grid
+            rows, cols = ops.shape(patches)[1], ops.shape(patches)[2]
+        else:
+            rows, cols = self.grid_size
+        bands = self.head_dim // 4
+        # arange(0, n): jax2onnx (JAX ONNX export) takes no arange(n) with stop None.
+        exponents = ops.arange(0, bands, dtype="float32") / bands
+        frequencies = 1.0 / ops.power(ops.cast(self.temperature, "float32"), exponents)
+        axes = []
+        for size, reference in zip((rows, cols), self.reference_grid or (None, None)):
+            index = ops.arange(0, size, dtype="float32")
+            if reference is not None:  # timm's order: index / size * reference
+                index = index / ops.cast(size, "float32") * reference
+            axes.append(index[:, None] * frequencies)  # (size, bands)
+        # Row-major grid: the row's angles, then the column's, for each patch.
+        angles = ops.concatenate([
+            ops.repeat(axes[0][:, None, :], cols, axis=1),
+            ops.repeat(axes[1][None, :, :], rows, axis=0),
+        ], axis=-1)
+        angles = ops.repeat(ops.reshape(angles, (-1, 2 * bands)), 2, axis=-1)
+        table = ops.concatenate([ops.sin(angles), ops.cos(angles)], axis=-1)
+        prefix = ops.concatenate([
+            ops.zeros((self.num_prefix_tokens, self.head_dim)),
+            ops.ones((self.num_prefix_tokens, self.head_dim)),
+        ], axis=-1)
+        return ops.concatenate([prefix, table], axis=0)
+
+    def compute_output_spec(self, patches):
+        patches_count = None
+        if len(patches.shape) != 4:
+            patches_count = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+        return keras.KerasTensor((patches_count, 2 * self.head_dim), "float32")
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "head_dim": self.head_dim,
+            "grid_size": self.grid_size,
+            "reference_grid": self.reference_grid,
+            "num_prefix_tokens": self.num_prefix_tokens,
+            "temperature": self.temperature,
+        }
+
+
+def rotate(x, table):
+    """`x` (`(..., tokens, heads, head_dim)`) rotated by a `RotaryEmbedding` table
+    (`(tokens, 2 * head_dim)`): `x * cos + rot(x) * sin`, `rot` turning each
+    interleaved channel pair `(a, b)` into `(-b, a)` (timm's `apply_rot_embed_cat`)."""
+    sin, cos = (ops.cast(t[:, None, :], x.dtype) for t in ops.split(table, 2, axis=-1))
+    pairs = ops.reshape(x, (*ops.shape(x)[:-1], -1, 2))
+    turned = ops.reshape(ops.stack([-pairs[..., 1], pairs[..., 0]], axis=-1), ops.shape(x))
+    return x * cos + turned * sin
 
 
 def mlp_activation(y, approximate=False, quick=False):
@@ -795,6 +898,10 @@ class TransformerBlock(keras.layers.Layer):
         dense_dtypes: policies of the quantized Dense sublayers by name (written
             by `get_config` after `model.quantize`); None builds them with the default policy.
         quick_gelu: CLIP's `x * sigmoid(1.702 x)` in place of GELU.
+        rope: EVA-02's rotary position embedding: the queries and keys are rotated by
+            the `RotaryEmbedding` table passed as `call(x, rope=table)` (`rotate`).
+        mlp_norm: a LayerNorm on the MLP's hidden features before `mlp_fc2` (EVA-02's
+            `SwiGLU(norm_layer=...)`, timm's `scale_mlp=True`).
 
     Example:
 
@@ -827,11 +934,17 @@ class TransformerBlock(keras.layers.Layer):
         dense_dtypes=None,
         mlp="gelu",
         quick_gelu=False,
+        rope=False,
+        mlp_norm=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         check_choice("mlp", mlp, MLPS)
         self.mlp = mlp
+        self.rope = bool(rope)
+        self.mlp_norm = (
+            LayerNormalization(epsilon=layer_norm_epsilon, name="mlp_norm") if mlp_norm else None
+        )
         self.dense_dtypes = dict(dense_dtypes or {})
         self.quick_gelu = bool(quick_gelu)
         self.layer_scale_init = None if layer_scale_init is None else float(layer_scale_init)
@@ -865,6 +978,8 @@ class TransformerBlock(keras.layers.Layer):
             layer.build(token_shape)
         self.mlp_fc1.build(token_shape)
         self.mlp_fc2.build((*token_shape[:-1], self.mlp_dim))
+        if self.mlp_norm is not None:
+            self.mlp_norm.build((*token_shape[:-1], self.mlp_dim))
         self.layer_scales = ()
         if self.layer_scale_init is not None:
             init = keras.initializers.Constant(self.layer_scale_init)
@@ -884,9 +999,12 @@ class TransformerBlock(keras.layers.Layer):
     def _dense(self, units, name):
         return Dense(units, name=name, dtype=self.dense_dtypes.get(name))
 
-    def _attend(self, x, training, return_attention):
+    def _attend(self, x, training, return_attention, rope=None):
         length, width = ops.shape(x)[1], x.shape[-1]
         qkv = ops.reshape(self.qkv(x), (-1, length, 3, self.num_heads, self.head_dim))
+        if rope is not None:  # queries and keys rotated by their patch's position
+            q, k, v = (qkv[:, :, i] for i in range(3))
+            qkv = ops.stack([rotate(q, rope), rotate(k, rope), v], axis=2)
         # Exporters map the explicit softmax to one op of their own.
         explicit = (
             return_attention
@@ -955,18 +1073,28 @@ class TransformerBlock(keras.layers.Layer):
             return y
         return y * ops.cast(self.layer_scales[branch], y.dtype)
 
-    def call(self, x, training=False, return_attention=False):
-        attended, weights = self._attend(self.norm1(x), training, return_attention)
+    def call(self, x, training=False, return_attention=False, rope=None):
+        if self.rope and rope is None:
+            raise ValueError(
+                f"{self.name} was built with rope=True and needs the rotary table: call it "
+                "as block(x, rope=table), the output of the model's RotaryEmbedding."
+            )
+        attended, weights = self._attend(
+            self.norm1(x), training, return_attention, rope if self.rope else None
+        )
         attended = self._scale(attended, 0)
         x = x + self._regularise(attended, training, self.dropout, self.drop_path)
         y = self.mlp_fc1(self.norm2(x))
         y = self._swiglu(y) if self.mlp == "swiglu" else self._gelu(y)
-        y = self.mlp_fc2(self._regularise(y, training, self.dropout))
+        y = self._regularise(y, training, self.dropout)
+        if self.mlp_norm is not None:
+            y = self.mlp_norm(y)
+        y = self.mlp_fc2(y)
         y = self._scale(self._regularise(y, training, self.dropout), 1)
         x = x + self._regularise(y, training, self.drop_path)
         return (x, weights) if return_attention else x
 
-    def compute_output_spec(self, x, training=False, return_attention=False):
+    def compute_output_spec(self, x, training=False, return_attention=False, rope=None):
         # From the shapes alone: Keras would otherwise trace `call` on every symbolic
         # call, most of the time it takes to build a model. Outputs are in the compute
         # dtype (Keras casts the inputs to it), the attention weights in float32.
@@ -990,6 +1118,8 @@ class TransformerBlock(keras.layers.Layer):
             **({} if self.layer_scale_init is None else {"layer_scale_init": self.layer_scale_init}),
             **({} if self.mlp == "gelu" else {"mlp": self.mlp}),
             **({"quick_gelu": True} if self.quick_gelu else {}),
+            **({"rope": True} if self.rope else {}),
+            **({"mlp_norm": True} if self.mlp_norm is not None else {}),
             **_dense_dtypes_entry(self, self.DENSE_LAYERS),
         }
 

@@ -281,6 +281,12 @@ def _encoder_parts(encoder):
             f"a corrupted patch hides its colour; {encoder.name!r} computes them with "
             f"{stem} first (a hybrid). Use a plain ViT encoder."
         )
+    if parts.rope is not None:
+        raise ValueError(
+            f"MaskedPatchPrediction runs the encoder's blocks without a rotary position "
+            f"table; {encoder.name!r} was built with rope=True (EVA-02). Pretrain an encoder "
+            "built without rope."
+        )
     if not parts.patches.flatten:
         raise ValueError(
             f"MaskedPatchPrediction needs an encoder of one image size; {encoder.name!r} "

@@ -109,6 +109,8 @@ class ViTParts:
         pre_norm: the `LayerNormalization` before the blocks (CLIP's), or None.
         projection: the bias-free `Dense` from the pooled features to a shared
             image-text embedding (CLIP's `visual_projection`), or None.
+        rope: the `RotaryEmbedding` whose table every block's attention applies
+            (EVA-02's), or None.
 
     Example:
 
@@ -134,6 +136,7 @@ class ViTParts:
     registers: Optional[vit_layers.ClassToken] = None
     pre_norm: Optional[keras.layers.LayerNormalization] = None
     projection: Optional[keras.layers.Dense] = None
+    rope: Optional[vit_layers.RotaryEmbedding] = None
 
     @property
     def patch_embedding(self):
@@ -230,26 +233,19 @@ def vit_parts(model):
 
 
 SIZE_ARGUMENTS = ("patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim")
-# The switches of the ViT family (DeiT, DeiT III) and their values for the paper's ViT.
-# `get_config` records one only when it differs, so the configs (and `.keras` files) of
-# the paper's models stay as keras-vit wrote them before these existed.
-FAMILY_DEFAULTS = dict(
-    distilled=False,
-    distillation_head=True,
-    no_embed_class=False,
-    layer_scale_init=None,
-    layer_norm_epsilon=1e-6,
-    num_registers=0,
-    mlp="gelu",
-    pre_norm=False,
-    quick_gelu=False,
-    patch_bias=True,
-    projection_dim=None,
+# The switches of the ViT family (DeiT, DeiT III, registers, DINOv2, CLIP, ...): keyword
+# arguments of `VisionTransformer`, whose defaults there (`FAMILY_DEFAULTS`) give the
+# paper's ViT. `get_config` records one only when it differs, so the configs (and `.keras`
+# files) of the paper's models stay as keras-vit wrote them before these existed.
+FAMILY_SWITCHES = (
+    "distilled", "distillation_head", "no_embed_class", "layer_scale_init",
+    "layer_norm_epsilon", "num_registers", "mlp", "pre_norm", "quick_gelu", "patch_bias",
+    "projection_dim", "rope", "rope_reference_grid", "mlp_norm", "fc_norm",
 )
 RATE_ARGUMENTS = ("dropout_rate", "attention_dropout_rate", "drop_path_rate")
-CLASSIFIERS = ("token", "gap", "token_gap", "map")
+CLASSIFIERS = ("token", "gap", "token_gap", "map", "avg")
 # The classifiers that put a class token in front of the patches.
-CLASS_TOKEN_CLASSIFIERS = ("token", "token_gap")
+CLASS_TOKEN_CLASSIFIERS = ("token", "token_gap", "avg")
 # What fixes the shapes of the weights (with the family switches): the arguments a
 # checkpoint or a run decides, whatever a recipe or a caller says.
 ARCHITECTURE = ("variant", "patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim",
@@ -363,7 +359,9 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             patch tokens, registers left out: HF's `Dinov2ForImageClassification`) or
             `"map"` (no class token, attention pooling by a learned probe: the `MAPHead`
             of SigLIP and big_vision's `pool_type="map"`, timm's `class_token=False,
-            global_pool="map"`).
+            global_pool="map"`) or `"avg"` (a class token, pooled by the mean of the
+            patch tokens, the prefix tokens left out: timm's `global_pool="avg"`,
+            EVA-02's classifiers).
         representation_size: width of the `pre_logits` Dense + tanh, or None.
         pos_embedding: `"learned"`, `"learned2d"`, `"sincos2d"` or `"none"`.
         dropout_rate, attention_dropout_rate, drop_path_rate: regularisation;
@@ -404,6 +402,17 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         projection_dim: None, or the width of a bias-free `Dense` after the pooling
             and `pre_logits` (CLIP's `visual_projection`): with `include_top=False` the
             model outputs CLIP's `image_embeds`.
+        rope: EVA-02's 2-D rotary position embedding in every attention, on the
+            patch tokens' queries and keys, besides the position table (timm's
+            `use_rot_pos_emb=True`; `keras_vit.models.layers.RotaryEmbedding`).
+        rope_reference_grid: with `rope`, the `(rows, cols)` patch grid the rotary
+            positions are scaled to at every image size (timm's `ref_feat_shape`;
+            EVA-02: `(16, 16)`), or None for the grid's own indices.
+        mlp_norm: a LayerNorm inside each MLP, before its last Dense (EVA-02's
+            base and large models: timm's `scale_mlp=True`).
+        fc_norm: the final LayerNorm normalises the pooled features rather than the
+            tokens (timm's `fc_norm`, on by default with `global_pool="avg"`, as in
+            EVA-02); `pooling=False` still outputs the normalised tokens.
         data_format: only `"channels_last"` (the default) is supported.
         name: model name (default `"vit"` or `"vit-{variant}"`).
         dtype: the dtype policy of the layers (default: the global policy); the head
@@ -470,8 +479,13 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         quick_gelu=False,
         patch_bias=True,
         projection_dim=None,
+        rope=False,
+        rope_reference_grid=None,
+        mlp_norm=False,
+        fc_norm=False,
         **kwargs,
     ):
+        given = dict(locals())  # the family switches are read by name (FAMILY_SWITCHES)
         data_format = data_format or keras.config.image_data_format()
         if data_format != "channels_last":
             raise ValueError(
@@ -499,20 +513,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         check_choice("classifier", classifier, CLASSIFIERS)
         check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
         check_choice("pos_interpolation", pos_interpolation, posembed.INTERPOLATIONS)
-        family = _check_family(
-            classifier,
-            distilled=distilled,
-            distillation_head=distillation_head,
-            no_embed_class=no_embed_class,
-            layer_scale_init=layer_scale_init,
-            layer_norm_epsilon=layer_norm_epsilon,
-            num_registers=num_registers,
-            mlp=mlp,
-            pre_norm=pre_norm,
-            quick_gelu=quick_gelu,
-            patch_bias=patch_bias,
-            projection_dim=projection_dim,
-        )
+        family = _check_family(classifier, **{name: given[name] for name in FAMILY_SWITCHES})
         if quick_gelu and gelu_approximate:
             raise ValueError(
                 "quick_gelu=True replaces GELU, which gelu_approximate=True sets: pass one of them."
@@ -617,6 +618,13 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         return None  # Keras decides
 
 
+# The family switches' defaults, as `VisionTransformer`'s signature writes them.
+FAMILY_DEFAULTS = {
+    name: inspect.signature(VisionTransformer.__init__).parameters[name].default
+    for name in FAMILY_SWITCHES
+}
+
+
 def ViT(variant=None, *, weights=None, **kwargs):
     """Builds a Vision Transformer (a `VisionTransformer`), with pretrained `weights`.
 
@@ -666,7 +674,7 @@ def _check_family(classifier, **family):
     """The family switches (`FAMILY_DEFAULTS`) as given, once checked against each
     other and `classifier`; a bad one is a `ValueError` naming it."""
     for name in ("distilled", "distillation_head", "no_embed_class", "pre_norm", "quick_gelu",
-                 "patch_bias"):
+                 "patch_bias", "rope", "mlp_norm", "fc_norm"):
         if not isinstance(family[name], bool):
             raise ValueError(f"{name} must be True or False, got {family[name]!r}.")
     if family["distilled"] and classifier not in CLASS_TOKEN_CLASSIFIERS:
@@ -694,6 +702,13 @@ def _check_family(classifier, **family):
         raise ValueError(f"layer_norm_epsilon must be a positive number, got {epsilon!r}.")
     _check_registers(classifier, family["num_registers"])
     check_choice("mlp", family["mlp"], vit_layers.MLPS)
+    if family["rope_reference_grid"] is not None:
+        if not family["rope"]:
+            raise ValueError(
+                "rope_reference_grid scales the rotary position embedding, which needs "
+                "rope=True: pass both, or neither."
+            )
+        family["rope_reference_grid"] = _pair(family["rope_reference_grid"], "rope_reference_grid")
     return family
 
 
@@ -714,7 +729,7 @@ def _build_graph(
     attention_dropout_rate, drop_path_rate, gelu_approximate, include_top, pooling,
     channels, head_bias_init, distilled, distillation_head, no_embed_class,
     layer_scale_init, layer_norm_epsilon, data_format, num_registers, mlp, pre_norm,
-    quick_gelu, patch_bias, projection_dim,
+    quick_gelu, patch_bias, projection_dim, rope, rope_reference_grid, mlp_norm, fc_norm,
 ):
     """The model's input, output and `ViTParts`, from checked architecture arguments.
 
@@ -741,7 +756,8 @@ def _build_graph(
         use_bias=patch_bias,
         name="patch_encoder",
     )
-    x = patch_encoder(patches(x))
+    patch_grid = patches(x)
+    x = patch_encoder(patch_grid)
     class_token = distillation_token = registers = None
     # Prefix tokens learn their own position rows unless no_embed_class.
     use_position = pos_embedding.startswith("learned") and not no_embed_class
@@ -763,6 +779,17 @@ def _build_graph(
     if pre_norm:  # after the position embedding and its dropout, as timm's norm_pre
         pre = vit_layers.LayerNormalization(epsilon=layer_norm_epsilon, name="pre_norm")
         x = pre(x)
+    rotary = table = None
+    if rope:  # one table of the patch grid's rotations, which every block applies
+        rotary = vit_layers.RotaryEmbedding(
+            hidden_dim // num_heads,
+            grid_size=(height // stride, width // stride),
+            reference_grid=rope_reference_grid,
+            num_prefix_tokens=sum(t is not None for t in (class_token, distillation_token))
+            + num_registers,
+            name="rope",
+        )
+        table = rotary(patch_grid)
     blocks = []
     for i in range(num_layers):
         blocks.append(
@@ -777,12 +804,18 @@ def _build_graph(
                 layer_norm_epsilon=layer_norm_epsilon,
                 mlp=mlp,
                 quick_gelu=quick_gelu,
+                rope=rope,
+                mlp_norm=mlp_norm,
                 name=BLOCK_NAME.format(index=i),
             )
         )
-        x = blocks[-1](x)
-    norm = vit_layers.LayerNormalization(epsilon=layer_norm_epsilon, name="encoder_norm")
-    tokens = x = norm(x)
+        x = blocks[-1](x) if table is None else blocks[-1](x, rope=table)
+    norm = vit_layers.LayerNormalization(
+        epsilon=layer_norm_epsilon, name="fc_norm" if fc_norm else "encoder_norm"
+    )
+    # With fc_norm the norm follows the pooling; tokens alone are still normalised.
+    pooled_norm = fc_norm and (include_top or pooling)
+    tokens = x = x if pooled_norm else norm(x)
     two_heads = distilled and distillation_head
     if two_heads and representation_size:
         raise ValueError(
@@ -808,12 +841,14 @@ def _build_graph(
             )
         else:
             pool = vit_layers.TokenPooling(
-                "distilled" if two_heads else classifier,
-                # token_gap averages the patches: after the class token and the registers.
-                index=1 + num_registers + distilled if classifier == "token_gap" else 0,
+                "distilled" if two_heads else "gap" if classifier == "avg" else classifier,
+                # token_gap and avg average the patches: after the class token and the registers.
+                index=1 + num_registers + distilled if classifier in ("token_gap", "avg") else 0,
                 name="pool",
             )
         x = pool(tokens)
+        if pooled_norm:
+            x = norm(x)
         if representation_size:
             pre_logits = keras.layers.Dense(
                 representation_size, activation="tanh", name="pre_logits"
@@ -834,7 +869,7 @@ def _build_graph(
         x = head(x)
     parts = ViTParts(
         stem, patches, patch_encoder, class_token, dropout, tuple(blocks), norm, pool,
-        pre_logits, head, distillation_token, head_dist, registers, pre, projection,
+        pre_logits, head, distillation_token, head_dist, registers, pre, projection, rotary,
     )
     return images, x, parts
 

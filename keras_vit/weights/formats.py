@@ -27,6 +27,8 @@ MAP_HEAD_KEY = "MAPHead_0"
 MAP_ATTENTION_KEY = MAP_HEAD_KEY + "/MultiHeadDotProductAttention_0"
 PRE_NORM_KEY = "pre_norm"
 PROJECTION_KEY = "projection"
+# EVA-02's LayerNorm before the MLP's last Dense, under each block's key.
+MLP_NORM_KEY = "MlpBlock_3/LayerNorm_0"
 
 # ---------------------------------------------------------------------------
 # Files: local paths, or gs:// and other URLs through TensorFlow's file systems.
@@ -284,6 +286,9 @@ _TORCH_NAMES = [
     (MAP_HEAD_KEY + "/MlpBlock_0/Dense_0", "dense", r"head\.mlp\.fc1", r"attn_pool\.mlp\.fc1"),
     (MAP_HEAD_KEY + "/MlpBlock_0/Dense_1", "dense", r"head\.mlp\.fc2", r"attn_pool\.mlp\.fc2"),
     (PROJECTION_KEY, "dense", r"visual_projection", r"visual_projection"),
+    # EVA-02 (timm eva.py): the LayerNorm inside the MLP, and the norm after the pooling.
+    (BLOCK_KEY + MLP_NORM_KEY, "norm", None, _TIMM_BLOCK + r"mlp\.norm"),
+    ("Transformer/encoder_norm", "norm", None, r"fc_norm"),
 ]
 
 
@@ -695,6 +700,47 @@ def _timm_clip_projection(arrays, notes):
         notes.append("timm's CLIP head without a bias is the image projection (projection_dim).")
 
 
+def _timm_eva_layout(arrays, notes):
+    """EVA-02's timm names (timm `eva.py`) as the other timm ViTs': its q and v biases
+    (`attn.q_bias`, `attn.v_bias`; base and large: separate `attn.{q,k,v}_proj`) as one
+    `attn.qkv` with a zero key bias, and its SwiGLU's `mlp.fc1_g` (gate) and `mlp.fc1_x`
+    as the packed `mlp.fc1` (gate | up)."""
+    def pop_bias(name, like):
+        bias = arrays.pop(name, None)
+        return np.zeros(like.shape[0], like.dtype) if bias is None else bias
+
+    found = False
+    for key in sorted(arrays):
+        attention = re.fullmatch(r"(blocks\.\d+\.attn\.)(q_bias|q_proj\.weight)", key)
+        mlp = re.fullmatch(r"(blocks\.\d+\.mlp\.)fc1_g\.weight", key)
+        if attention:
+            p = attention[1]
+            if attention[2] == "q_proj.weight":
+                weights = [arrays.pop(f"{p}{name}_proj.weight") for name in "qkv"]
+                arrays[p + "qkv.weight"] = np.concatenate(weights)
+                q, v = (pop_bias(f"{p}{name}_proj.bias", weights[0]) for name in "qv")
+                arrays.pop(p + "k_proj.bias", None)  # none in timm's EVA
+            else:
+                q, v = arrays.pop(p + "q_bias"), arrays.pop(p + "v_bias")
+            arrays[p + "qkv.bias"] = np.concatenate([q, np.zeros_like(q), v])
+            found = True
+        elif mlp:
+            p = mlp[1]
+            gate, up = (arrays.pop(f"{p}fc1_{name}.weight") for name in "gx")
+            arrays[p + "fc1.weight"] = np.concatenate([gate, up])
+            arrays[p + "fc1.bias"] = np.concatenate(
+                [pop_bias(f"{p}fc1_{name}.bias", w) for name, w in (("g", gate), ("x", up))]
+            )
+    rope = [key for key in arrays if key.startswith("rope.")]
+    for key in rope:  # computed from the patch grid, not learned
+        del arrays[key]
+    if found:
+        notes.append(
+            "EVA-02's attention has no key bias: loaded as zeros (a key bias adds the same "
+            "logit to every key of a query, which the softmax removes)."
+        )
+
+
 def read_official(source, heads, grid=None, checkpoint_grid=None):
     """Reads a checkpoint file or HF directory in the official layout.
 
@@ -722,6 +768,7 @@ def read_official(source, heads, grid=None, checkpoint_grid=None):
     if "patch_embed.proj.weight" in arrays:
         notes = []
         _timm_clip_projection(arrays, notes)
+        _timm_eva_layout(arrays, notes)
         params, origin = _from_torch_layout(arrays, _TIMM_RULES, [], heads)
         _add_prefix_rows(params, notes, grid, "timm's no_embed_class model", checkpoint_grid)
         return "timm", params, origin, notes

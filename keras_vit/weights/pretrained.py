@@ -24,6 +24,7 @@ from keras_vit.weights.formats import (
     ATTENTION_KEY,
     BLOCK_KEY,
     MAP_HEAD_KEY,
+    MLP_NORM_KEY,
     POS_KEY,
     PRE_NORM_KEY,
     PROJECTION_KEY,
@@ -205,6 +206,8 @@ class _ModelLayout:
             slots.append(_Slot((f"{mha}/out/bias",), block.attention_output.bias))
             norm(prefix + "LayerNorm_2", block.norm2)
             dense(prefix + "MlpBlock_3/Dense_0", block.mlp_fc1)
+            if block.mlp_norm is not None:
+                norm(prefix + MLP_NORM_KEY, block.mlp_norm)
             dense(prefix + "MlpBlock_3/Dense_1", block.mlp_fc2)
             for branch, scale in zip(("attention", "mlp"), block.layer_scales):
                 slots.append(_Slot((f"{prefix}LayerScale_{branch}/scale",), scale))
@@ -506,6 +509,11 @@ def _check_switches(layout, params, source):
         (
             _swiglu_checkpoint(params), any(block.mlp == "swiglu" for block in layout.blocks),
             "a SwiGLU MLP (DINOv2 giant)", "mlp='swiglu'", "mlp='gelu'",
+        ),
+        (
+            f"{BLOCK_KEY.format(i=0)}{MLP_NORM_KEY}/scale" in params,
+            any(block.mlp_norm is not None for block in layout.blocks),
+            "a LayerNorm inside the MLP (EVA-02's)", "mlp_norm=True", "mlp_norm=False",
         ),
         (
             f"{PRE_NORM_KEY}/scale" in params, parts.pre_norm is not None,

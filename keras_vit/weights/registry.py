@@ -35,6 +35,10 @@ entry is timm's file. Sources:
   (SigLIP 2, as big_vision's `resize`); CLIP's OpenAI mean and std, bicubic, the
   central crop of the resized short side (fraction 1.0). timm's `pretrained_cfg` keeps
   its default 0.9 crop for most of them.
+- `mim_in22k`, `mim_m38m` and their `_ft_*` fine-tunes (EVA-02): timm's safetensors
+  copies of BAAI's files (timm `eva.py`: architectures, resolutions, classes, OpenAI CLIP
+  mean and std, bicubic, `crop_pct`, `crop_mode="squash"` as the whole image resized),
+  with the ImageNet-1k top-1 of timm's `results/results-imagenet.csv`.
 """
 
 import dataclasses
@@ -604,5 +608,64 @@ def _tower_entries():
     ]
 
 
-for _entry in _official_entries() + _deit_entries() + _dinov2_entries() + _tower_entries():
+# ---------------------------------------------------------------------------
+# EVA-02: timm's copies on the Hugging Face Hub (timm `eva.py`).
+
+# Every eva02_* model: SwiGLU of hidden width int(D * 4 * 2 / 3), 2-D rotary position
+# embedding scaled to the 224 px grid (`ref_feat_shape=(16, 16)`), the class token left
+# out of the mean pooling, and the final norm after it (`global_pool="avg"`, `fc_norm`).
+_EVA02 = dict(patch_size=14, num_layers=12, mlp="swiglu", rope=True,
+              rope_reference_grid=(16, 16), classifier="avg", fc_norm=True)
+_EVA02_SIZES = {  # hidden_dim, num_heads, mlp_dim, layers; base and large: scale_mlp
+    "tiny": dict(hidden_dim=192, num_heads=3, mlp_dim=512),
+    "small": dict(hidden_dim=384, num_heads=6, mlp_dim=1024),
+    "base": dict(hidden_dim=768, num_heads=12, mlp_dim=2048, mlp_norm=True),
+    "large": dict(hidden_dim=1024, num_heads=16, mlp_dim=2730, num_layers=24, mlp_norm=True),
+}
+_EVA02_PRETRAINING = {"mim_in22k": "ImageNet-22k (MIM)", "mim_m38m": "Merged-38M (MIM)"}
+# (size, resolution, tag, classes, ImageNet-1k top-1 in timm's results-imagenet.csv);
+# timm's `_cfg`: crop_pct 1.0 for the fine-tunes, `crop_mode="squash"` (the whole image
+# resized) for the in22k ones, its 0.9 default for the MIM backbones.
+_EVA02_WEIGHTS = [
+    ("tiny", 224, "mim_in22k", 0, None),
+    ("small", 224, "mim_in22k", 0, None),
+    ("base", 224, "mim_in22k", 0, None),
+    ("large", 224, "mim_in22k", 0, None),
+    ("large", 224, "mim_m38m", 0, None),
+    ("tiny", 336, "mim_in22k_ft_in1k", 1000, 80.648),
+    ("small", 336, "mim_in22k_ft_in1k", 1000, 85.770),
+    ("base", 448, "mim_in22k_ft_in1k", 1000, 88.262),
+    ("large", 448, "mim_in22k_ft_in1k", 1000, 89.634),
+    ("large", 448, "mim_m38m_ft_in1k", 1000, 89.550),
+    ("base", 448, "mim_in22k_ft_in22k_in1k", 1000, 88.678),
+    ("large", 448, "mim_in22k_ft_in22k_in1k", 1000, 89.956),
+    ("large", 448, "mim_m38m_ft_in22k_in1k", 1000, 90.056),
+    ("base", 448, "mim_in22k_ft_in22k", 21841, None),
+    ("large", 448, "mim_in22k_ft_in22k", 21841, None),
+    ("large", 448, "mim_m38m_ft_in22k", 21841, None),
+]
+
+
+def _eva02_entries():
+    entries = []
+    for size, image_size, tag, classes, top1 in _EVA02_WEIGHTS:
+        name = f"eva02_{size}_patch14_{image_size}.{tag}"
+        pretraining = tag.split("_ft_")[0]
+        finetuning = {"ft_in1k": "ImageNet-1k", "ft_in22k": "ImageNet-22k",
+                      "ft_in22k_in1k": "ImageNet-22k > ImageNet-1k"}.get(tag[len(pretraining) + 1:])
+        entries.append(WeightsEntry(
+            name=name, url=TIMM_HUB.format(name=name), variant=None, image_size=image_size,
+            num_classes=classes, labels="imagenet1k" if classes == IMAGENET1K_CLASSES else None,
+            pretraining=_EVA02_PRETRAINING[pretraining], finetuning=finetuning, top1=top1,
+            model_args=dict(_EVA02, **_EVA02_SIZES[size],
+                            **({} if classes else dict(include_top=False))),
+            mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD, interpolation="bicubic",
+            crop_fraction=None if tag.endswith("ft_in22k") or "in22k_in1k" in tag
+            else 1.0 if classes else 0.9,
+        ))
+    return entries
+
+
+for _entry in (_official_entries() + _deit_entries() + _dinov2_entries() + _tower_entries()
+               + _eva02_entries()):
     register_weights(_entry)
