@@ -966,6 +966,14 @@ class TransformerBlock(keras.layers.Layer):
         x = x + self._regularise(y, training, self.drop_path)
         return (x, weights) if return_attention else x
 
+    def rematerialized_call(self, layer_call, *args, **kwargs):
+        # Keras' remat (`jax.checkpoint` on JAX) traces every argument, and `call`
+        # branches in Python on `training` and `return_attention`: those are bound
+        # first, so only the tokens are traced.
+        if super().rematerialized_call(layer_call, *args, **kwargs) is layer_call:
+            return layer_call
+        return lambda x, **flags: keras.remat(functools.partial(layer_call, **flags))(x)
+
     def compute_output_spec(self, x, training=False, return_attention=False):
         # From the shapes alone: Keras would otherwise trace `call` on every symbolic
         # call, most of the time it takes to build a model. Outputs are in the compute

@@ -5,6 +5,7 @@
 module that works on a model's weights or intermediate outputs.
 """
 
+import contextlib
 import dataclasses
 from typing import Optional
 
@@ -404,6 +405,9 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         projection_dim: None, or the width of a bias-free `Dense` after the pooling
             and `pre_logits` (CLIP's `visual_projection`): with `include_top=False` the
             model outputs CLIP's `image_embeds`.
+        remat: rematerialise each transformer block (`keras.RematScope`): training
+            keeps only the blocks' inputs for the backward pass and recomputes the rest,
+            less memory for more compute, the same numbers (big_vision's `remat`).
         data_format: only `"channels_last"` (the default) is supported.
         name: model name (default `"vit"` or `"vit-{variant}"`).
         dtype: the dtype policy of the layers (default: the global policy); the head
@@ -470,6 +474,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         quick_gelu=False,
         patch_bias=True,
         projection_dim=None,
+        remat=False,
         **kwargs,
     ):
         data_format = data_format or keras.config.image_data_format()
@@ -555,13 +560,15 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             head_bias_init=head_bias_init,
             **{k: v for k, v in family.items() if v != FAMILY_DEFAULTS[k]},
             data_format=data_format,
+            # Only when set: configs of models without it stay as they were.
+            **({"remat": True} if remat else {}),
         )
         # The layers take the policy as they are made (nested layers too), as when a
         # model is built under a global policy.
         previous = keras.config.dtype_policy()
         keras.config.set_dtype_policy(policy)
         try:
-            images, outputs, parts = _build_graph(**{**FAMILY_DEFAULTS, **arguments})
+            images, outputs, parts = _build_graph(**{**FAMILY_DEFAULTS, "remat": False, **arguments})
             super().__init__(images, outputs, name=name, **kwargs)
         finally:
             keras.config.set_dtype_policy(previous)
@@ -714,7 +721,7 @@ def _build_graph(
     attention_dropout_rate, drop_path_rate, gelu_approximate, include_top, pooling,
     channels, head_bias_init, distilled, distillation_head, no_embed_class,
     layer_scale_init, layer_norm_epsilon, data_format, num_registers, mlp, pre_norm,
-    quick_gelu, patch_bias, projection_dim,
+    quick_gelu, patch_bias, projection_dim, remat,
 ):
     """The model's input, output and `ViTParts`, from checked architecture arguments.
 
@@ -764,9 +771,13 @@ def _build_graph(
         pre = vit_layers.LayerNormalization(epsilon=layer_norm_epsilon, name="pre_norm")
         x = pre(x)
     blocks = []
+    names = [BLOCK_NAME.format(index=i) for i in range(num_layers)]
+    # Keras rematerialises a layer made under a RematScope that names it (its sublayers,
+    # named otherwise, are recomputed as part of it, not on their own).
+    scope = keras.RematScope("list_of_layers", layer_names=names) if remat else contextlib.nullcontext()
     for i in range(num_layers):
-        blocks.append(
-            vit_layers.TransformerBlock(
+        with scope:
+            block = vit_layers.TransformerBlock(
                 num_heads,
                 mlp_dim,
                 dropout_rate=dropout_rate,
@@ -777,10 +788,10 @@ def _build_graph(
                 layer_norm_epsilon=layer_norm_epsilon,
                 mlp=mlp,
                 quick_gelu=quick_gelu,
-                name=BLOCK_NAME.format(index=i),
+                name=names[i],
             )
-        )
-        x = blocks[-1](x)
+        blocks.append(block)
+        x = block(x)
     norm = vit_layers.LayerNormalization(epsilon=layer_norm_epsilon, name="encoder_norm")
     tokens = x = norm(x)
     two_heads = distilled and distillation_head
