@@ -35,6 +35,17 @@ def not_finite(logs):
     return sorted(k for k, v in (logs or {}).items() if not math.isfinite(float(v)))
 
 
+def one_host_model(model):
+    """`model`, or on JAX with weights split over processes a copy holding each whole
+    (`keras_vit.training.sharded_state.one_host_copy`), to save as a `.keras` file.
+    Every process must call it."""
+    if keras.backend.backend() != "jax":
+        return model
+    from keras_vit.training.sharded_state import one_host_copy
+
+    return one_host_copy(model)
+
+
 class TerminateOnNotFinite(keras.callbacks.TerminateOnNaN):
     """`keras.callbacks.TerminateOnNaN` (a batch's loss), and any epoch metric, the
     evaluation's too (see `not_finite`)."""
@@ -294,7 +305,7 @@ class EpochCheckpoints(keras.callbacks.Callback):
         with chief_writes(path, strategy) as target:
             tf.io.gfile.makedirs(os.path.dirname(target))
             with atomic_path(target) as temporary:
-                self.network.save(temporary)
+                one_host_model(self.network).save(temporary)
         if not is_chief(strategy):
             return
         # A rerun of an epoch replaces its file: count it once.

@@ -48,3 +48,41 @@ def restore(path, like):
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like
     )
     return _checkpointer().restore(path, target)
+
+
+def one_host_copy(model):
+    """`model` with each weight whole in this process, to save as a `.keras` file (one
+    host's copy of the model): `model` itself when it holds them already (one process),
+    else a copy built from its config outside the distribution whose weights are gathered
+    from every process. Every process must call it.
+
+    Example:
+
+    >>> import keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
+    ...                       num_heads=4, mlp_dim=64, num_classes=10)
+    >>> one_host_copy(model) is model
+    True
+    """
+    import keras
+    import numpy as np
+
+    if all(getattr(v.value, "is_fully_addressable", True) for v in model.variables):
+        return model
+    from jax.experimental import multihost_utils
+
+    values = [np.asarray(multihost_utils.process_allgather(v.value, tiled=True)) for v in model.variables]
+    distribution = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        copy = type(model).from_config(model.get_config())
+    finally:
+        keras.distribution.set_distribution(distribution)
+    if [tuple(v.shape) for v in copy.variables] != [a.shape for a in values]:
+        raise ValueError(
+            f"{model.name} rebuilt from its config has other variables than the model: "
+            "it cannot be gathered into a .keras file."
+        )
+    for variable, value in zip(copy.variables, values):
+        variable.assign(value)
+    return copy
