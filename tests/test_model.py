@@ -205,6 +205,7 @@ def test_mixed_precision_policy_is_kept_by_the_keras_file(tmp_path):
         (dict(variant="B/16", classifier="max"), r"Unknown classifier 'max': expected one of 'token', 'gap'"),
         (dict(variant="B/16", pos_embedding="rope"), r"Unknown pos_embedding 'rope': expected one of 'learned'"),
         (dict(variant="B/16", data_format="channels_first"), r"data_format 'channels_first' is not supported"),
+        (dict(variant="Ti/16", remat="false"), r"remat must be True or False, got 'false'"),
         (dict(patch_size=4), r"Without a variant, ViT needs hidden_dim, num_layers, num_heads, mlp_dim"),
     ],
 )

@@ -282,6 +282,8 @@ def check_arguments(arguments):
             check_positive_int(name, value)
         if name in RATE_ARGUMENTS:
             check_in_range(name, value, "[0, 1)")
+        if name == "remat" and not isinstance(value, bool):  # "false" would switch it on
+            raise ValueError(f"remat must be True or False, got {value!r}.")
 
 
 def default_image_size(model):
@@ -499,7 +501,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             )
         check_arguments(
             dict(arch, dropout_rate=dropout_rate, attention_dropout_rate=attention_dropout_rate,
-                 drop_path_rate=drop_path_rate)
+                 drop_path_rate=drop_path_rate, remat=remat)
         )
         check_choice("classifier", classifier, CLASSIFIERS)
         check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
