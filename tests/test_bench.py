@@ -116,3 +116,16 @@ def test_models_benchmark_selects_rows_by_model_and_names_an_unknown_one():
     assert result.returncode == 2
     assert ("unknown models ['vit-x']: expected some of tiny, tiny-dinov2, tiny-siglip"
             in result.stderr)
+
+
+@pytest.mark.slow
+def test_remat_keeps_fewer_residuals_and_the_same_gradients(tmp_path):
+    """`ViT(remat=True)` on JAX: the arrays kept for the backward pass shrink (each block
+    keeps only its input), and the gradients equal those without remat to float32 rounding."""
+    out = tmp_path / "remat.json"
+    stdout = run_bench("remat.py", "--variant", "Ti/16", "--image-size", "32", "--batch", "2",
+                       "--out", str(out))
+    report = json.loads(out.read_text())
+    assert report["remat"]["residual_bytes"] < report["without"]["residual_bytes"] / 10
+    assert report["gradient_max_difference"] <= 1e-6 * report["gradient_max_abs"]
+    assert "gradients: max difference" in stdout

@@ -120,21 +120,23 @@ def _finish(procs, timeout=600):
     return results
 
 
-def _kill_and_restart(folder, procs):
-    """Once process 0 of `procs` (the README's processes, in `folder`) has backed up
-    epoch 1, SIGKILLs process 1, then process 0 (left waiting for it), and starts both
-    again with the same command; returns the restarted processes."""
+def _kill_and_restart(backup, procs, restart):
+    """Once process 0 of `procs` has backed up epoch 1 in the folder `backup`, SIGKILLs
+    process 1, then process 0 (left waiting for it), and starts both again with the same
+    command (`restart()`); returns the restarted processes and the backup's state file
+    as the kill left it."""
     from keras_vit.training.callbacks import TrainingBackup
 
     deadline = time.monotonic() + 400
-    while TrainingBackup.saved_position(str(folder / "runs" / "two" / "backup")) < (1, 0):
+    while TrainingBackup.saved_position(str(backup)) < (1, 0):
         assert procs[0].poll() is None and time.monotonic() < deadline, _finish(procs)
         time.sleep(0.2)
     procs[1].send_signal(signal.SIGKILL)
     assert procs[1].wait() == -signal.SIGKILL
     procs[0].kill()
     procs[0].wait()
-    return _readme_processes(folder, _free_port())
+    state = dict(np.load(backup / TrainingBackup.FILE))
+    return restart(), state
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +163,10 @@ def runs(tmp_path_factory):
     started["lonely"] = [
         _process(folders["lonely"], _free_port(), 0, 2, "--set", "distribution.join_timeout=5")
     ]
-    started["restarted"] = _kill_and_restart(folders["killed"], killed)
+    started["restarted"], _ = _kill_and_restart(
+        folders["killed"] / "runs" / "two" / "backup", killed,
+        lambda: _readme_processes(folders["killed"], _free_port()),
+    )
     results = {name: _finish(procs) for name, procs in started.items()}
     return dict(results, folders={name: folder / "runs" / "two" for name, folder in folders.items()})
 
@@ -219,3 +224,43 @@ def test_process_that_never_joins_is_named(runs):
     ((code, _, err),) = runs["lonely"]
     assert code == 2, err[-3000:]
     assert "process 1 of 2 did not join within 5 s" in err.strip().splitlines()[-1], err[-3000:]
+
+
+# Two epochs, backed up every 2 of their 4 micro-batches, weights and optimizer slots
+# split over the 2 processes' devices.
+FSDP = ["--set", "schedule.epochs=2", "--set", "checkpointing.backup_every_micro_batches=2",
+        "--set", "distribution.strategy=fsdp"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(tmp_path_factory):
+    """Two processes with FSDP (`TINY`): run straight, and SIGKILLed in epoch 2 and
+    restarted (started at once)."""
+    straight, killed = tmp_path_factory.mktemp("fsdp"), tmp_path_factory.mktemp("fsdp_killed")
+
+    def pair(folder):
+        port = _free_port()
+        return [_process(folder, port, index, 2, *FSDP) for index in (0, 1)]
+
+    reference, first = pair(straight), pair(killed)
+    restarted, state = _kill_and_restart(killed / "run" / "backup", first, lambda: pair(killed))
+    return dict(straight=_finish(reference), restarted=_finish(restarted), state=state,
+                folders=dict(straight=straight / "run", killed=killed / "run"))
+
+
+def test_fsdp_processes_killed_resume_exactly_from_sharded_backups(fsdp_runs):
+    """FSDP over 2 processes: the backup is sharded (the state file names the Orbax folder
+    that each process wrote its shards to), process 1 SIGKILLed in epoch 2 and both
+    restarted end with the weights and metrics of the uninterrupted run, and the final
+    `model.keras` holds the whole model (one host's copy)."""
+    for code, _, err in fsdp_runs["straight"] + fsdp_runs["restarted"]:
+        assert code == 0, err[-3000:]
+    assert "FullyShardedDataParallel, 2 devices in 2 processes" in fsdp_runs["straight"][1][2]
+    assert "Resumed from" in fsdp_runs["restarted"][1][2]
+    state = fsdp_runs["state"]
+    assert set(state) == {"epoch", "step", "sharded"}
+    straight, killed = fsdp_runs["folders"]["straight"], fsdp_runs["folders"]["killed"]
+    for a, b in zip(_weights(straight), _weights(killed), strict=True):
+        np.testing.assert_array_equal(b, a)
+    assert (killed / "metrics.csv").read_text() == (straight / "metrics.csv").read_text()
+    assert sorted(os.listdir(killed)) == sorted(os.listdir(straight))

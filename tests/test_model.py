@@ -205,6 +205,7 @@ def test_mixed_precision_policy_is_kept_by_the_keras_file(tmp_path):
         (dict(variant="B/16", classifier="max"), r"Unknown classifier 'max': expected one of 'token', 'gap'"),
         (dict(variant="B/16", pos_embedding="rope"), r"Unknown pos_embedding 'rope': expected one of 'learned'"),
         (dict(variant="B/16", data_format="channels_first"), r"data_format 'channels_first' is not supported"),
+        (dict(variant="Ti/16", remat="false"), r"remat must be True or False, got 'false'"),
         (dict(patch_size=4), r"Without a variant, ViT needs hidden_dim, num_layers, num_heads, mlp_dim"),
     ],
 )
@@ -266,3 +267,17 @@ def test_mixed_precision_logits_are_float32_and_close_to_float32_model(policy):
         assert keras.backend.standardize_dtype(logits.dtype) == "float32"
         error = np.abs(keras.ops.convert_to_numpy(logits) - expected).max()
         assert error < 0.03 * scale
+
+
+def test_remat_is_recorded_only_when_set_and_survives_the_keras_file(tmp_path):
+    """`remat=True` rematerialises every block (Keras' RematScope naming them), is kept by
+    the config and the `.keras` file; a model without it has the config it had before."""
+    assert "remat" not in tiny_vit().get_config()
+    model = tiny_vit(remat=True)
+    assert model.get_config()["remat"] is True
+    blocks = [layer for layer in model.layers if layer.name.startswith("encoderblock_")]
+    assert [b._remat_mode.layer_names for b in blocks] == [[b.name for b in blocks]] * 2
+    randomise_weights(model, seed=0)
+    x = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    assert_keras_file_round_trip(model, x, tmp_path / "remat.keras")
+    assert keras.saving.load_model(tmp_path / "remat.keras").get_config()["remat"] is True

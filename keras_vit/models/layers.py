@@ -1094,6 +1094,30 @@ class TransformerBlock(keras.layers.Layer):
         x = x + self._regularise(y, training, self.drop_path)
         return (x, weights) if return_attention else x
 
+    def rematerialized_call(self, layer_call, *args, **kwargs):
+        if super().rematerialized_call(layer_call, *args, **kwargs) is layer_call:
+            return layer_call
+        variables = self.variables
+
+        def call(x, **flags):
+            # Keras' remat (`jax.checkpoint` on JAX) traces every argument, and `call`
+            # branches in Python on `training` and `return_attention`: those are bound.
+            # A rematerialised function may not leave a value in a variable (dropout's
+            # seed state): the block's variables go in and come out as values, and the
+            # new seed states are assigned outside it.
+            def pure(x, *values):
+                with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+                    outputs = layer_call(x, **flags)
+                return outputs, [scope.get_current_value(v) for v in variables]
+
+            outputs, values = keras.remat(pure)(x, *(v.value for v in variables))
+            for variable, value in zip(variables, values):
+                if not variable.trainable:
+                    variable.assign(value)
+            return outputs
+
+        return call
+
     def compute_output_spec(self, x, training=False, return_attention=False, rope=None):
         # From the shapes alone: Keras would otherwise trace `call` on every symbolic
         # call, most of the time it takes to build a model. Outputs are in the compute

@@ -5,6 +5,7 @@
 module that works on a model's weights or intermediate outputs.
 """
 
+import contextlib
 import dataclasses
 from typing import Optional
 
@@ -277,6 +278,8 @@ def check_arguments(arguments):
             check_positive_int(name, value)
         if name in RATE_ARGUMENTS:
             check_in_range(name, value, "[0, 1)")
+        if name == "remat" and not isinstance(value, bool):  # "false" would switch it on
+            raise ValueError(f"remat must be True or False, got {value!r}.")
 
 
 def default_image_size(model):
@@ -413,6 +416,9 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         fc_norm: the final LayerNorm normalises the pooled features rather than the
             tokens (timm's `fc_norm`, on by default with `global_pool="avg"`, as in
             EVA-02); `pooling=False` still outputs the normalised tokens.
+        remat: rematerialise each transformer block (`keras.RematScope`): training
+            keeps only the blocks' inputs for the backward pass and recomputes the rest,
+            less memory for more compute, the same numbers (big_vision's `remat`).
         data_format: only `"channels_last"` (the default) is supported.
         name: model name (default `"vit"` or `"vit-{variant}"`).
         dtype: the dtype policy of the layers (default: the global policy); the head
@@ -483,6 +489,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         rope_reference_grid=None,
         mlp_norm=False,
         fc_norm=False,
+        remat=False,
         **kwargs,
     ):
         given = dict(locals())  # the family switches are read by name (FAMILY_SWITCHES)
@@ -508,7 +515,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             )
         check_arguments(
             dict(arch, dropout_rate=dropout_rate, attention_dropout_rate=attention_dropout_rate,
-                 drop_path_rate=drop_path_rate)
+                 drop_path_rate=drop_path_rate, remat=remat)
         )
         check_choice("classifier", classifier, CLASSIFIERS)
         check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
@@ -556,13 +563,15 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             head_bias_init=head_bias_init,
             **{k: v for k, v in family.items() if v != FAMILY_DEFAULTS[k]},
             data_format=data_format,
+            # Only when set: configs of models without it stay as they were.
+            **({"remat": True} if remat else {}),
         )
         # The layers take the policy as they are made (nested layers too), as when a
         # model is built under a global policy.
         previous = keras.config.dtype_policy()
         keras.config.set_dtype_policy(policy)
         try:
-            images, outputs, parts = _build_graph(**{**FAMILY_DEFAULTS, **arguments})
+            images, outputs, parts = _build_graph(**{**FAMILY_DEFAULTS, "remat": False, **arguments})
             super().__init__(images, outputs, name=name, **kwargs)
         finally:
             keras.config.set_dtype_policy(previous)
@@ -730,6 +739,7 @@ def _build_graph(
     channels, head_bias_init, distilled, distillation_head, no_embed_class,
     layer_scale_init, layer_norm_epsilon, data_format, num_registers, mlp, pre_norm,
     quick_gelu, patch_bias, projection_dim, rope, rope_reference_grid, mlp_norm, fc_norm,
+    remat,
 ):
     """The model's input, output and `ViTParts`, from checked architecture arguments.
 
@@ -791,9 +801,13 @@ def _build_graph(
         )
         table = rotary(patch_grid)
     blocks = []
+    names = [BLOCK_NAME.format(index=i) for i in range(num_layers)]
+    # Keras rematerialises a layer made under a RematScope that names it (its sublayers,
+    # named otherwise, are recomputed as part of it, not on their own).
+    scope = keras.RematScope("list_of_layers", layer_names=names) if remat else contextlib.nullcontext()
     for i in range(num_layers):
-        blocks.append(
-            vit_layers.TransformerBlock(
+        with scope:
+            block = vit_layers.TransformerBlock(
                 num_heads,
                 mlp_dim,
                 dropout_rate=dropout_rate,
@@ -806,10 +820,10 @@ def _build_graph(
                 quick_gelu=quick_gelu,
                 rope=rope,
                 mlp_norm=mlp_norm,
-                name=BLOCK_NAME.format(index=i),
+                name=names[i],
             )
-        )
-        x = blocks[-1](x) if table is None else blocks[-1](x, rope=table)
+        blocks.append(block)
+        x = block(x) if table is None else block(x, rope=table)
     norm = vit_layers.LayerNormalization(
         epsilon=layer_norm_epsilon, name="fc_norm" if fc_norm else "encoder_norm"
     )

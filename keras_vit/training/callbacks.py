@@ -35,6 +35,17 @@ def not_finite(logs):
     return sorted(k for k, v in (logs or {}).items() if not math.isfinite(float(v)))
 
 
+def one_host_model(model):
+    """`model`, or on JAX with weights split over processes a copy holding each whole
+    (`keras_vit.training.sharded_state.one_host_copy`), to save as a `.keras` file.
+    Every process must call it."""
+    if keras.backend.backend() != "jax":
+        return model
+    from keras_vit.training.sharded_state import one_host_copy
+
+    return one_host_copy(model)
+
+
 class TerminateOnNotFinite(keras.callbacks.TerminateOnNaN):
     """`keras.callbacks.TerminateOnNaN` (a batch's loss), and any epoch metric, the
     evaluation's too (see `not_finite`)."""
@@ -53,7 +64,10 @@ class TrainingBackup(keras.callbacks.Callback):
     - the backup holds every variable: model weights, optimizer slots and step count
       (gradient accumulators too), the layers' random-seed states and the running
       metrics, in one file that is replaced atomically (a kill while writing leaves the
-      previous backup intact);
+      previous backup intact); where the weights are split over devices (FSDP, model-
+      parallel layouts on JAX) the arrays go, sharded, to a folder `sharded_EEEE_SSSSSSSS`
+      that each process writes its shards of through Orbax (`sharded_state`) before the
+      file that names it replaces the previous one;
     - it records the position as `(epoch, step)`; on restore the model passes over the
       `step` batches of the epoch that were already done (`TrainingModel.pass_steps`)
       instead of training on them again; the input pipeline must start at the saved
@@ -79,6 +93,9 @@ class TrainingBackup(keras.callbacks.Callback):
     """
 
     FILE = "state.npz"
+    # Folders of sharded states (`keras_vit.training.sharded_state`), which the state
+    # file names when the model's weights are split over devices.
+    SHARDED = "sharded_"
 
     def __init__(self, directory, every=None):
         super().__init__()
@@ -109,16 +126,68 @@ class TrainingBackup(keras.callbacks.Callback):
             "metrics": [v for metric in model.metrics for v in metric.variables],
         }
 
+    def _sharded_path(self, name):
+        path = os.path.join(self.directory, name)
+        return path if "://" in path else os.path.abspath(path)  # Orbax wants absolute paths
+
     def _save(self, epoch, step):
         arrays = {"epoch": np.array(epoch), "step": np.array(step)}
-        for group, variables in self._groups().items():
-            for i, variable in enumerate(variables):
-                arrays[f"{group}/{i}"] = variable.numpy()  # Aggregated over replicas.
+        groups = self._groups()
+        sharded = False
+        if keras.backend.backend() == "jax":
+            from keras_vit.training import sharded_state
+
+            sharded = sharded_state.is_sharded(self.model.variables)
+        if sharded:
+            # Each process writes its own shards of the state (Orbax) first; the state
+            # file written after it names that folder, so a kill before leaves the
+            # previous state in force.
+            name = f"{self.SHARDED}{epoch:04d}_{step:08d}"
+            sharded_state.save(
+                self._sharded_path(name), {g: [v.value for v in vs] for g, vs in groups.items()}
+            )
+            arrays["sharded"] = np.array(name)
+        else:
+            for group, variables in groups.items():
+                for i, variable in enumerate(variables):
+                    arrays[f"{group}/{i}"] = variable.numpy()  # Aggregated over replicas.
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
-        with chief_writes(self.path, model_strategy(self.model)) as path:
+        strategy = model_strategy(self.model)
+        with chief_writes(self.path, strategy) as path:
             tf.io.gfile.makedirs(os.path.dirname(path))
             atomic_write(path, buffer.getvalue())
+        if is_chief(strategy):  # the sharded states no state file names any more
+            current = str(arrays["sharded"]) if sharded else None
+            for old in tf.io.gfile.listdir(self.directory):
+                old = old.rstrip("/")
+                if old.startswith(self.SHARDED) and old != current:
+                    tf.io.gfile.rmtree(os.path.join(self.directory, old))
+
+    def _read(self, state, groups):
+        """`{group: [array]}` of the backup whose state file holds `state`."""
+        if "sharded" not in state:
+            return {
+                group: [state[f"{group}/{i}"] for i in range(sum(k.startswith(f"{group}/") for k in state))]
+                for group in groups
+            }
+        import jax
+
+        from keras_vit.training import sharded_state
+
+        path = self._sharded_path(str(state["sharded"]))
+        saved = sharded_state.metadata(path)
+        like = {g: [v.value for v in vs] for g, vs in groups.items()}
+        for group, variables in groups.items():
+            if [m.shape for m in saved[group]] != [tuple(v.shape) for v in variables]:
+                if group != "metrics":  # refused by the caller, which reads only the shapes
+                    return saved
+                # Running metrics not built yet: restored whole, to be left aside.
+                device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+                like[group] = [
+                    jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device) for m in saved[group]
+                ]
+        return sharded_state.restore(path, like)
 
     def on_train_begin(self, logs=None):
         if not tf.io.gfile.exists(self.path):
@@ -130,10 +199,7 @@ class TrainingBackup(keras.callbacks.Callback):
         with tf.io.gfile.GFile(self.path, "rb") as f:
             state = dict(np.load(io.BytesIO(f.read())))
         groups = self._groups()
-        saved = {
-            group: [state[f"{group}/{i}"] for i in range(sum(k.startswith(f"{group}/") for k in state))]
-            for group in groups
-        }
+        saved = self._read(state, groups)
         for group in ("model", "optimizer"):
             variables = groups[group]
             if [a.shape for a in saved[group]] != [tuple(v.shape) for v in variables]:
@@ -185,6 +251,10 @@ class TrainingBackup(keras.callbacks.Callback):
         path = os.path.join(directory, cls.FILE)
         if tf.io.gfile.exists(path):
             tf.io.gfile.remove(path)
+        if tf.io.gfile.isdir(directory):
+            for name in tf.io.gfile.listdir(directory):
+                if name.startswith(cls.SHARDED):  # no state file names it any more
+                    tf.io.gfile.rmtree(os.path.join(directory, name.rstrip("/")))
         if tf.io.gfile.isdir(directory) and not tf.io.gfile.listdir(directory):
             tf.io.gfile.rmtree(directory)
 
@@ -235,7 +305,7 @@ class EpochCheckpoints(keras.callbacks.Callback):
         with chief_writes(path, strategy) as target:
             tf.io.gfile.makedirs(os.path.dirname(target))
             with atomic_path(target) as temporary:
-                self.network.save(temporary)
+                one_host_model(self.network).save(temporary)
         if not is_chief(strategy):
             return
         # A rerun of an epoch replaces its file: count it once.

@@ -30,6 +30,7 @@ from keras_vit.training.callbacks import (
     TerminateOnNotFinite,
     TrainingBackup,
     not_finite,
+    one_host_model,
 )
 from keras_vit.training.config import TrainConfig  # noqa: F401  (keras_vit.training.engine.TrainConfig)
 from keras_vit.training.losses import SigmoidCrossEntropy
@@ -664,7 +665,7 @@ def write_results(config, model, vit, eval_data, written, record):
     final = model.evaluate(eval_data, verbose=0, return_dict=True) if eval_data else {}
     check_finite(config, final, "in the final evaluation")
     with atomic_path(written(runs.MODEL)) as path:
-        vit.save(path)
+        one_host_model(vit).save(path)
     _write_json(written(runs.METRICS_JSON), dict(final=final, **record))
     if multiworker.is_chief(multiworker.model_strategy(model)):
         TrainingBackup.remove(os.path.join(os.path.dirname(written(runs.MODEL)), runs.BACKUP))

@@ -245,10 +245,6 @@ def make_distribution(strategy="auto"):
             f"On the JAX backend distribution.strategy is one of {JAX_STRATEGIES} (data "
             f"parallel over every device, or that and the weights sharded), got {strategy!r}."
         )
-    if strategy == "fsdp" and jax.process_count() > 1:
-        # Saving gathers each weight into one process's memory, which sharded weights
-        # spread over processes do not allow yet.
-        raise ValueError("distribution.strategy='fsdp' runs in one process (its devices) for now.")
     kind = FullyShardedDataParallel if strategy == "fsdp" else keras.distribution.DataParallel
     distribution = kind(devices=keras.distribution.list_devices(), auto_shard_dataset=False)
     keras.distribution.set_distribution(distribution)

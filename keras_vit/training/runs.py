@@ -6,6 +6,7 @@ OUT/labels.txt              class names, one per line (when the data names its c
 OUT/model.keras             the final model
 OUT/checkpoints/epoch_NNNN.keras
 OUT/backup/state.npz        full training state while the run is unfinished
+OUT/backup/sharded_*/       its arrays, when the weights are split over devices (Orbax)
 OUT/metrics.csv             one row per epoch; OUT/metrics.json: history + final eval
 OUT/logs/                   TensorBoard (one events file per epoch)
 OUT/.lock                   held by the run writing the folder (`hold`)
