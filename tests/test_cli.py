@@ -78,6 +78,7 @@ def test_set_parses_values_by_field_type():
             "data.random_flip=off", "data.crop_area=(0.5, 1.0)", "data.randaugment=(2, 15)",
             "optimization.clip_norm=none", "data.mixup=0.2", "model.variant=S/16",
             "model.kwargs.dropout_rate=0.1", "model.kwargs.classifier=gap", "seed=3",
+            "model.kwargs.remat=true", "model.kwargs.representation_size=None",
         ],
     )
     assert (config.schedule.epochs, config.schedule.learning_rate) == (7, 3e-4)
@@ -85,7 +86,8 @@ def test_set_parses_values_by_field_type():
     assert config.data.crop_area == (0.5, 1.0) and config.data.randaugment == (2, 15)
     assert config.optimization.clip_norm is None and config.data.mixup == 0.2
     assert config.model.variant == "S/16" and config.seed == 3
-    assert config.model.kwargs == {"dropout_rate": 0.1, "classifier": "gap"}
+    assert config.model.kwargs == {"dropout_rate": 0.1, "classifier": "gap", "remat": True,
+                                   "representation_size": None}
     # The recipe's object is left as it was.
     assert recipe == TrainConfig() and recipe.model.kwargs == {}
 

@@ -675,7 +675,10 @@ def _assign(config, path, text, key):
         try:
             entry = ast.literal_eval(text)
         except (ValueError, SyntaxError):
-            entry = text
+            # The words the typed fields take (`remat=true`); anything else is a string.
+            entry = {"true": True, "false": False, "none": None, "null": None}.get(
+                text.lower(), text
+            )
         value = {**getattr(config, name), ".".join(rest): entry}
     else:
         value = parse_value(key, text, kind)
