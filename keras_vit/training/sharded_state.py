@@ -3,7 +3,7 @@ own shards, as Keras' `OrbaxCheckpoint` and big_vision do, never gathering a wei
 one host. Orbax writes a checkpoint into a temporary folder and renames it once every
 process has written its part, so a folder that exists is complete.
 
-Imported only on the JAX backend (`pip install "keras-vit[jax]"` brings Orbax).
+Imported only on the JAX backend (`pip install "keras3-vit[jax]"` brings Orbax).
 """
 
 import jax
