@@ -141,6 +141,33 @@ def test_fused_and_explicit_attention_paths_agree():
     np.testing.assert_allclose(fused, _np(explicit), atol=1e-5)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="PyTorch's autograd graph")
+def test_fused_attention_splits_qkv_without_indexed_slices():
+    # Three indexed slices of q|k|v (SelectBackward0) each fill a zero tensor of q|k|v's
+    # size in the backward pass and the three are summed; split's backward is one
+    # concatenation. The gradients equal the explicit path's.
+    import torch
+
+    x = np.random.default_rng(7).normal(size=(2, 9, 32)).astype("float32")
+    block = L.TransformerBlock(num_heads=4, mlp_dim=16)
+    block.build(x.shape)
+    _randomised(block, seed=8)
+    fused = block(torch.tensor(x, requires_grad=True), training=True)
+    nodes, stack = set(), [fused.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in nodes:
+            nodes.add(node)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    names = {type(node).__name__ for node in nodes}
+    assert "SelectBackward0" not in names and "SplitBackward0" in names, names
+    _, fused_gradient = _value_and_gradient(lambda v: block(v, training=True), x)
+    _, explicit_gradient = _value_and_gradient(
+        lambda v: block(v, training=True, return_attention=True)[0], x
+    )
+    np.testing.assert_allclose(fused_gradient, explicit_gradient, atol=1e-5)
+
+
 def _value_and_gradient(fn, x):
     """`fn(x)` and the gradient of its sum, by the backend's own autodiff."""
     backend = keras.backend.backend()

@@ -1012,7 +1012,12 @@ class TransformerBlock(keras.layers.Layer):
             or is_tracing_for_export()
         )
         if not explicit and _fused_attention_is_faster():
-            out = backend_ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+            # Split, not indexed: the gradient of three indexed slices is three zero
+            # tensors of q|k|v's size, each written into and summed (PyTorch; JAX pads
+            # and adds); split's is one concatenation. The squeezed parts are strided
+            # views, which PyTorch's fused kernel reads in place.
+            q, k, v = (ops.squeeze(part, 2) for part in ops.split(qkv, 3, axis=2))
+            out = backend_ops.dot_product_attention(q, k, v)
             return self.attention_output(ops.reshape(out, (-1, length, width))), None
         # One transpose of the fused q|k|v, then products batched over (batch, heads).
         # Split rather than unstacked: JAX differentiates unstack's slices by padding each
