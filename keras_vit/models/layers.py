@@ -1003,7 +1003,7 @@ class TransformerBlock(keras.layers.Layer):
         length, width = ops.shape(x)[1], x.shape[-1]
         qkv = ops.reshape(self.qkv(x), (-1, length, 3, self.num_heads, self.head_dim))
         if rope is not None:  # queries and keys rotated by their patch's position
-            q, k, v = (qkv[:, :, i] for i in range(3))
+            q, k, v = (ops.squeeze(part, 2) for part in ops.split(qkv, 3, axis=2))
             qkv = ops.stack([rotate(q, rope), rotate(k, rope), v], axis=2)
         # Exporters map the explicit softmax to one op of their own.
         explicit = (
