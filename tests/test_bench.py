@@ -109,6 +109,9 @@ def test_models_benchmark_times_keras_predict_and_fit_beside_the_harness(tmp_pat
             hf = rows[(variant, "hf-torch", mode, interface)]
             assert e["ratio_vs_hf"] == pytest.approx(
                 e["images_per_s"][0] / hf["images_per_s"][0])
+    # A model of the plan timed at its own batch says so in the table.
+    assert {e["batch"] for (v, *_), e in rows.items() if v == "tiny-siglip"} == {2}
+    assert "| tiny-siglip (batch 2) |" in stdout
     # The Keras-API rows come first in the table.
     assert stdout.index("| keras-api |") < stdout.index("| harness |")
     # The families' FLOPs count their own parts: SigLIP's MAP head beside the ViT's.
