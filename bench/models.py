@@ -1,7 +1,7 @@
 """Benchmarks keras-vit against HF transformers' ViT, DINOv2 and SigLIP on this machine,
 in one run.
 
-    python bench/models.py            # the full table (15-30 minutes on 2 cores)
+    python bench/models.py            # the full table (30-40 minutes on 2 cores)
     python bench/models.py --quick    # a smoke run: Ti/16 at 224, 2 short rounds
     python bench/models.py --models dinov2-s14,siglip-b16  # only those rows
     python bench/models.py --out bench/results.json --contenders keras-tensorflow,hf-torch
