@@ -23,6 +23,7 @@ from keras_vit.weights.download import resolve_weights
 from keras_vit.weights.formats import (
     ATTENTION_KEY,
     BLOCK_KEY,
+    MAP_ATTENTION_KEY,
     MAP_HEAD_KEY,
     MLP_NORM_KEY,
     POS_KEY,
@@ -179,31 +180,7 @@ class _ModelLayout:
             prefix, mha, heads = BLOCK_KEY.format(i=i), ATTENTION_KEY.format(i=i), block.num_heads
             norm(prefix + "LayerNorm_0", block.norm1)
             # The fused q|k|v projection holds the three (D, heads, head_dim) kernels.
-            slots.append(
-                _Slot(
-                    tuple(f"{mha}/{name}/kernel" for name in QKV),
-                    block.qkv.kernel,
-                    lambda a, h=heads: [k.reshape(k.shape[0], h, -1) for k in np.split(a, 3, 1)],
-                    lambda parts: np.concatenate([k.reshape(k.shape[0], -1) for k in parts], 1),
-                )
-            )
-            slots.append(
-                _Slot(
-                    tuple(f"{mha}/{name}/bias" for name in QKV),
-                    block.qkv.bias,
-                    lambda a, h=heads: [b.reshape(h, -1) for b in np.split(a, 3)],
-                    lambda parts: np.concatenate([b.reshape(-1) for b in parts]),
-                )
-            )
-            slots.append(
-                _Slot(
-                    (f"{mha}/out/kernel",),
-                    block.attention_output.kernel,
-                    lambda a, h=heads: [a.reshape(h, -1, a.shape[1])],
-                    lambda parts: parts[0].reshape(-1, parts[0].shape[-1]),
-                )
-            )
-            slots.append(_Slot((f"{mha}/out/bias",), block.attention_output.bias))
+            slots.extend(_attention_slots(mha, heads, [(QKV, block.qkv)], block.attention_output))
             norm(prefix + "LayerNorm_2", block.norm2)
             dense(prefix + "MlpBlock_3/Dense_0", block.mlp_fc1)
             if block.mlp_norm is not None:
@@ -253,13 +230,11 @@ class _ModelLayout:
                 slot.variable.assign(np.asarray(value, dtype=slot.variable.dtype))
 
 
-def _map_head_slots(head):
-    """The `_Slot`s of a `MAPHead` under big_vision's keys (`MAPHead_0/...`): the
-    probe, the attention as `(D, heads, head_dim)` query / key / value kernels (the
-    key and value held by one fused Dense), the LayerNorm and the MLP."""
-    heads = head.num_heads
-    mha = f"{MAP_HEAD_KEY}/MultiHeadDotProductAttention_0"
-
+def _attention_slots(mha, heads, projections, output):
+    """The `_Slot`s of an attention under big_vision's keys (`{mha}/query|key|value|out`):
+    each of `projections` (`(names, Dense)`, a Dense holding the named projections side
+    by side) as `(D, heads, head_dim)` kernels and `(heads, head_dim)` biases, and the
+    `output` Dense as a `(heads, head_dim, D)` kernel."""
     def split_kernel(parts):
         return lambda a: [k.reshape(k.shape[0], heads, -1) for k in np.split(a, parts, 1)]
 
@@ -272,17 +247,28 @@ def _map_head_slots(head):
     def join_bias(parts):
         return np.concatenate([b.reshape(-1) for b in parts])
 
-    slots = [_Slot((f"{MAP_HEAD_KEY}/probe",), head.probe)]
-    for names, layer in ((QKV[:1], head.query), (QKV[1:], head.key_value)):
+    slots = []
+    for names, layer in projections:
         slots.append(_Slot(tuple(f"{mha}/{n}/kernel" for n in names), layer.kernel,
                            split_kernel(len(names)), join_kernel))
         slots.append(_Slot(tuple(f"{mha}/{n}/bias" for n in names), layer.bias,
                            split_bias(len(names)), join_bias))
-    out = head.attention_output
-    slots.append(_Slot((f"{mha}/out/kernel",), out.kernel,
+    slots.append(_Slot((f"{mha}/out/kernel",), output.kernel,
                        lambda a: [a.reshape(heads, -1, a.shape[1])],
                        lambda parts: parts[0].reshape(-1, parts[0].shape[-1])))
-    slots.append(_Slot((f"{mha}/out/bias",), out.bias))
+    slots.append(_Slot((f"{mha}/out/bias",), output.bias))
+    return slots
+
+
+def _map_head_slots(head):
+    """The `_Slot`s of a `MAPHead` under big_vision's keys (`MAPHead_0/...`): the
+    probe, the attention (`_attention_slots`; the key and value held by one fused
+    Dense), the LayerNorm and the MLP."""
+    slots = [_Slot((f"{MAP_HEAD_KEY}/probe",), head.probe)]
+    slots.extend(_attention_slots(
+        MAP_ATTENTION_KEY, head.num_heads,
+        [(QKV[:1], head.query), (QKV[1:], head.key_value)], head.attention_output,
+    ))
     slots.append(_Slot((f"{MAP_HEAD_KEY}/LayerNorm_0/scale",), head.norm.gamma))
     slots.append(_Slot((f"{MAP_HEAD_KEY}/LayerNorm_0/bias",), head.norm.beta))
     for i, layer in enumerate((head.mlp_fc1, head.mlp_fc2)):
