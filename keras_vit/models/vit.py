@@ -748,6 +748,7 @@ def _build_graph(
     """
     height, width = image_size
     stride = input_stride(patch_size, resnet_stages)
+    grid = (height // stride, width // stride)  # the patches of the trained size
     shape = (None, None) if dynamic_image_size else (height, width)
     images = keras.Input((*shape, channels), name="images")
     stem = None
@@ -760,7 +761,7 @@ def _build_graph(
     patches = vit_layers.Patches(patch_size, flatten=not dynamic_image_size, name="patches")
     patch_encoder = vit_layers.PatchEncoder(
         hidden_dim,
-        grid_size=(height // stride, width // stride),
+        grid_size=grid,
         pos_embedding=pos_embedding,
         interpolation=pos_interpolation,
         use_bias=patch_bias,
@@ -793,7 +794,7 @@ def _build_graph(
     if rope:  # one table of the patch grid's rotations, which every block applies
         rotary = vit_layers.RotaryEmbedding(
             hidden_dim // num_heads,
-            grid_size=(height // stride, width // stride),
+            grid_size=grid,
             reference_grid=rope_reference_grid,
             num_prefix_tokens=sum(t is not None for t in (class_token, distillation_token))
             + num_registers,
