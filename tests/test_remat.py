@@ -1,5 +1,6 @@
-"""`--set model.kwargs.remat=True` on JAX trains to the weights of the same run without it,
-dropout and stochastic depth included (their random draws are the same)."""
+"""`--set model.kwargs.remat=true` (as the README writes it) on JAX trains to the weights
+of the same run without it, dropout and stochastic depth included (their random draws are
+the same)."""
 
 import os
 import subprocess
@@ -34,7 +35,7 @@ def test_remat_run_trains_to_the_weights_of_the_run_without(tmp_path):
     from keras_vit.training import runs
 
     plain, remat = tmp_path / "plain", tmp_path / "remat"
-    procs = [_pretrain(plain), _pretrain(remat, "model.kwargs.remat=True")]
+    procs = [_pretrain(plain), _pretrain(remat, "model.kwargs.remat=true")]
     for p in procs:
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-3000:]
