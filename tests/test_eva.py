@@ -11,6 +11,7 @@ keras-vit loads from a safetensors file.
 """
 
 import math
+import re
 
 import keras
 import numpy as np
@@ -195,6 +196,9 @@ def test_timm_eva02_matches_timms_formulas(kind, timm_files):
     assert report.format == "timm"
     assert any("no key bias: loaded as zeros" in message for message in report.messages)
     reference = KINDS[kind]["reference"]
+    # A file does not record rope's reference grid: one other than timm's is noted.
+    assert any(f"rope scales to a {reference} grid; timm's EVA-02 are trained with "
+               "rope_reference_grid=(16, 16)" in message for message in report.messages)
     for height, width in ((SIZE, SIZE), (42, 35)):
         pixels = images(height, width)
         ours = outputs(model, pixels)
@@ -202,7 +206,6 @@ def test_timm_eva02_matches_timms_formulas(kind, timm_files):
 
 
 @pytest.mark.parametrize("overrides", [
-    dict(rope=False, rope_reference_grid=None),
     dict(rope_reference_grid=None),
     dict(classifier="token", fc_norm=False),
 ])
@@ -227,6 +230,45 @@ def test_a_checkpoint_with_an_mlp_norm_names_the_switch(timm_files):
     with pytest.raises(ValueError, match=r"LayerNorm inside the MLP.*build the model with "
                                          r"mlp_norm=True"):
         keras_vit.load_pretrained(eva("base", mlp_norm=False), timm_files["base"][0])
+
+
+ROPE_MESSAGE = (r"EVA-02 .*trained with rotary position embeddings.*build the model with "
+                r"rope=True, rope_reference_grid=\(16, 16\)")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_eva02_file_into_a_model_without_rope_names_the_switch(kind, timm_files):
+    """rope has no tensors, so nothing is missing: the EVA-02 layout (q and v biases with
+    a SwiGLU MLP) is refused by a model without rope, built by the user or by
+    `ViT(weights=...)`, with the switch (and timm's reference grid) named; strict=False
+    loads it with a warning, and its numbers are indeed not timm's."""
+    path, state = timm_files[kind]
+    no_rope = dict(rope=False, rope_reference_grid=None)
+    with pytest.raises(ValueError, match=ROPE_MESSAGE):
+        keras_vit.load_pretrained(eva(kind, **no_rope), path)
+    arguments = {k: v for k, v in switches(kind).items() if not k.startswith("rope")}
+    with pytest.raises(ValueError, match=ROPE_MESSAGE):
+        keras_vit.ViT(weights=str(path), image_size=SIZE, patch_size=PATCH, hidden_dim=WIDTH,
+                      num_layers=LAYERS, num_heads=HEADS, mlp_dim=MLP, num_classes=CLASSES,
+                      **arguments)
+    model = eva(kind, **no_rope)
+    report = keras_vit.load_pretrained(model, path, strict=False)
+    assert any(re.search(ROPE_MESSAGE, message) for message in report.messages)
+    reference = timm_eva_forward(state, images(), kind, KINDS[kind]["reference"])
+    assert relative_error(outputs(model, images()), reference) > 1e-2
+
+
+def test_an_eva01_file_loads_into_a_model_without_rope(timm_files, tmp_path):
+    """EVA-01 (timm `eva_giant_*`): the same q and v biases with a plain GELU MLP and no
+    rope; it is not taken for an EVA-02."""
+    state = dict(timm_files["small"][1])
+    for i in range(LAYERS):  # fc1 as wide as fc2 takes: a plain MLP
+        for name in ("weight", "bias"):
+            state[f"blocks.{i}.mlp.fc1.{name}"] = state[f"blocks.{i}.mlp.fc1.{name}"][:MLP]
+    save_file(state, tmp_path / "eva01.safetensors")
+    model = eva("small", mlp="gelu", rope=False, rope_reference_grid=None)
+    report = keras_vit.load_pretrained(model, tmp_path / "eva01.safetensors")
+    assert not report.missing and not report.unexpected and not report.mismatched
 
 
 def test_registry_switches_build_the_timm_layouts(timm_files):

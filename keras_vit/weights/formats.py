@@ -700,15 +700,31 @@ def _timm_clip_projection(arrays, notes):
         notes.append("timm's CLIP head without a bias is the image projection (projection_dim).")
 
 
+# What timm `eva.py` builds every `eva02_*` SwiGLU model with (`use_rot_pos_emb=True`,
+# `ref_feat_shape=(16, 16)`): rope has no tensors, so the file alone does not say it.
+EVA02_ROPE = dict(rope=True, rope_reference_grid=(16, 16))
+
+
 def _timm_eva_layout(arrays, notes):
-    """EVA-02's timm names (timm `eva.py`) as the other timm ViTs': its q and v biases
-    (`attn.q_bias`, `attn.v_bias`; base and large: separate `attn.{q,k,v}_proj`) as one
-    `attn.qkv` with a zero key bias, and its SwiGLU's `mlp.fc1_g` (gate) and `mlp.fc1_x`
-    as the packed `mlp.fc1` (gate | up)."""
+    """EVA's timm names (timm `eva.py`) as the other timm ViTs': its q and v biases
+    (`attn.q_bias`, `attn.v_bias`; EVA-02 base and large: separate `attn.{q,k,v}_proj`)
+    as one `attn.qkv` with a zero key bias, and EVA-02's SwiGLU's `mlp.fc1_g` (gate) and
+    `mlp.fc1_x` as the packed `mlp.fc1` (gate | up).
+
+    Returns:
+        The arguments no tensor shows that the checkpoint was trained with:
+        `EVA02_ROPE` for an EVA-02 (that attention with a SwiGLU MLP, packed `fc1` twice
+        as wide as `fc2` takes, or `fc1_g`/`fc1_x`); `{}` for another file, EVA-01's
+        (the same attention with a plain MLP, no rope) too.
+    """
     def pop_bias(name, like):
         bias = arrays.pop(name, None)
         return np.zeros(like.shape[0], like.dtype) if bias is None else bias
 
+    fc1, fc2 = (arrays.get(f"blocks.0.mlp.fc{i}.weight") for i in (1, 2))
+    swiglu = "blocks.0.mlp.fc1_g.weight" in arrays or (
+        fc1 is not None and fc2 is not None and fc1.shape[0] == 2 * fc2.shape[-1]
+    )
     found = False
     for key in sorted(arrays):
         attention = re.fullmatch(r"(blocks\.\d+\.attn\.)(q_bias|q_proj\.weight)", key)
@@ -739,6 +755,7 @@ def _timm_eva_layout(arrays, notes):
             "EVA-02's attention has no key bias: loaded as zeros (a key bias adds the same "
             "logit to every key of a query, which the softmax removes)."
         )
+    return dict(EVA02_ROPE) if found and swiglu else {}
 
 
 def read_official(source, heads, grid=None, checkpoint_grid=None):
@@ -756,22 +773,24 @@ def read_official(source, heads, grid=None, checkpoint_grid=None):
             where it is known: it decides that over the model's grid.
 
     Returns:
-        `(format, params, origin, notes)`: the format name (`"vit_jax"`,
+        `(format, params, origin, notes, trained_with)`: the format name (`"vit_jax"`,
         `"big_vision"`, `"hf"` or `"timm"`), the tensors by official key, the source key
-        of each official key, and notes on what was ignored or adapted.
+        of each official key, notes on what was ignored or adapted, and the
+        `keras_vit.ViT` arguments the checkpoint was trained with that no tensor shows
+        (EVA-02's rope), as far as its keys tell them.
     """
     arrays = {}
     for path in _checkpoint_files(source):
         arrays.update(_read_arrays(path))
     if any("/" in key for key in arrays):
-        return _from_npz(arrays, source, grid, checkpoint_grid)
+        return (*_from_npz(arrays, source, grid, checkpoint_grid), {})
     if "patch_embed.proj.weight" in arrays:
         notes = []
         _timm_clip_projection(arrays, notes)
-        _timm_eva_layout(arrays, notes)
+        trained_with = _timm_eva_layout(arrays, notes)
         params, origin = _from_torch_layout(arrays, _TIMM_RULES, [], heads)
         _add_prefix_rows(params, notes, grid, "timm's no_embed_class model", checkpoint_grid)
-        return "timm", params, origin, notes
+        return "timm", params, origin, notes, trained_with
     if any(re.match(
         r"((vit|deit|dinov2|dinov2_with_registers|vision_model)\.)?embeddings\.patch_embeddings?\.",
         key) for key in arrays
@@ -783,5 +802,5 @@ def read_official(source, heads, grid=None, checkpoint_grid=None):
         notes += [f"{key} (masked-image pretraining only) is not used at inference: ignored."
                   for key in masks]
         vision = {key: value for key, value in arrays.items() if key not in set(text + masks)}
-        return ("hf", *_from_torch_layout(vision, _HF_RULES, _HF_RENAMES, heads), notes)
+        return ("hf", *_from_torch_layout(vision, _HF_RULES, _HF_RENAMES, heads), notes, {})
     _unknown_layout(source, arrays)

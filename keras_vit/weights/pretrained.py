@@ -526,6 +526,32 @@ def _check_switches(layout, params, source):
             )
 
 
+def _check_rope(layout, trained_with, source, report, strict):
+    """Rope has no tensors, so a checkpoint trained with it (`trained_with`, from its
+    keys: EVA-02's) fits a model without it and would answer wrong numbers: refused
+    naming the switches, or with `strict=False` a warning. A model with rope whose
+    reference grid is not the checkpoint's is noted: a file does not record the grid."""
+    if not trained_with.get("rope"):
+        return
+    grid = trained_with["rope_reference_grid"]
+    rope = layout.parts.rope
+    if rope is None:
+        problem = (
+            f"Checkpoint {source} is an EVA-02 (timm eva.py: q and v biases, a SwiGLU MLP), "
+            f"trained with rotary position embeddings, which have no tensors, but the model "
+            f"has none: build the model with rope=True, rope_reference_grid={grid} (timm's "
+            f"for every EVA-02)."
+        )
+        if strict:
+            raise ValueError(problem)
+        report._note(f"strict=False: {problem}", logging.WARNING)
+    elif (rope.reference_grid or layout.encoder.grid_size) != grid:
+        report._note(
+            f"the model's rope scales to a {rope.reference_grid or layout.encoder.grid_size} "
+            f"grid; timm's EVA-02 are trained with rope_reference_grid={grid}."
+        )
+
+
 def _swiglu_checkpoint(params):
     """Whether the first block's MLP is SwiGLU: its packed fc1 (gate | up) is twice as
     wide as its fc2 takes."""
@@ -647,9 +673,9 @@ def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoin
     layout = _ModelLayout(model)
     if source.endswith(".keras"):
         (params, grid), fmt, origin, notes = _keras_file_params(source), "vit_jax", {}, []
-        checkpoint_grid = checkpoint_grid or grid
+        checkpoint_grid, trained_with = checkpoint_grid or grid, {}
     else:
-        fmt, params, origin, notes = read_official(
+        fmt, params, origin, notes, trained_with = read_official(
             source, layout.heads, layout.encoder.grid_size, checkpoint_grid
         )
     report = LoadReport(source, fmt)
@@ -668,6 +694,7 @@ def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoin
         )
     if strict:  # otherwise the parts the model lacks are reported like other tensors
         _check_switches(layout, params, source)
+    _check_rope(layout, trained_with, source, report, strict)
 
     checkpoint_shapes = {key: tuple(value.shape) for key, value in params.items()}
     current = layout.params()
