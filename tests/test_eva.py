@@ -37,8 +37,8 @@ KINDS = {
 }
 
 
-def images(height=SIZE, width=SIZE, seed=0):
-    return np.random.default_rng(seed).uniform(-1, 1, (2, height, width, 3)).astype("float32")
+def images(height=SIZE, width=SIZE, seed=0, count=2):
+    return np.random.default_rng(seed).uniform(-1, 1, (count, height, width, 3)).astype("float32")
 
 
 def eva_state(kind, seed=3):
@@ -96,6 +96,15 @@ def timm_rope(rows, cols, reference):
     return sin, cos
 
 
+def timm_pre_logits(state, tokens):
+    """timm's `Eva.forward_head(pre_logits=True)` with avg pooling: the mean of the patch
+    tokens (after the class token) through `fc_norm`."""
+    pooled = torch.as_tensor(tokens)[:, 1:].mean(1)
+    return torch.nn.functional.layer_norm(
+        pooled, (WIDTH,), torch.from_numpy(state["fc_norm.weight"]),
+        torch.from_numpy(state["fc_norm.bias"]), 1e-6)
+
+
 def timm_eva_forward(state, pixels, kind, reference, rope=True):
     """timm's `Eva.forward` (class token, avg pooling, fc_norm), from its formulas: the
     logits and each block's output. `rope=False` leaves the rotation out."""
@@ -149,7 +158,7 @@ def timm_eva_forward(state, pixels, kind, reference, rope=True):
                           b + "mlp.norm")
         x = x + F.linear(hidden, w[b + "mlp.fc2.weight"], w[b + "mlp.fc2.bias"])
         blocks.append(x.numpy())
-    pooled = norm(x[:, 1:].mean(1), "fc_norm")
+    pooled = timm_pre_logits(state, x)
     return [F.linear(pooled, w["head.weight"], w["head.bias"]).numpy(), *blocks]
 
 
@@ -364,6 +373,32 @@ def test_feature_maps_attention_maps_and_lora(timm_files):
     enable_lora(classifier, 2)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(classifier(pixels)), before, atol=1e-5)
     assert any("lora" in v.path for v in classifier.trainable_weights)
+
+
+def test_fewshot_takes_timms_pre_logits_and_scores_their_ridge(timm_files):
+    """Few-shot features of an EVA-02 classifier (avg pooling, fc_norm) are timm's
+    pre-logits: the patch mean through fc_norm, not the tokens' mean before it; the
+    linear evaluation on them (every train image a shot) scores as the closed-form
+    ridge written out in numpy does on timm's features."""
+    from keras_vit.evaluation import fewshot
+    from test_fewshot import whitened_with_bias
+
+    path, state = timm_files["base"]
+    model = eva("base")
+    keras_vit.load_pretrained(model, path)
+    pixels, labels = images(seed=5, count=12), np.arange(12) % 3
+    features, got = fewshot.extract_features(model, pixels, labels, batch_size=5)
+    tokens = timm_eva_forward(state, pixels, "base", KINDS["base"]["reference"])[-1]
+    reference = timm_pre_logits(state, tokens).numpy().astype("float64")
+    assert relative_error([features], [reference]) < 1e-4
+    np.testing.assert_array_equal(got, labels)
+
+    result = fewshot.evaluate_model(model, (pixels[:6], labels[:6]), (pixels[6:], labels[6:]),
+                                    shots=(2,), seeds=[0], l2=1.0)
+    x, x_test = whitened_with_bias(reference[:6], reference[6:])
+    targets = 2.0 * np.eye(3)[labels[:6]] - 1.0
+    weights = np.linalg.solve(x.T @ x + np.eye(x.shape[1]), x.T @ targets)
+    assert result["accuracy"] == [[np.mean((x_test @ weights).argmax(1) == labels[6:])]]
 
 
 def test_mixed_precision_eva_keeps_float32_logits():

@@ -32,7 +32,7 @@ def _blobs(num_classes, per_class, dim, seed=0, spread=2.0):
     return features, labels
 
 
-def _whitened_with_bias(train, test):
+def whitened_with_bias(train, test):
     """big_vision's preprocessing, written out independently of keras_vit."""
     mean, std = train.mean(0), train.std(0) + 1e-5
     add_bias = lambda x: np.hstack([(x - mean) / std, np.full((len(x), 1), 100.0)])
@@ -44,7 +44,7 @@ def _whitened_with_bias(train, test):
 def test_solver_equals_numpy_solve_and_sklearn_ridge(n, d, l2):
     features, labels = _blobs(4, n // 4, d)
     test_features, test_labels = _blobs(4, 10, d, seed=1)
-    x, x_test = _whitened_with_bias(features, test_features)
+    x, x_test = whitened_with_bias(features, test_features)
     targets = 2.0 * np.eye(4)[labels] - 1.0
     primal = np.linalg.solve(x.T @ x + l2 * np.eye(d + 1), x.T @ targets)
     dual = x.T @ np.linalg.solve(x @ x.T + l2 * np.eye(n), targets)

@@ -18,7 +18,8 @@ def representation_model(model, layer=None):
 
     The representation is the output of the layer named `layer` if given, else of a
     ViT's `pre_logits` (the representation layer) when it has one, else of its
-    `pool`. A model that outputs `(batch, features)` itself (e.g. a ViT built with
+    `pool`, or of the final norm that follows the pool (`fc_norm=True`, as EVA-02's
+    timm pre-logits). A model that outputs `(batch, features)` itself (e.g. a ViT built with
     `include_top=False`, or another encoder) is used as it is.
 
     Example:
@@ -33,6 +34,8 @@ def representation_model(model, layer=None):
         try:
             parts = vit_parts(model)
             found = parts.pool if parts.pre_logits is None else parts.pre_logits
+            if found is parts.pool and found is not None and len(parts.norm.output.shape) == 2:
+                found = parts.norm  # fc_norm: the norm normalises the pooled features
         except ValueError:  # another encoder
             found = None
         if found is None:
