@@ -179,34 +179,50 @@ def test_timm_distilled_safetensors_match_transformers(teacher, tmp_path):
 # --- DeiT III: layer scale and no_embed_class, against timm's formulas -----------------
 
 
-def deit3_state(seed=5):
-    """A random timm DeiT III state dict (`no_embed_class`: a table of the patches only;
-    `ls1.gamma`, `ls2.gamma`), not near layer scale's 1e-6 start, so that it shows."""
+def random_timm_state(seed, *, width, layers, classes, patch, positions, mlp_dim, final_norm,
+                      block):
+    """A random timm ViT state dict: float32 draws of standard deviation 0.3 (norm weights
+    near 1, no zero biases, so that a lost or misplaced tensor shows). Each block gets
+    the entries every timm ViT has and `block(normal, prefix)`'s own (its attention
+    projections, MLP input, layer scale); `final_norm` names the last norm (`norm`, or
+    `fc_norm` after the pooling)."""
     rng = np.random.default_rng(seed)
 
     def normal(*shape, mean=0.0):
         return (mean + 0.3 * rng.standard_normal(shape)).astype("float32")
 
-    patches = (32 // 8) ** 2
     state = {
-        "cls_token": normal(1, 1, WIDTH), "pos_embed": normal(1, patches, WIDTH),
-        "patch_embed.proj.weight": normal(WIDTH, 3, 8, 8), "patch_embed.proj.bias": normal(WIDTH),
-        "norm.weight": normal(WIDTH, mean=1.0), "norm.bias": normal(WIDTH),
-        "head.weight": normal(CLASSES, WIDTH), "head.bias": normal(CLASSES),
+        "cls_token": normal(1, 1, width), "pos_embed": normal(1, positions, width),
+        "patch_embed.proj.weight": normal(width, 3, patch, patch),
+        "patch_embed.proj.bias": normal(width),
+        f"{final_norm}.weight": normal(width, mean=1.0), f"{final_norm}.bias": normal(width),
+        "head.weight": normal(classes, width), "head.bias": normal(classes),
     }
-    for i in range(LAYERS):
+    for i in range(layers):
         b = f"blocks.{i}."
         state.update({
-            b + "norm1.weight": normal(WIDTH, mean=1.0), b + "norm1.bias": normal(WIDTH),
-            b + "attn.qkv.weight": normal(3 * WIDTH, WIDTH), b + "attn.qkv.bias": normal(3 * WIDTH),
-            b + "attn.proj.weight": normal(WIDTH, WIDTH), b + "attn.proj.bias": normal(WIDTH),
-            b + "ls1.gamma": normal(WIDTH, mean=0.5),
-            b + "norm2.weight": normal(WIDTH, mean=1.0), b + "norm2.bias": normal(WIDTH),
-            b + "mlp.fc1.weight": normal(64, WIDTH), b + "mlp.fc1.bias": normal(64),
-            b + "mlp.fc2.weight": normal(WIDTH, 64), b + "mlp.fc2.bias": normal(WIDTH),
-            b + "ls2.gamma": normal(WIDTH, mean=0.5),
+            b + "norm1.weight": normal(width, mean=1.0), b + "norm1.bias": normal(width),
+            b + "attn.proj.weight": normal(width, width), b + "attn.proj.bias": normal(width),
+            b + "norm2.weight": normal(width, mean=1.0), b + "norm2.bias": normal(width),
+            b + "mlp.fc2.weight": normal(width, mlp_dim), b + "mlp.fc2.bias": normal(width),
+            **block(normal, b),
         })
     return state
+
+
+def deit3_state(seed=5):
+    """A random timm DeiT III state dict (`no_embed_class`: a table of the patches only;
+    `ls1.gamma`, `ls2.gamma`), not near layer scale's 1e-6 start, so that it shows."""
+    def block(normal, b):
+        return {
+            b + "attn.qkv.weight": normal(3 * WIDTH, WIDTH), b + "attn.qkv.bias": normal(3 * WIDTH),
+            b + "ls1.gamma": normal(WIDTH, mean=0.5), b + "ls2.gamma": normal(WIDTH, mean=0.5),
+            b + "mlp.fc1.weight": normal(64, WIDTH), b + "mlp.fc1.bias": normal(64),
+        }
+
+    return random_timm_state(seed, width=WIDTH, layers=LAYERS, classes=CLASSES, patch=8,
+                             positions=(32 // 8) ** 2, mlp_dim=64, final_norm="norm",
+                             block=block)
 
 
 def timm_deit3_forward(state, images):

@@ -23,7 +23,7 @@ import keras_vit
 from conftest import assert_module_passes_on, bucket_entry, on_other_backends
 from test_deit import (
     assert_family_round_trip, assert_maps_leave_out_prefix, assert_mixed_precision_near_float32,
-    fine_tune, relative_error,
+    fine_tune, random_timm_state, relative_error,
 )
 
 LAYERS, WIDTH, HEADS, SIZE, PATCH, CLASSES = 2, 32, 4, 28, 7, 6
@@ -42,46 +42,26 @@ def images(height=SIZE, width=SIZE, seed=0, count=2):
 
 
 def eva_state(kind, seed=3):
-    """A random timm EVA-02 state dict of `kind`; norms near 1, no zero biases."""
-    rng = np.random.default_rng(seed)
-
-    def normal(*shape, mean=0.0):
-        return (mean + 0.3 * rng.standard_normal(shape)).astype("float32")
-
-    grid = (SIZE // PATCH) ** 2
-    state = {
-        "cls_token": normal(1, 1, WIDTH), "pos_embed": normal(1, grid + 1, WIDTH),
-        "patch_embed.proj.weight": normal(WIDTH, 3, PATCH, PATCH),
-        "patch_embed.proj.bias": normal(WIDTH),
-        "fc_norm.weight": normal(WIDTH, mean=1.0), "fc_norm.bias": normal(WIDTH),
-        "head.weight": normal(CLASSES, WIDTH), "head.bias": normal(CLASSES),
-    }
-    for i in range(LAYERS):
-        b = f"blocks.{i}."
-        state.update({
-            b + "norm1.weight": normal(WIDTH, mean=1.0), b + "norm1.bias": normal(WIDTH),
-            b + "attn.proj.weight": normal(WIDTH, WIDTH), b + "attn.proj.bias": normal(WIDTH),
-            b + "norm2.weight": normal(WIDTH, mean=1.0), b + "norm2.bias": normal(WIDTH),
-            b + "mlp.fc2.weight": normal(WIDTH, MLP), b + "mlp.fc2.bias": normal(WIDTH),
-        })
+    """A random timm EVA-02 state dict of `kind` (`random_timm_state`)."""
+    def block(normal, b):
         if kind == "small":
-            state.update({
+            return {
                 b + "attn.qkv.weight": normal(3 * WIDTH, WIDTH),
                 b + "attn.q_bias": normal(WIDTH), b + "attn.v_bias": normal(WIDTH),
                 b + "mlp.fc1.weight": normal(2 * MLP, WIDTH), b + "mlp.fc1.bias": normal(2 * MLP),
-            })
-        else:
-            state.update({
-                b + "attn.q_proj.weight": normal(WIDTH, WIDTH),
-                b + "attn.q_proj.bias": normal(WIDTH),
-                b + "attn.k_proj.weight": normal(WIDTH, WIDTH),
-                b + "attn.v_proj.weight": normal(WIDTH, WIDTH),
-                b + "attn.v_proj.bias": normal(WIDTH),
-                b + "mlp.fc1_g.weight": normal(MLP, WIDTH), b + "mlp.fc1_g.bias": normal(MLP),
-                b + "mlp.fc1_x.weight": normal(MLP, WIDTH), b + "mlp.fc1_x.bias": normal(MLP),
-                b + "mlp.norm.weight": normal(MLP, mean=1.0), b + "mlp.norm.bias": normal(MLP),
-            })
-    return state
+            }
+        return {
+            b + "attn.q_proj.weight": normal(WIDTH, WIDTH), b + "attn.q_proj.bias": normal(WIDTH),
+            b + "attn.k_proj.weight": normal(WIDTH, WIDTH),
+            b + "attn.v_proj.weight": normal(WIDTH, WIDTH), b + "attn.v_proj.bias": normal(WIDTH),
+            b + "mlp.fc1_g.weight": normal(MLP, WIDTH), b + "mlp.fc1_g.bias": normal(MLP),
+            b + "mlp.fc1_x.weight": normal(MLP, WIDTH), b + "mlp.fc1_x.bias": normal(MLP),
+            b + "mlp.norm.weight": normal(MLP, mean=1.0), b + "mlp.norm.bias": normal(MLP),
+        }
+
+    return random_timm_state(seed, width=WIDTH, layers=LAYERS, classes=CLASSES, patch=PATCH,
+                             positions=(SIZE // PATCH) ** 2 + 1, mlp_dim=MLP,
+                             final_norm="fc_norm", block=block)
 
 
 def timm_rope(rows, cols, reference):
