@@ -633,7 +633,10 @@ def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoin
     corners for `.npz` files, as vit_jax does, and bicubically with antialiasing for
     HF/timm files, as timm does. A head with a different class count (or a checkpoint
     without one) is reset to zeros; `pre_logits` is dropped when the model has no
-    representation layer; both are logged and listed in the report's messages.
+    representation layer; both are logged and listed in the report's messages. A
+    part of the ViT family the checkpoint has and the model lacks (or the reverse) is
+    refused naming the switch to set; so is a timm EVA-02 file for a model without
+    `rope`, which has no tensors to miss.
 
     Args:
         model: a `keras_vit.ViT` model; its `classifier` must match the checkpoint's.
