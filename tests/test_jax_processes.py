@@ -208,10 +208,10 @@ def runs(tmp_path_factory):
     return dict(results, folders=folders, fsdp_state=states["fsdp_restarted"])
 
 
-def _weights(folder):
+def _weights(folder, name="model.keras"):
     from keras_vit.training import runs
 
-    return runs.read_keras(str(folder / "model.keras")).get_weights()
+    return runs.read_keras(str(folder / name)).get_weights()
 
 
 def test_two_processes_train_as_one(runs):
@@ -266,8 +266,9 @@ def test_process_that_never_joins_is_named(runs):
 def test_fsdp_processes_killed_resume_exactly_from_sharded_backups(runs):
     """FSDP over 2 processes: the backup is sharded (the state file names the Orbax folder
     that each process wrote its shards to), process 1 SIGKILLed in epoch 2 and both
-    restarted end with the weights and metrics of the uninterrupted run, and the final
-    `model.keras` holds the whole model (one host's copy)."""
+    restarted end with the weights and metrics of the uninterrupted run, the epoch
+    checkpoints are sharded too, and the final `model.keras` holds the whole model (one
+    host's copy)."""
     for code, _, err in runs["fsdp"] + runs["fsdp_restarted"]:
         assert code == 0, err[-3000:]
     assert "FullyShardedDataParallel, 2 devices in 2 processes" in runs["fsdp"][1][2]
@@ -279,3 +280,9 @@ def test_fsdp_processes_killed_resume_exactly_from_sharded_backups(runs):
         np.testing.assert_array_equal(b, a)
     assert (killed / "metrics.csv").read_text() == (straight / "metrics.csv").read_text()
     assert sorted(os.listdir(killed)) == sorted(os.listdir(straight))
+    # Each epoch's checkpoint is a folder of both processes' shards (Orbax), nothing
+    # gathered; read into one host, the last is the final model.keras.
+    assert sorted(os.listdir(straight / "checkpoints")) == ["epoch_0001.orbax", "epoch_0002.orbax"]
+    last = _weights(straight / "checkpoints", "epoch_0002.orbax")
+    for a, b in zip(_weights(straight), last, strict=True):
+        np.testing.assert_array_equal(b, a)

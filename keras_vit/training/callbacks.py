@@ -352,7 +352,8 @@ def _remove(path):
     """Deletes the checkpoint file or folder `path`, if there. A folder is renamed first
     (atomic), so that a kill while deleting leaves no part of it under a checkpoint's name."""
     if tf.io.gfile.isdir(path):
-        if path.endswith(EpochCheckpoints.SUFFIXES) and "://" not in path:  # a bucket renames by copying
+        # (Not in a bucket, where a rename copies.)
+        if path.endswith(EpochCheckpoints.SUFFIXES) and "://" not in path:
             tf.io.gfile.rename(path, path + ".removed", overwrite=True)
             path += ".removed"
         tf.io.gfile.rmtree(path)
