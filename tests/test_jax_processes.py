@@ -136,7 +136,7 @@ def _kill_and_restart(runs):
     file as the kill left it)}`."""
     from keras_vit.training.callbacks import TrainingBackup
 
-    deadline = time.monotonic() + 400
+    deadline = time.monotonic() + 900  # every run of the module shares the cores
     waiting, done = dict(runs), {}
     while waiting:
         for name, (backup, procs, restart) in list(waiting.items()):
