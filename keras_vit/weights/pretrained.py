@@ -645,11 +645,10 @@ def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoin
         posembed.check_interpolation(interpolation)
     source = resolve_weights(os.fspath(source))
     layout = _ModelLayout(model)
-    from keras_vit.training.runs import is_model, read_keras  # runs imports this module
+    from keras_vit.training.runs import is_model  # runs imports this module
 
-    if is_model(source):  # a .keras file, or a sharded run checkpoint
-        params, grid = _keras_file_params(read_keras(source))
-        fmt, origin, notes = "vit_jax", {}, []
+    if is_model(source):  # a .keras file, or a sharded run checkpoint (`epoch_NNNN.orbax`)
+        (params, grid), fmt, origin, notes = _keras_file_params(source), "vit_jax", {}, []
         checkpoint_grid = checkpoint_grid or grid
     else:
         fmt, params, origin, notes = read_official(
@@ -727,9 +726,12 @@ def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoin
     return report
 
 
-def _keras_file_params(model):
-    """The weights of the ViT `model` (loaded from a `.keras` file), in the official
-    layout, and its patch grid."""
+def _keras_file_params(path):
+    """The weights of the ViT saved in `path` (a `.keras` file or a sharded run
+    checkpoint), in the official layout, and its patch grid."""
+    from keras_vit.training.runs import read_keras  # runs imports this module
+
+    model = read_keras(path)
     return _official_params(model), _ModelLayout(model).encoder.grid_size
 
 
