@@ -57,11 +57,19 @@ def _free_port():
         return port
 
 
+# JAX's persistent compilation cache, shared by every process of this module: a process
+# restarted after a kill, or one starting after another compiled the same program, loads
+# the compiled code instead of compiling it again (start-up and compiling dominate).
+COMPILATION_CACHE = dict(
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0"
+)
+
+
 def _env(**more):
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
     # Many processes share the cores: one TensorFlow op thread each (tf.data).
     return dict(env, PYTHONPATH=str(ROOT), KERAS_BACKEND="jax", TF_NUM_INTRAOP_THREADS="1",
-                TF_NUM_INTEROP_THREADS="1", **more)
+                TF_NUM_INTEROP_THREADS="1", **COMPILATION_CACHE, **more)
 
 
 def _start(args, cwd, **env):
@@ -120,42 +128,70 @@ def _finish(procs, timeout=600):
     return results
 
 
-def _kill_and_restart(backup, procs, restart):
-    """Once process 0 of `procs` has backed up epoch 1 in the folder `backup`, SIGKILLs
-    process 1, then process 0 (left waiting for it), and starts both again with the same
-    command (`restart()`); returns the restarted processes and the backup's state file
-    as the kill left it."""
+def _kill_and_restart(runs):
+    """Once process 0 of each run's `procs` has backed up epoch 1 in the run's folder
+    `backup`, SIGKILLs its process 1, then its process 0 (left waiting for it), and starts
+    both again with the same command (`restart()`). `runs`: `{name: (backup, procs,
+    restart)}`, watched together; returns `{name: (restarted processes, the backup's state
+    file as the kill left it)}`."""
     from keras_vit.training.callbacks import TrainingBackup
 
-    deadline = time.monotonic() + 400
-    while TrainingBackup.saved_position(str(backup)) < (1, 0):
-        assert procs[0].poll() is None and time.monotonic() < deadline, _finish(procs)
+    deadline = time.monotonic() + 900  # every run of the module shares the cores
+    waiting, done = dict(runs), {}
+    while waiting:
+        for name, (backup, procs, restart) in list(waiting.items()):
+            if TrainingBackup.saved_position(str(backup)) < (1, 0):
+                assert procs[0].poll() is None and time.monotonic() < deadline, _finish(procs)
+                continue
+            procs[1].send_signal(signal.SIGKILL)
+            assert procs[1].wait() == -signal.SIGKILL
+            procs[0].kill()
+            procs[0].wait()
+            state = dict(np.load(backup / TrainingBackup.FILE))
+            done[name] = restart(), state
+            del waiting[name]
         time.sleep(0.2)
-    procs[1].send_signal(signal.SIGKILL)
-    assert procs[1].wait() == -signal.SIGKILL
-    procs[0].kill()
-    procs[0].wait()
-    state = dict(np.load(backup / TrainingBackup.FILE))
-    return restart(), state
+    return done
+
+
+# Two epochs, backed up every 2 of their 4 micro-batches, weights and optimizer slots
+# split over the 2 processes' devices.
+FSDP = ["--set", "schedule.epochs=2", "--set", "checkpointing.backup_every_micro_batches=2",
+        "--set", "distribution.strategy=fsdp"]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Starts everything at once (start-up and compiling dominate): the README's
-    two-process run, the same command in one process, the two processes killed in epoch
-    2 and restarted, a second process with another batch size, and a process 0 whose
-    process 1 never comes."""
+    """Starts everything at once (start-up and compiling dominate), all sharing one
+    compilation cache: the README's two-process run, the same command in one process,
+    the two processes killed in epoch 2 and restarted, a second process with another
+    batch size, a process 0 whose process 1 never comes, and two processes with FSDP
+    (`TINY`) run straight, and killed in epoch 2 and restarted."""
+    COMPILATION_CACHE["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.mktemp("jax_cache"))
     folders = {name: tmp_path_factory.mktemp(name) for name in ("one", "two", "killed", "lonely")}
     other = [tmp_path_factory.mktemp("other") for _ in range(2)]
+    fsdp = {name: tmp_path_factory.mktemp(name) for name in ("fsdp", "fsdp_killed")}
     script = TWO_PROCESSES.replace("127.0.0.1:8476", f"127.0.0.1:{_free_port()}").replace(
         "keras-vit ", f"{sys.executable} -m keras_vit "
     )
+
+    def fsdp_pair(folder):
+        port = _free_port()
+        return [_process(folder, port, index, 2, *FSDP) for index in (0, 1)]
+
     started = {
         "two": [_start(["bash", "-ec", script], folders["two"])],
         # The README's command without the JAX_ variables: one process.
         "one": [_cli(README_ARGS, folders["one"])],
+        "fsdp": fsdp_pair(fsdp["fsdp"]),
     }
-    killed = _readme_processes(folders["killed"], _free_port())
+    killed = {
+        "restarted": (folders["killed"] / "runs" / "two" / "backup",
+                      _readme_processes(folders["killed"], _free_port()),
+                      lambda: _readme_processes(folders["killed"], _free_port())),
+        "fsdp_restarted": (fsdp["fsdp_killed"] / "run" / "backup", fsdp_pair(fsdp["fsdp_killed"]),
+                           lambda: fsdp_pair(fsdp["fsdp_killed"])),
+    }
     port = _free_port()
     started["other"] = [
         _process(other[0], port, 0, 2), _process(other[1], port, 1, 2, "--set", "data.batch_size=64")
@@ -163,18 +199,19 @@ def runs(tmp_path_factory):
     started["lonely"] = [
         _process(folders["lonely"], _free_port(), 0, 2, "--set", "distribution.join_timeout=5")
     ]
-    started["restarted"], _ = _kill_and_restart(
-        folders["killed"] / "runs" / "two" / "backup", killed,
-        lambda: _readme_processes(folders["killed"], _free_port()),
-    )
+    restarted = _kill_and_restart(killed)
+    states = {name: state for name, (_, state) in restarted.items()}
+    started.update({name: procs for name, (procs, _) in restarted.items()})
     results = {name: _finish(procs) for name, procs in started.items()}
-    return dict(results, folders={name: folder / "runs" / "two" for name, folder in folders.items()})
+    folders = {name: folder / "runs" / "two" for name, folder in folders.items()}
+    folders.update(fsdp=fsdp["fsdp"] / "run", fsdp_killed=fsdp["fsdp_killed"] / "run")
+    return dict(results, folders=folders, fsdp_state=states["fsdp_restarted"])
 
 
-def _weights(folder):
+def _weights(folder, name="model.keras"):
     from keras_vit.training import runs
 
-    return runs.read_keras(str(folder / "model.keras")).get_weights()
+    return runs.read_keras(str(folder / name)).get_weights()
 
 
 def test_two_processes_train_as_one(runs):
@@ -226,41 +263,26 @@ def test_process_that_never_joins_is_named(runs):
     assert "process 1 of 2 did not join within 5 s" in err.strip().splitlines()[-1], err[-3000:]
 
 
-# Two epochs, backed up every 2 of their 4 micro-batches, weights and optimizer slots
-# split over the 2 processes' devices.
-FSDP = ["--set", "schedule.epochs=2", "--set", "checkpointing.backup_every_micro_batches=2",
-        "--set", "distribution.strategy=fsdp"]
-
-
-@pytest.fixture(scope="module")
-def fsdp_runs(tmp_path_factory):
-    """Two processes with FSDP (`TINY`): run straight, and SIGKILLed in epoch 2 and
-    restarted (started at once)."""
-    straight, killed = tmp_path_factory.mktemp("fsdp"), tmp_path_factory.mktemp("fsdp_killed")
-
-    def pair(folder):
-        port = _free_port()
-        return [_process(folder, port, index, 2, *FSDP) for index in (0, 1)]
-
-    reference, first = pair(straight), pair(killed)
-    restarted, state = _kill_and_restart(killed / "run" / "backup", first, lambda: pair(killed))
-    return dict(straight=_finish(reference), restarted=_finish(restarted), state=state,
-                folders=dict(straight=straight / "run", killed=killed / "run"))
-
-
-def test_fsdp_processes_killed_resume_exactly_from_sharded_backups(fsdp_runs):
+def test_fsdp_processes_killed_resume_exactly_from_sharded_backups(runs):
     """FSDP over 2 processes: the backup is sharded (the state file names the Orbax folder
     that each process wrote its shards to), process 1 SIGKILLed in epoch 2 and both
-    restarted end with the weights and metrics of the uninterrupted run, and the final
-    `model.keras` holds the whole model (one host's copy)."""
-    for code, _, err in fsdp_runs["straight"] + fsdp_runs["restarted"]:
+    restarted end with the weights and metrics of the uninterrupted run, the epoch
+    checkpoints are sharded too, and the final `model.keras` holds the whole model (one
+    host's copy)."""
+    for code, _, err in runs["fsdp"] + runs["fsdp_restarted"]:
         assert code == 0, err[-3000:]
-    assert "FullyShardedDataParallel, 2 devices in 2 processes" in fsdp_runs["straight"][1][2]
-    assert "Resumed from" in fsdp_runs["restarted"][1][2]
-    state = fsdp_runs["state"]
+    assert "FullyShardedDataParallel, 2 devices in 2 processes" in runs["fsdp"][1][2]
+    assert "Resumed from" in runs["fsdp_restarted"][1][2]
+    state = runs["fsdp_state"]
     assert set(state) == {"epoch", "step", "sharded"}
-    straight, killed = fsdp_runs["folders"]["straight"], fsdp_runs["folders"]["killed"]
+    straight, killed = runs["folders"]["fsdp"], runs["folders"]["fsdp_killed"]
     for a, b in zip(_weights(straight), _weights(killed), strict=True):
         np.testing.assert_array_equal(b, a)
     assert (killed / "metrics.csv").read_text() == (straight / "metrics.csv").read_text()
     assert sorted(os.listdir(killed)) == sorted(os.listdir(straight))
+    # Each epoch's checkpoint is a folder of both processes' shards (Orbax), nothing
+    # gathered; read into one host, the last is the final model.keras.
+    assert sorted(os.listdir(straight / "checkpoints")) == ["epoch_0001.orbax", "epoch_0002.orbax"]
+    last = _weights(straight / "checkpoints", "epoch_0002.orbax")
+    for a, b in zip(_weights(straight), last, strict=True):
+        np.testing.assert_array_equal(b, a)

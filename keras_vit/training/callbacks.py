@@ -127,8 +127,7 @@ class TrainingBackup(keras.callbacks.Callback):
         }
 
     def _sharded_path(self, name):
-        path = os.path.join(self.directory, name)
-        return path if "://" in path else os.path.abspath(path)  # Orbax wants absolute paths
+        return orbax_path(os.path.join(self.directory, name))
 
     def _save(self, epoch, step):
         arrays = {"epoch": np.array(epoch), "step": np.array(step)}
@@ -262,9 +261,13 @@ class TrainingBackup(keras.callbacks.Callback):
 class EpochCheckpoints(keras.callbacks.Callback):
     """Saves a model as `epoch_NNNN.keras` after each epoch whose metrics are finite.
 
-    Keeps the newest `keep` files. The saved model is `model` (the network itself,
+    Keeps the newest `keep` checkpoints. The saved model is `model` (the network itself,
     without optimizer state), which may differ from the model being fit (e.g. a
     `TrainingModel` around it). With several workers only the chief keeps the files.
+    Where the weights are split over devices (FSDP, model-parallel layouts on JAX) the
+    checkpoint is a folder `epoch_NNNN.orbax` instead, which each process writes its
+    shards of through Orbax (`sharded_state.save_model`), nothing gathered;
+    `keras_vit.training.runs.read_keras` reads either kind into one host.
 
     Example:
 
@@ -272,7 +275,13 @@ class EpochCheckpoints(keras.callbacks.Callback):
     >>> vit = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
     ...                     num_heads=4, mlp_dim=64, num_classes=10)
     >>> checkpoints = EpochCheckpoints(vit, "/tmp/run/checkpoints", keep=2)
+    >>> EpochCheckpoints.find("/tmp/no-such-run/checkpoints")
+    []
     """
+
+    # The two kinds of checkpoint: one host's `.keras` file, or a sharded folder.
+    SHARDED = ".orbax"
+    SUFFIXES = (".keras", SHARDED)
 
     def __init__(self, model, directory, keep=3):
         super().__init__()
@@ -282,15 +291,18 @@ class EpochCheckpoints(keras.callbacks.Callback):
         self.keep = int(keep)
         self.saved = []
 
+    @classmethod
+    def find(cls, directory):
+        """The checkpoints in `directory`, oldest epoch first."""
+        return sorted(p for p in _epoch_entries(directory) if p.endswith(cls.SUFFIXES))
+
     def on_train_begin(self, logs=None):
-        # A resumed run also prunes the checkpoints written before the restart.
-        self.saved = []
-        if tf.io.gfile.isdir(self.directory):
-            self.saved = sorted(
-                os.path.join(self.directory, name)
-                for name in tf.io.gfile.listdir(self.directory)
-                if name.startswith("epoch_") and name.endswith(".keras")
-            )
+        # A resumed run also prunes the checkpoints written before the restart, and the
+        # folders a kill left part-written (Orbax's temporary ones) or part-deleted.
+        self.saved = self.find(self.directory)
+        if is_chief(model_strategy(self.model)):
+            for path in set(_epoch_entries(self.directory)) - set(self.saved):
+                _remove(path)
 
     def on_epoch_end(self, epoch, logs=None):
         if not_finite(logs):
@@ -300,20 +312,58 @@ class EpochCheckpoints(keras.callbacks.Callback):
                 self.saved[-1] if self.saved else "none",
             )
             return
-        path = os.path.join(self.directory, f"epoch_{epoch + 1:04d}.keras")
+        sharded = False
+        if keras.backend.backend() == "jax":
+            from keras_vit.training import sharded_state
+
+            sharded = sharded_state.is_sharded(self.network.variables)
+        name = f"epoch_{epoch + 1:04d}"
+        path = os.path.join(self.directory, name + (self.SHARDED if sharded else ".keras"))
         strategy = model_strategy(self.model)
-        with chief_writes(path, strategy) as target:
-            tf.io.gfile.makedirs(os.path.dirname(target))
-            with atomic_path(target) as temporary:
-                one_host_model(self.network).save(temporary)
+        if sharded:  # every process writes its shards into the run folder itself
+            tf.io.gfile.makedirs(self.directory)
+            sharded_state.save_model(orbax_path(path), self.network)
+        else:
+            with chief_writes(path, strategy) as target:
+                tf.io.gfile.makedirs(os.path.dirname(target))
+                with atomic_path(target) as temporary:
+                    one_host_model(self.network).save(temporary)
         if not is_chief(strategy):
             return
-        # A rerun of an epoch replaces its file: count it once.
+        # A rerun of an epoch replaces its checkpoint (of either kind, should the
+        # resumed run shard otherwise): count it once.
         self.saved = sorted(set(self.saved) | {path})
+        for old in [p for p in self.saved if os.path.basename(p).startswith(name) and p != path]:
+            self.saved.remove(old)
+            _remove(old)
         while len(self.saved) > self.keep:
-            old = self.saved.pop(0)
-            if tf.io.gfile.exists(old):
-                tf.io.gfile.remove(old)
+            _remove(self.saved.pop(0))
+
+
+def _epoch_entries(directory):
+    """Every `epoch_*` file and folder in `directory`: checkpoints and leftovers."""
+    if not tf.io.gfile.isdir(directory):
+        return []
+    names = (name.rstrip("/") for name in tf.io.gfile.listdir(directory))
+    return [os.path.join(directory, n) for n in names if n.startswith("epoch_")]
+
+
+def _remove(path):
+    """Deletes the checkpoint file or folder `path`, if there. A folder is renamed first
+    (atomic), so that a kill while deleting leaves no part of it under a checkpoint's name."""
+    if tf.io.gfile.isdir(path):
+        # (Not in a bucket, where a rename copies.)
+        if path.endswith(EpochCheckpoints.SUFFIXES) and "://" not in path:
+            tf.io.gfile.rename(path, path + ".removed", overwrite=True)
+            path += ".removed"
+        tf.io.gfile.rmtree(path)
+    elif tf.io.gfile.exists(path):
+        tf.io.gfile.remove(path)
+
+
+def orbax_path(path):
+    """`path` as Orbax takes it: absolute, or a URL (`gs://`) as it is."""
+    return path if "://" in path else os.path.abspath(path)
 
 
 class EpochLog(keras.callbacks.Callback):

@@ -4,7 +4,8 @@
 OUT/config.json             the run's configuration
 OUT/labels.txt              class names, one per line (when the data names its classes)
 OUT/model.keras             the final model
-OUT/checkpoints/epoch_NNNN.keras
+OUT/checkpoints/epoch_NNNN.keras  each epoch's model (epoch_NNNN.orbax/: its shards, when the
+                            weights are split over devices)
 OUT/backup/state.npz        full training state while the run is unfinished
 OUT/backup/sharded_*/       its arrays, when the weights are split over devices (Orbax)
 OUT/metrics.csv             one row per epoch; OUT/metrics.json: history + final eval
@@ -35,7 +36,7 @@ except ImportError:  # Windows: no advisory locks; runs are then not kept apart.
 from keras_vit import data as vit_data
 from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS
-from keras_vit.training.callbacks import TrainingBackup
+from keras_vit.training.callbacks import EpochCheckpoints, TrainingBackup, orbax_path
 from keras_vit.training.config import TrainConfig
 from keras_vit.weights.download import resolve_weights
 from keras_vit.weights import registry
@@ -136,20 +137,28 @@ def clear(folder):
 
 
 def latest_checkpoint(run_dir):
-    """The newest `checkpoints/epoch_NNNN.keras` of a run folder, or None.
+    """The newest checkpoint of a run folder (`checkpoints/epoch_NNNN.keras`, or the
+    sharded folder `epoch_NNNN.orbax`; `read_keras` reads either), or None.
 
     Example:
 
     >>> latest_checkpoint("/tmp/no-such-run") is None
     True
     """
-    folder = os.path.join(run_dir, CHECKPOINTS)
-    if not tf.io.gfile.isdir(folder):
-        return None
-    names = sorted(
-        n for n in tf.io.gfile.listdir(folder) if n.startswith("epoch_") and n.endswith(".keras")
-    )
-    return os.path.join(folder, names[-1]) if names else None
+    found = EpochCheckpoints.find(os.path.join(run_dir, CHECKPOINTS))
+    return found[-1] if found else None
+
+
+def is_model(path):
+    """Whether the file or folder `path` holds a whole Keras model that `read_keras`
+    reads: a `.keras` file or a sharded checkpoint (`epoch_NNNN.orbax`).
+
+    Example:
+
+    >>> is_model("runs/b16/checkpoints/epoch_0003.orbax"), is_model("ViT-B_16.npz")
+    (True, False)
+    """
+    return path.endswith(EpochCheckpoints.SUFFIXES)
 
 
 def resolve_from(source):
@@ -187,7 +196,7 @@ def resolve_from(source):
                 f"Run folder {source!r} has neither {MODEL} nor a checkpoint in {CHECKPOINTS}/ yet."
             )
         return checkpoint
-    if source.endswith(".keras") and not tf.io.gfile.exists(source):
+    if is_model(source) and not tf.io.gfile.exists(source):
         raise FileNotFoundError(f"No such model file: {source!r}.")
     return resolve_weights(source)
 
@@ -360,7 +369,9 @@ def eval_source(config, spec=None):
 def read_keras(path):
     """`keras.saving.load_model(path, compile=False)`, with a truncated or corrupt file
     reported as such (Keras says "File not found" for any file that is not a zip, and
-    passes on zipfile's own error for a member whose bytes changed on disk).
+    passes on zipfile's own error for a member whose bytes changed on disk). A sharded
+    checkpoint folder (`epoch_NNNN.orbax`) is read into this host, whole
+    (`keras_vit.training.sharded_state.load_model`; Orbax must be installed).
 
     Example:
 
@@ -372,6 +383,10 @@ def read_keras(path):
     ...
     ValueError: ...cut.keras is not a complete .keras file (14 bytes, truncated or corrupt)...
     """
+    if path.endswith(EpochCheckpoints.SHARDED):
+        from keras_vit.training import sharded_state
+
+        return sharded_state.load_model(orbax_path(path))
     if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
         if "://" in path:  # GFile cannot seek from the end, as zipfile does
             with tf.io.gfile.GFile(path, "rb") as f:
@@ -405,7 +420,7 @@ def load_model(source):
     (None, 10)
     """
     path = resolve_from(source)
-    if not path.endswith(".keras"):
+    if not is_model(path):
         raise ValueError(
             f"{source!r} holds weights only; build the model (keras_vit.ViT) and load them "
             "with keras_vit.load_pretrained, or pass a run folder or a .keras file."
@@ -427,8 +442,12 @@ def source_preprocessing(source):
     if recorded is not None or registry.is_registered(source.removeprefix("timm:")):
         return recorded
     path = resolve_from(source)
-    if not path.endswith(".keras"):
+    if not is_model(path):
         return None
+    if path.endswith(EpochCheckpoints.SHARDED):
+        from keras_vit.training import sharded_state
+
+        return sharded_state.architecture(orbax_path(path))["config"].get("preprocessing")
     with tf.io.gfile.GFile(path, "rb") as file, zipfile.ZipFile(file) as archive:
         return json.loads(archive.read("config.json"))["config"].get("preprocessing")
 
@@ -454,7 +473,7 @@ def load_weights(model, source, *, interpolation=None):
     'copied 21 weights from ...tiny.keras'
     """
     path = resolve_from(source)
-    if path.endswith(".keras"):
+    if is_model(path):
         saved = read_keras(path)
         mine = {v.path: v for v in model.weights}
         theirs = {v.path: v for v in saved.weights}

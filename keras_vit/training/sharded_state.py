@@ -3,10 +3,14 @@ own shards, as Keras' `OrbaxCheckpoint` and big_vision do, never gathering a wei
 one host. Orbax writes a checkpoint into a temporary folder and renames it once every
 process has written its part, so a folder that exists is complete.
 
-Imported only on the JAX backend (`pip install "keras3-vit[jax]"` brings Orbax).
+Written on the JAX backend (`pip install "keras3-vit[jax]"` brings Orbax); a model saved
+by `save_model` reads back into one host (`load_model`) on any backend where Orbax is
+installed.
 """
 
 import jax
+import keras
+import numpy as np
 
 
 def is_sharded(variables):
@@ -31,6 +35,95 @@ def save(path, tree):
     checkpointer.save(path, tree, force=True)
     checkpointer.wait_until_finished()
     checkpointer.close()
+
+
+def save_model(path, model):
+    """Writes `model` to the folder `path` (absolute or `gs://`), replacing any folder
+    there: its architecture (`keras.saving.serialize_keras_object`, as a `.keras` file
+    holds it) and its variables, each process its own shards; every process must call it.
+    The folder appears whole once every process has written (Orbax), never part-way."""
+    import orbax.checkpoint as ocp
+
+    checkpointer = _model_checkpointer()
+    checkpointer.save(
+        path,
+        ocp.args.Composite(
+            architecture=ocp.args.JsonSave(keras.saving.serialize_keras_object(model)),
+            variables=ocp.args.StandardSave([v.value for v in model.variables]),
+        ),
+        force=True,
+    )
+    checkpointer.close()
+
+
+def load_model(path):
+    """The model `save_model` wrote to the folder `path`, rebuilt from its architecture
+    outside any distribution, each variable whole on this process's first device (the
+    folder may hold the shards of any number of devices and processes).
+
+    Example:
+
+    >>> import os, tempfile, keras_vit
+    >>> path = os.path.join(tempfile.mkdtemp(), "epoch_0001.orbax")
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
+    ...                       num_heads=4, mlp_dim=64, num_classes=10)
+    >>> save_model(path, model)
+    >>> load_model(path).output_shape
+    (None, 10)
+    """
+    import orbax.checkpoint as ocp
+
+    checkpointer = _model_checkpointer()
+    saved = checkpointer.metadata(path).item_metadata["variables"].tree
+    config = dict(architecture(path), compile_config=None)  # as load_model(compile=False)
+    model = _outside_distribution(lambda: keras.saving.deserialize_keras_object(config))
+    _check_variables(model, [tuple(m.shape) for m in saved], path)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    like = [jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=device) for m in saved]
+    values = checkpointer.restore(
+        path, ocp.args.Composite(variables=ocp.args.StandardRestore(like))
+    ).variables
+    for variable, value in zip(model.variables, values):
+        variable.assign(np.asarray(value))
+    return model
+
+
+def architecture(path):
+    """The architecture of the model `save_model` wrote to the folder `path`: the
+    `keras.saving.serialize_keras_object` dict (a `.keras` file's `config.json`)."""
+    import orbax.checkpoint as ocp
+
+    return _model_checkpointer().restore(
+        path, ocp.args.Composite(architecture=ocp.args.JsonRestore())
+    ).architecture
+
+
+def _model_checkpointer():
+    import orbax.checkpoint as ocp
+
+    return ocp.Checkpointer(
+        ocp.CompositeCheckpointHandler(
+            architecture=ocp.JsonCheckpointHandler(), variables=ocp.StandardCheckpointHandler()
+        )
+    )
+
+
+def _outside_distribution(build):
+    """`build()` with no `keras.distribution` set: its variables whole on one device."""
+    distribution = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        return build()
+    finally:
+        keras.distribution.set_distribution(distribution)
+
+
+def _check_variables(model, shapes, source):
+    if [tuple(v.shape) for v in model.variables] != list(shapes):
+        raise ValueError(
+            f"{model.name} rebuilt from its config has other variables than {source}: it "
+            "cannot take its weights."
+        )
 
 
 def metadata(path):
@@ -64,25 +157,13 @@ def one_host_copy(model):
     >>> one_host_copy(model) is model
     True
     """
-    import keras
-    import numpy as np
-
     if all(getattr(v.value, "is_fully_addressable", True) for v in model.variables):
         return model
     from jax.experimental import multihost_utils
 
     values = [np.asarray(multihost_utils.process_allgather(v.value, tiled=True)) for v in model.variables]
-    distribution = keras.distribution.distribution()
-    keras.distribution.set_distribution(None)
-    try:
-        copy = type(model).from_config(model.get_config())
-    finally:
-        keras.distribution.set_distribution(distribution)
-    if [tuple(v.shape) for v in copy.variables] != [a.shape for a in values]:
-        raise ValueError(
-            f"{model.name} rebuilt from its config has other variables than the model: "
-            "it cannot be gathered into a .keras file."
-        )
+    copy = _outside_distribution(lambda: type(model).from_config(model.get_config()))
+    _check_variables(copy, [a.shape for a in values], f"the model {model.name}")
     for variable, value in zip(copy.variables, values):
         variable.assign(value)
     return copy

@@ -674,7 +674,9 @@ def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoin
         posembed.check_interpolation(interpolation)
     source = resolve_weights(os.fspath(source))
     layout = _ModelLayout(model)
-    if source.endswith(".keras"):
+    from keras_vit.training.runs import is_model  # runs imports this module
+
+    if is_model(source):  # a .keras file, or a sharded run checkpoint (`epoch_NNNN.orbax`)
         (params, grid), fmt, origin, notes = _keras_file_params(source), "vit_jax", {}, []
         checkpoint_grid, trained_with = checkpoint_grid or grid, {}
     else:
@@ -755,9 +757,11 @@ def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoin
 
 
 def _keras_file_params(path):
-    """The weights of the ViT saved in the `.keras` file `path`, in the official layout,
-    and its patch grid."""
-    model = keras.saving.load_model(path, compile=False)
+    """The weights of the ViT saved in `path` (a `.keras` file or a sharded run
+    checkpoint), in the official layout, and its patch grid."""
+    from keras_vit.training.runs import read_keras  # runs imports this module
+
+    model = read_keras(path)
     return _official_params(model), _ModelLayout(model).encoder.grid_size
 
 
