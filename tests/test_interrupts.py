@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
     "model.kwargs.hidden_dim=16", "model.kwargs.num_layers=1", "model.kwargs.num_heads=2",
-    "model.kwargs.mlp_dim=32", "schedule.epochs=2", "schedule.micro_batches_per_epoch=40",
+    "model.kwargs.mlp_dim=32", "schedule.epochs=2", "schedule.micro_batches_per_epoch=400",
     "checkpointing.backup_every_micro_batches=2", "checkpointing.tensorboard=false",
     "distribution.jit_compile=off", "data.batch_size=32", "evaluation.enabled=false",
 ]
