@@ -132,12 +132,10 @@ class TrainingBackup(keras.callbacks.Callback):
     def _save(self, epoch, step):
         arrays = {"epoch": np.array(epoch), "step": np.array(step)}
         groups = self._groups()
-        sharded = False
-        if keras.backend.backend() == "jax":
+        sharded = split_over_devices(self.model.variables)
+        if sharded:
             from keras_vit.training import sharded_state
 
-            sharded = sharded_state.is_sharded(self.model.variables)
-        if sharded:
             # Each process writes its own shards of the state (Orbax) first; the state
             # file written after it names that folder, so a kill before leaves the
             # previous state in force.
@@ -312,15 +310,13 @@ class EpochCheckpoints(keras.callbacks.Callback):
                 self.saved[-1] if self.saved else "none",
             )
             return
-        sharded = False
-        if keras.backend.backend() == "jax":
-            from keras_vit.training import sharded_state
-
-            sharded = sharded_state.is_sharded(self.network.variables)
+        sharded = split_over_devices(self.network.variables)
         name = f"epoch_{epoch + 1:04d}"
         path = os.path.join(self.directory, name + (self.SHARDED if sharded else ".keras"))
         strategy = model_strategy(self.model)
         if sharded:  # every process writes its shards into the run folder itself
+            from keras_vit.training import sharded_state
+
             tf.io.gfile.makedirs(self.directory)
             sharded_state.save_model(orbax_path(path), self.network)
         else:
@@ -338,6 +334,17 @@ class EpochCheckpoints(keras.callbacks.Callback):
             _remove(old)
         while len(self.saved) > self.keep:
             _remove(self.saved.pop(0))
+
+
+def split_over_devices(variables):
+    """Whether any of `variables` is split over devices (FSDP, model-parallel layouts),
+    which only the JAX backend does here: their checkpoints are then written sharded
+    (`keras_vit.training.sharded_state`)."""
+    if keras.backend.backend() != "jax":
+        return False
+    from keras_vit.training import sharded_state
+
+    return sharded_state.is_sharded(variables)
 
 
 def _epoch_entries(directory):
