@@ -20,7 +20,8 @@ once (Keras' `predict_on_batch` and `train_on_batch`; HF's forward under
 `torch.no_grad`, and its training step); `keras-api` times the calls users make, on
 numpy batches made once: one `model.predict(images, batch_size=batch)` over the
 round's batches and one `model.fit` of the round's steps, from a repeated `tf.data`
-dataset on TensorFlow and JAX and from numpy arrays on PyTorch; HF's peer converts
+dataset passed through `keras_vit.data.without_autotuning` (as keras-vit's own pipelines
+are) on TensorFlow and JAX and from numpy arrays on PyTorch; HF's peer converts
 each numpy batch with `torch.from_numpy` and runs its forward under
 `torch.inference_mode` (its training step as in the harness). A `keras-api` round
 reports its time split evenly over its steps. PyTorch gets
@@ -144,7 +145,11 @@ class KerasViT:
             )
         import tensorflow as tf
 
-        batches = tf.data.Dataset.from_tensors((self.numpy_images, self.numpy_labels)).repeat()
+        from keras_vit.data import without_autotuning
+
+        batches = without_autotuning(
+            tf.data.Dataset.from_tensors((self.numpy_images, self.numpy_labels)).repeat()
+        )
         return lambda: model.fit(batches, epochs=1, steps_per_epoch=steps, verbose=0)
 
     def matmul_gflops(self):

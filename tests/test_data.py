@@ -1,6 +1,7 @@
 """Input pipelines: sources, inception crop, eval crop, resumable and shardable streams."""
 
 import logging
+import os
 import random
 
 import keras
@@ -108,6 +109,27 @@ def test_training_batches_restart_exactly_across_passes(folder):
         for (a, b), (c, d) in zip(full[start:], stream(start).take(8 - start)):
             np.testing.assert_array_equal(a, c)
             np.testing.assert_array_equal(b, d)
+
+
+def test_pipelines_run_without_autotuning_and_yield_the_autotuned_batches():
+    """Both pipelines switch tf.data's autotuning off, with one map call per core: its
+    optimisation thread could make a call over them wait at its end for the thread's next
+    wake-up, up to a minute (`python bench/iterator_end.py`). The batches are those the autotuned
+    pipeline yields, exactly."""
+    digits = data.load_source("digits", "test")
+    autotuned = tf.data.Options()
+    autotuned.autotune.enabled = True
+    for dataset in (
+        data.train_dataset(digits, 16, 8, channels=1, seed=3, randaugment=(2, 10)),
+        data.eval_dataset(digits, 16, 8, channels=1, crop_fraction=0.875),
+    ):
+        assert dataset.options().autotune.enabled is False
+        assert dataset.options().autotune.initial_parallelism == os.cpu_count()
+        tuned = dataset.with_options(autotuned)
+        assert tuned.options().autotune.enabled is True
+        for (images, labels), (tuned_images, tuned_labels) in zip(dataset.take(3), tuned.take(3)):
+            np.testing.assert_array_equal(images, tuned_images)
+            np.testing.assert_array_equal(labels, tuned_labels)
 
 
 def test_inception_crop_windows_follow_the_paper():

@@ -5,7 +5,8 @@
 - `headers`: image files judged from their bytes (format, structure, pixel count).
 - `decode`: files to pixels, crop windows, the eval resize, `read_images`.
 - `augment`: AugReg levels and Keras preprocessing layers seeded by stream position.
-- `pipelines`: `train_dataset` (endless, seeded, resumable) and `eval_dataset` (one pass).
+- `pipelines`: `train_dataset` (endless, seeded, resumable), `eval_dataset` (one pass),
+  `without_autotuning` (the options both end with).
 
 The names below are the package's API: `from keras_vit.data import load_source, train_dataset`.
 """
@@ -22,7 +23,7 @@ from keras_vit.data.decode import (
     read_images,
 )
 from keras_vit.data.folders import IMAGE_EXTENSIONS, find_damaged, load_listing
-from keras_vit.data.pipelines import eval_dataset, train_dataset
+from keras_vit.data.pipelines import eval_dataset, train_dataset, without_autotuning
 from keras_vit.data.sources import (
     NoSplitError,
     Source,
@@ -37,5 +38,5 @@ __all__ = [
     "augmentation_layers", "central_crop", "channel_note", "check_crop_fraction",
     "decode_pixels", "eval_dataset", "eval_resize", "find_damaged", "inception_crop_window",
     "limit_pixels", "load_listing", "load_source", "parse_classes", "read_images",
-    "select_classes", "spec_split", "train_dataset",
+    "select_classes", "spec_split", "train_dataset", "without_autotuning",
 ]

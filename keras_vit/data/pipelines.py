@@ -9,7 +9,11 @@ shapes, ready for `model.fit`:
   stream)`, so a run restarted at step `n` (`start_batch=n`) sees exactly the batches an
   uninterrupted run sees, and each worker of a multi-worker run reads its own share.
 - `eval_dataset`: one pass, resize + central crop.
+
+Both end in `without_autotuning`.
 """
+
+import os
 
 import tensorflow as tf
 
@@ -30,6 +34,29 @@ from keras_vit.data.decode import (
 )
 from keras_vit.data.sources import AUTOTUNE
 from keras_vit.models.preprocessing import DEFAULT, check_preprocessing, normalize
+
+
+def without_autotuning(dataset):
+    """`dataset` with tf.data's autotuning off and each `AUTOTUNE` map one call per core.
+
+    An autotuned iterator runs an optimisation thread whose sleep doubles from 10 ms up to
+    60 s, and destroying the iterator can wait for that thread's next wake-up: a `fit`,
+    `evaluate`, `predict` or Python loop over the dataset lasting from a second to a minute
+    could take up to twice as long, and longer ones up to a minute more (`python
+    bench/iterator_end.py` counts how often). One call per core is the ceiling
+    autotuning raises these CPU-bound maps to (`python bench/input_pipeline.py` checks
+    that the training pipeline still outruns training). Pass your own `tf.data` datasets through it before `fit`, `evaluate` or `predict`.
+
+    Example:
+
+    >>> dataset = without_autotuning(tf.data.Dataset.range(3))
+    >>> dataset.options().autotune.enabled, [int(x) for x in dataset]
+    (False, [0, 1, 2])
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.autotune.initial_parallelism = os.cpu_count() or 1
+    return dataset.with_options(options)
 
 
 def shard(dataset, input_context):
@@ -204,7 +231,7 @@ def train_dataset(
         labels.set_shape([local_batch, num_classes])
         return images, labels
 
-    return (
+    return without_autotuning(
         stream.map(prepare, num_parallel_calls=AUTOTUNE, deterministic=True)
         .batch(local_batch, drop_remainder=True)
         .enumerate(start=start_batch)
@@ -255,7 +282,7 @@ def eval_dataset(
     dataset = records.map(prepare, num_parallel_calls=AUTOTUNE)
     if cache:
         dataset = dataset.cache()
-    return (
+    return without_autotuning(
         dataset.batch(local_batch)
         .map(lambda images, labels: (normalize(images, preprocessing), labels),
              num_parallel_calls=AUTOTUNE)
