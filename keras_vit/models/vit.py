@@ -618,6 +618,44 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             config = _arguments_from_graph(config)
         return cls(**config)
 
+    def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
+        """`keras.Model.predict`; on TensorFlow, arrays are read as
+        `keras_vit.data.array_batches` batches them (see `evaluate`).
+
+        Example:
+
+        >>> import numpy as np
+        >>> model = ViT(image_size=8, patch_size=4, hidden_dim=8, num_layers=1,
+        ...             num_heads=2, mlp_dim=16, num_classes=3)
+        >>> model.predict(np.zeros((5, 8, 8, 3)), batch_size=2, verbose=0).shape
+        (5, 3)
+        """
+        batches = _tensorflow_array_batches((x,), batch_size)
+        if batches is not None:
+            x, batch_size = batches, None
+        return super().predict(
+            x, batch_size=batch_size, verbose=verbose, steps=steps, callbacks=callbacks
+        )
+
+    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
+                 steps=None, callbacks=None, return_dict=False, **kwargs):
+        """`keras.Model.evaluate`; on TensorFlow, arrays `x` and `y` (without
+        `sample_weight`) are read as `keras_vit.data.array_batches` batches them.
+
+        Keras' TensorFlow trainer makes arrays into an autotuned `tf.data` pipeline for
+        each call, which can wait after the last batch
+        (`keras_vit.data.without_autotuning`); the batches and results are the same.
+        """
+        batches = None if kwargs or sample_weight is not None else (
+            _tensorflow_array_batches((x, y), batch_size)
+        )
+        if batches is not None:
+            x, y, batch_size = batches, None, None
+        return super().evaluate(
+            x, y, batch_size=batch_size, verbose=verbose, sample_weight=sample_weight,
+            steps=steps, callbacks=callbacks, return_dict=return_dict, **kwargs,
+        )
+
     def auto_jit_compile(self):
         if keras.backend.backend() == "tensorflow" and not keras_compat.built_strategy(self):
             import tensorflow as tf
@@ -625,6 +663,19 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             if not tf.distribute.has_strategy():
                 return True
         return None  # Keras decides
+
+
+def _tensorflow_array_batches(arrays, batch_size):
+    """On the TensorFlow backend, `arrays` (each an array or a tensor) in batches by
+    `keras_vit.data.array_batches`, Keras' default batch of 32 if `batch_size` is None;
+    None on another backend or when one of them is not an array (Keras reads those)."""
+    if keras.backend.backend() != "tensorflow" or not all(
+        hasattr(a, "shape") and hasattr(a, "dtype") for a in arrays
+    ):
+        return None
+    from keras_vit.data.pipelines import array_batches
+
+    return array_batches(arrays if len(arrays) > 1 else arrays[0], batch_size or 32)
 
 
 # The family switches' defaults, as `VisionTransformer`'s signature writes them.
