@@ -34,8 +34,9 @@ import shlex
 import signal
 import sys
 import tempfile
-import threading
 from pathlib import Path
+
+from keras_vit.utils import interrupts
 
 COMMANDS = {}
 
@@ -738,28 +739,27 @@ def main(argv=None):
     # NOTSET behind, and the root's WARNING would then silence the command's notes.
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)
-    stopped_by = []
-
-    def stop(signum, frame):
-        stopped_by.append(signum)
-        raise KeyboardInterrupt
-
     # SIGTERM (a scheduler, `kill`) stops a command as Ctrl-C does, with the same line.
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, stop) if main_thread else None
+    with interrupts.catching_signals():
+        return _run_command(args, argv)
+
+
+def _run_command(args, argv):
+    """Runs `args.command`; returns its exit code, and says in one line why it failed."""
     try:
         start_backend()
         return COMMANDS[args.command][2](args)
     except KeyboardInterrupt as error:
         if os.environ.get("KERAS_VIT_DEBUG", "0") not in ("", "0"):
             raise
-        name = signal.Signals(stopped_by[0] if stopped_by else signal.SIGINT).name
+        signum = interrupts.received[0] if interrupts.received else signal.SIGINT
+        name = signal.Signals(signum).name
         where = str(error) or "Interrupted."
         if str(error):  # a run (keras_vit.training.engine.TrainingInterrupted)
             words = sys.argv[1:] if argv is None else argv
             where += f" Resume it with: keras-vit {shlex.join(words)}"
         print(f"keras-vit {args.command}: {name}: {where}", file=sys.stderr)
-        return 128 + (stopped_by[0] if stopped_by else signal.SIGINT)
+        return 128 + signum
     except Exception as error:  # One line, never a traceback, unless asked for one.
         if os.environ.get("KERAS_VIT_DEBUG", "0") not in ("", "0"):
             raise
@@ -767,9 +767,6 @@ def main(argv=None):
         # 1: a run failed under way (a NaN loss, keras_vit.training.engine.TrainingFailed);
         # 2: anything else, bad input.
         return getattr(error, "exit_code", 1 if isinstance(error, FloatingPointError) else 2)
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def describe_error(error):

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit.training.multiworker import chief_writes, is_chief, model_strategy
-from keras_vit.utils import keras_compat
+from keras_vit.utils import interrupts, keras_compat
 from keras_vit.utils.checks import check_positive_int
 from keras_vit.utils.files import atomic_path, atomic_write
 
@@ -478,3 +478,31 @@ def _write_scalars(folder, epoch, scalars):
         shutil.rmtree(scratch, ignore_errors=True)
     tf.io.gfile.makedirs(folder)
     atomic_write(os.path.join(folder, f"events.out.tfevents.{epoch:06d}.keras-vit"), data)
+
+
+class StopOnSignal(keras.callbacks.Callback):
+    """Ends `fit` at the next batch with the `KeyboardInterrupt` of a SIGINT or SIGTERM
+    received inside `keras_vit.utils.interrupts.catching_signals` that library code lost
+    (as `keras-vit` commands run; elsewhere it does nothing).
+
+    Example:
+
+    >>> import os, signal
+    >>> from keras_vit.utils import interrupts
+    >>> model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    >>> model.compile(loss="mse")
+    >>> with interrupts.catching_signals():
+    ...     try:  # the signal's own exception, lost as some library code loses it
+    ...         os.kill(os.getpid(), signal.SIGINT)
+    ...     except KeyboardInterrupt:
+    ...         pass
+    ...     try:
+    ...         model.fit(np.zeros((8, 1)), np.zeros(8), batch_size=2, verbose=0,
+    ...                   callbacks=[StopOnSignal()])
+    ...     except KeyboardInterrupt:
+    ...         print("fit stopped")
+    fit stopped
+    """
+
+    def on_train_batch_end(self, batch, logs=None):
+        interrupts.raise_if_signalled()

@@ -27,6 +27,7 @@ from keras_vit.training import distribute, multiworker, runs
 from keras_vit.training.callbacks import (
     EpochCheckpoints,
     EpochLog,
+    StopOnSignal,
     TerminateOnNotFinite,
     TrainingBackup,
     not_finite,
@@ -574,7 +575,8 @@ def build_and_compile(config, num_classes, plan, strategy, policy, jit):
 
 
 def make_callbacks(config, vit, written, initial_epoch):
-    """The engine's callbacks: checkpoints, metrics (CSV, TensorBoard), backup, NaN stop.
+    """The engine's callbacks: checkpoints, metrics (CSV, TensorBoard), backup, NaN stop,
+    signal stop.
 
     At an epoch's end the checkpoint and the metrics are written before the backup that
     counts the epoch as done: a kill in between repeats the epoch, which replaces them."""
@@ -596,6 +598,7 @@ def make_callbacks(config, vit, written, initial_epoch):
             os.path.join(config.out, runs.BACKUP), every=checkpointing.backup_every_micro_batches
         ),
         TerminateOnNotFinite(),
+        StopOnSignal(),
     ]
 
 
