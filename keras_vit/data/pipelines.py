@@ -45,7 +45,8 @@ def without_autotuning(dataset):
     could take up to twice as long, and longer ones up to a minute more (`python
     bench/iterator_end.py` counts how often). One call per core is the ceiling
     autotuning raises these CPU-bound maps to (`python bench/input_pipeline.py` checks
-    that the training pipeline still outruns training). Pass your own `tf.data` datasets through it before `fit`, `evaluate` or `predict`.
+    that the training pipeline still outruns training). Pass your own `tf.data`
+    datasets through it before `fit`, `evaluate` or `predict`.
 
     Example:
 

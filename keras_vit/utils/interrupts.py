@@ -23,7 +23,8 @@ def _raise(signum, frame):
 @contextlib.contextmanager
 def catching_signals():
     """Inside, SIGINT and SIGTERM raise `KeyboardInterrupt` in the main thread and are
-    recorded in `received` (emptied on entry); outside a main thread it does nothing.
+    recorded in `received` (emptied on entry and on exit, so that a later run in the same
+    process is not stopped by them); outside a main thread it does nothing.
 
     Example:
 
@@ -35,6 +36,8 @@ def catching_signals():
     ...         pass
     ...     signal.Signals(received[0]).name
     'SIGTERM'
+    >>> received
+    []
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -46,6 +49,7 @@ def catching_signals():
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        received.clear()
 
 
 def raise_if_signalled():
