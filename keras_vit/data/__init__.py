@@ -6,7 +6,7 @@
 - `decode`: files to pixels, crop windows, the eval resize, `read_images`.
 - `augment`: AugReg levels and Keras preprocessing layers seeded by stream position.
 - `pipelines`: `train_dataset` (endless, seeded, resumable), `eval_dataset` (one pass),
-  `without_autotuning` (the options both end with).
+  `without_autotuning` (the options both end with), `array_batches` (arrays through it).
 
 The names below are the package's API: `from keras_vit.data import load_source, train_dataset`.
 """
@@ -23,7 +23,12 @@ from keras_vit.data.decode import (
     read_images,
 )
 from keras_vit.data.folders import IMAGE_EXTENSIONS, find_damaged, load_listing
-from keras_vit.data.pipelines import eval_dataset, train_dataset, without_autotuning
+from keras_vit.data.pipelines import (
+    array_batches,
+    eval_dataset,
+    train_dataset,
+    without_autotuning,
+)
 from keras_vit.data.sources import (
     NoSplitError,
     Source,
@@ -34,7 +39,7 @@ from keras_vit.data.sources import (
 )
 
 __all__ = [
-    "AUGREG_LEVELS", "IMAGE_EXTENSIONS", "NoSplitError", "Source", "as_layer",
+    "AUGREG_LEVELS", "IMAGE_EXTENSIONS", "NoSplitError", "Source", "array_batches", "as_layer",
     "augmentation_layers", "central_crop", "channel_note", "check_crop_fraction",
     "decode_pixels", "eval_dataset", "eval_resize", "find_damaged", "inception_crop_window",
     "limit_pixels", "load_listing", "load_source", "parse_classes", "read_images",

@@ -1,8 +1,9 @@
 """Ctrl-C and SIGTERM: raise `KeyboardInterrupt` and remember the signal.
 
 Python raises a signal's `KeyboardInterrupt` wherever the main thread happens to be, and
-library code that clears Python errors can lose it: about one Ctrl-C in 20 during
-TensorFlow training went unnoticed and the run finished with status 0. `catching_signals`
+library code that clears Python errors can lose it: a Ctrl-C during TensorFlow
+training could go unnoticed and the run finish with status 0 (README, "Stopped by
+Ctrl-C or SIGTERM"). `catching_signals`
 remembers each signal, so that a training callback (`StopOnSignal`) raises it again at the
 next batch.
 """
