@@ -25,6 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("KERAS_BACKEND", "jax")  # the driver only counts FLOPs
+# The contenders' processes share the GPU: each takes memory as it needs it, instead of
+# JAX's 75% of the card up front or TensorFlow's all of it.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 from bench.contenders import CONTENDERS  # noqa: E402
 from bench.models import chosen, machine, run_group, summarise  # noqa: E402

@@ -113,7 +113,10 @@ class Worker:
     def __init__(self, contender, log_dir):
         self.contender = contender
         self.log_path = Path(log_dir) / f"{contender}-{id(self)}.log"
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+        # This checkout first, then what the caller's PYTHONPATH holds (packages put
+        # beside the interpreter's own, as on a machine where nothing can be installed).
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "3"}
         env.pop("KERAS_BACKEND", None)
         self.process = subprocess.Popen(
             [sys.executable, str(ROOT / "bench" / "contenders.py"), contender],

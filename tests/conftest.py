@@ -10,6 +10,11 @@ import types
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# On a GPU several test processes share the card (xdist workers, the subprocesses of the
+# multi-backend tests): each takes memory as it needs it, instead of JAX's 75% up front
+# or TensorFlow's all of it, which would leave the second process none.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
@@ -20,6 +25,15 @@ collect_ignore = ["jax_distribution_job.py", "multiworker_job.py"]
 # Docstring examples (keras_vit/, collected by --doctest-modules) that train a model for
 # some epochs: they run in the full suite, not in the quick subset (-m "not slow").
 SLOW_EXAMPLES = {"keras_vit.training.engine.train"}
+
+
+def pytest_report_header(config):
+    """Names the Keras backend and the device it computes on (a GPU run shows its card)."""
+    sys.path.append(str(Path(__file__).resolve().parents[1]))  # after any installed keras_vit
+    from bench.contenders import device_name
+
+    backend = keras.backend.backend()
+    return f"keras {keras.__version__}, backend {backend} on {device_name(backend)}"
 
 
 def pytest_collection_modifyitems(config, items):

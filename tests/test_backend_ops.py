@@ -18,6 +18,8 @@ from keras import ops
 from keras_vit.models.layers import Dense
 from keras_vit.utils.backend_ops import dense, dot_product_attention, matmul_float32, swapaxes
 
+pytestmark = pytest.mark.gpu  # the accelerator subset (pyproject.toml's markers)
+
 BACKEND = keras.backend.backend()
 
 

@@ -13,6 +13,8 @@ import keras_vit
 from conftest import assert_keras_file_round_trip, randomise_weights, tiny_vit
 from keras_vit.models import posembed
 
+pytestmark = pytest.mark.gpu  # the accelerator subset (pyproject.toml's markers)
+
 # (height, width) at which the 32x32-trained tiny model runs: larger, non-square, smaller.
 SIZES = [(48, 24), (16, 40)]
 INTERPOLATIONS = posembed.INTERPOLATIONS

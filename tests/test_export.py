@@ -17,12 +17,15 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 from PIL import Image
 
-import keras_vit
-from conftest import randomise_weights, tiny_vit
-from keras_vit.export.saved_model import CONFIG_FILE, export_saved_model
+tf = pytest.importorskip("tensorflow", reason="SavedModel export is TensorFlow's")
+
+import keras_vit  # noqa: E402
+from conftest import randomise_weights, tiny_vit  # noqa: E402
+from keras_vit.export.saved_model import CONFIG_FILE, export_saved_model  # noqa: E402
+
+pytestmark = pytest.mark.gpu  # the accelerator subset (pyproject.toml's markers)
 
 ROOT = Path(__file__).resolve().parents[1]
 LABELS = [f"class_{i}" for i in range(10)]

@@ -10,6 +10,8 @@ from scipy.special import erf
 from keras_vit.models import layers as L
 from conftest import randomise_weights
 
+pytestmark = pytest.mark.gpu  # the accelerator subset (pyproject.toml's markers)
+
 
 def _np(x):
     return keras.ops.convert_to_numpy(x)

@@ -14,6 +14,8 @@ import pytest
 
 import keras_vit
 
+pytestmark = pytest.mark.gpu  # the accelerator subset (pyproject.toml's markers)
+
 FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504
 # Unit roundoff (half the spacing at 1) of the 16-bit formats.
 UNIT_ROUNDOFF = {"mixed_float16": 2.0**-11, "mixed_bfloat16": 2.0**-8}

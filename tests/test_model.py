@@ -13,6 +13,8 @@ from sklearn.model_selection import train_test_split
 import keras_vit
 from conftest import assert_keras_file_round_trip, randomise_weights, tiny_vit
 
+pytestmark = pytest.mark.gpu  # the accelerator subset (pyproject.toml's markers)
+
 # vit_jax models_test.py, num_classes=1000 at 224 px.
 OFFICIAL_COUNTS = {
     "Ti/16": 5_717_416,

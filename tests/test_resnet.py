@@ -8,6 +8,8 @@ import keras_vit
 from conftest import assert_keras_file_round_trip, randomise_weights
 from keras_vit.models import resnet
 
+pytestmark = pytest.mark.gpu  # the accelerator subset (pyproject.toml's markers)
+
 # vit_jax models_test.py, num_classes=1000 at 224 px.
 OFFICIAL_HYBRID_COUNTS = {
     "R+Ti/16": 6_337_704,
