@@ -36,7 +36,7 @@ except ImportError:  # Windows: no advisory locks; runs are then not kept apart.
 from keras_vit import data as vit_data
 from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS
-from keras_vit.training.callbacks import EpochCheckpoints, TrainingBackup, orbax_path
+from keras_vit.training.callbacks import EpochCheckpoints, TrainingBackup
 from keras_vit.training.config import TrainConfig
 from keras_vit.weights.download import resolve_weights
 from keras_vit.weights import registry
@@ -371,7 +371,7 @@ def read_keras(path):
     reported as such (Keras says "File not found" for any file that is not a zip, and
     passes on zipfile's own error for a member whose bytes changed on disk). A sharded
     checkpoint folder (`epoch_NNNN.orbax`) is read into this host, whole
-    (`keras_vit.training.sharded_state.load_model`; Orbax must be installed).
+    (`keras_vit.utils.sharded_state.load_model`; Orbax must be installed).
 
     Example:
 
@@ -384,9 +384,9 @@ def read_keras(path):
     ValueError: ...cut.keras is not a complete .keras file (14 bytes, truncated or corrupt)...
     """
     if path.endswith(EpochCheckpoints.SHARDED):
-        from keras_vit.training import sharded_state
+        from keras_vit.utils import sharded_state
 
-        return sharded_state.load_model(orbax_path(path))
+        return sharded_state.load_model(sharded_state.orbax_path(path))
     if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
         if "://" in path:  # GFile cannot seek from the end, as zipfile does
             with tf.io.gfile.GFile(path, "rb") as f:
@@ -445,9 +445,10 @@ def source_preprocessing(source):
     if not is_model(path):
         return None
     if path.endswith(EpochCheckpoints.SHARDED):
-        from keras_vit.training import sharded_state
+        from keras_vit.utils import sharded_state
 
-        return sharded_state.architecture(orbax_path(path))["config"].get("preprocessing")
+        architecture = sharded_state.architecture(sharded_state.orbax_path(path))
+        return architecture["config"].get("preprocessing")
     with tf.io.gfile.GFile(path, "rb") as file, zipfile.ZipFile(file) as archive:
         return json.loads(archive.read("config.json"))["config"].get("preprocessing")
 
