@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit.training.multiworker import chief_writes, is_chief, model_strategy
-from keras_vit.utils import interrupts, keras_compat
+from keras_vit.utils import interrupts, keras_compat, model_files
 from keras_vit.utils.checks import check_positive_int
 from keras_vit.utils.files import atomic_path, atomic_write
 
@@ -267,7 +267,7 @@ class EpochCheckpoints(keras.callbacks.Callback):
     Where the weights are split over devices (FSDP, model-parallel layouts on JAX) the
     checkpoint is a folder `epoch_NNNN.orbax` instead, which each process writes its
     shards of through Orbax (`sharded_state.save_model`), nothing gathered;
-    `keras_vit.training.runs.read_keras` reads either kind into one host.
+    `keras_vit.utils.model_files.read_keras` reads either kind into one host.
 
     Example:
 
@@ -278,10 +278,6 @@ class EpochCheckpoints(keras.callbacks.Callback):
     >>> EpochCheckpoints.find("/tmp/no-such-run/checkpoints")
     []
     """
-
-    # The two kinds of checkpoint: one host's `.keras` file, or a sharded folder.
-    SHARDED = ".orbax"
-    SUFFIXES = (".keras", SHARDED)
 
     def __init__(self, model, directory, keep=3):
         super().__init__()
@@ -294,7 +290,7 @@ class EpochCheckpoints(keras.callbacks.Callback):
     @classmethod
     def find(cls, directory):
         """The checkpoints in `directory`, oldest epoch first."""
-        return sorted(p for p in _epoch_entries(directory) if p.endswith(cls.SUFFIXES))
+        return sorted(p for p in _epoch_entries(directory) if model_files.is_model(p))
 
     def on_train_begin(self, logs=None):
         # A resumed run also prunes the checkpoints written before the restart, and the
@@ -314,7 +310,7 @@ class EpochCheckpoints(keras.callbacks.Callback):
             return
         sharded = split_over_devices(self.network.variables)
         name = f"epoch_{epoch + 1:04d}"
-        path = os.path.join(self.directory, name + (self.SHARDED if sharded else ".keras"))
+        path = os.path.join(self.directory, name + (model_files.SHARDED if sharded else ".keras"))
         strategy = model_strategy(self.model)
         if sharded:  # every process writes its shards into the run folder itself
             from keras_vit.utils import sharded_state
@@ -362,7 +358,7 @@ def _remove(path):
     (atomic), so that a kill while deleting leaves no part of it under a checkpoint's name."""
     if tf.io.gfile.isdir(path):
         # (Not in a bucket, where a rename copies.)
-        if path.endswith(EpochCheckpoints.SUFFIXES) and "://" not in path:
+        if model_files.is_model(path) and "://" not in path:
             tf.io.gfile.rename(path, path + ".removed", overwrite=True)
             path += ".removed"
         tf.io.gfile.rmtree(path)
