@@ -75,11 +75,11 @@ def test_fsdp_divides_per_device_bytes_by_the_shard_count(fsdp_run):
 
 def test_engine_with_fsdp_trains_as_one_device(engine_runs):
     """`--set distribution.strategy=fsdp` on 4 devices: one device's weights and metrics."""
-    from keras_vit.training import runs
+    from keras_vit.utils.model_files import read_keras
 
     one, fsdp, err = engine_runs
     assert "FullyShardedDataParallel, 4 devices" in err
-    weights = [runs.read_keras(str(out / "model.keras")).get_weights() for out in (one, fsdp)]
+    weights = [read_keras(str(out / "model.keras")).get_weights() for out in (one, fsdp)]
     for a, b in zip(*weights, strict=True):
         np.testing.assert_allclose(b, a, atol=1e-5)
     metrics = [json.loads((out / "metrics.json").read_text())["final"] for out in (one, fsdp)]

@@ -209,9 +209,9 @@ def runs(tmp_path_factory):
 
 
 def _weights(folder, name="model.keras"):
-    from keras_vit.training import runs
+    from keras_vit.utils.model_files import read_keras
 
-    return runs.read_keras(str(folder / name)).get_weights()
+    return read_keras(str(folder / name)).get_weights()
 
 
 def test_two_processes_train_as_one(runs):

@@ -33,14 +33,15 @@ def _pretrain(out, *settings):
 @pytest.mark.slow
 def test_remat_run_trains_to_the_weights_of_the_run_without(tmp_path):
     from keras_vit.training import runs
+    from keras_vit.utils.model_files import read_keras
 
     plain, remat = tmp_path / "plain", tmp_path / "remat"
     procs = [_pretrain(plain), _pretrain(remat, "model.kwargs.remat=true")]
     for p in procs:
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-3000:]
-    expected = runs.read_keras(str(plain / runs.MODEL))
-    model = runs.read_keras(str(remat / runs.MODEL))
+    expected = read_keras(str(plain / runs.MODEL))
+    model = read_keras(str(remat / runs.MODEL))
     assert model.get_config()["remat"] is True and "remat" not in expected.get_config()
     for a, b in zip(expected.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)

@@ -20,6 +20,7 @@ import pytest
 from keras_vit import cli
 from keras_vit.training import runs
 from keras_vit.training.callbacks import TrainingBackup
+from keras_vit.utils.model_files import read_keras
 
 pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
@@ -129,7 +130,7 @@ def test_fsdp_run_killed_resumes_from_sharded_backups_to_the_uninterrupted_run(
     assert _checkpoints(straight) == ["epoch_0001.orbax", "epoch_0002.orbax"]
     # The last checkpoint, read into one host, is the final model.keras, which the run
     # gathered and saved through another path.
-    last = runs.read_keras(str(straight / runs.CHECKPOINTS / "epoch_0002.orbax"))
+    last = read_keras(str(straight / runs.CHECKPOINTS / "epoch_0002.orbax"))
     assert len(last.get_weights()) == len(expected)
     for a, b in zip(expected, last.get_weights()):
         np.testing.assert_array_equal(a, b)

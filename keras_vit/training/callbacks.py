@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit.training.multiworker import chief_writes, is_chief, model_strategy
-from keras_vit.utils import interrupts, keras_compat
+from keras_vit.utils import interrupts, keras_compat, model_files
 from keras_vit.utils.checks import check_positive_int
 from keras_vit.utils.files import atomic_path, atomic_write
 
@@ -37,11 +37,11 @@ def not_finite(logs):
 
 def one_host_model(model):
     """`model`, or on JAX with weights split over processes a copy holding each whole
-    (`keras_vit.training.sharded_state.one_host_copy`), to save as a `.keras` file.
+    (`keras_vit.utils.sharded_state.one_host_copy`), to save as a `.keras` file.
     Every process must call it."""
     if keras.backend.backend() != "jax":
         return model
-    from keras_vit.training.sharded_state import one_host_copy
+    from keras_vit.utils.sharded_state import one_host_copy
 
     return one_host_copy(model)
 
@@ -93,7 +93,7 @@ class TrainingBackup(keras.callbacks.Callback):
     """
 
     FILE = "state.npz"
-    # Folders of sharded states (`keras_vit.training.sharded_state`), which the state
+    # Folders of sharded states (`keras_vit.utils.sharded_state`), which the state
     # file names when the model's weights are split over devices.
     SHARDED = "sharded_"
 
@@ -127,14 +127,16 @@ class TrainingBackup(keras.callbacks.Callback):
         }
 
     def _sharded_path(self, name):
-        return orbax_path(os.path.join(self.directory, name))
+        from keras_vit.utils import sharded_state
+
+        return sharded_state.orbax_path(os.path.join(self.directory, name))
 
     def _save(self, epoch, step):
         arrays = {"epoch": np.array(epoch), "step": np.array(step)}
         groups = self._groups()
         sharded = split_over_devices(self.model.variables)
         if sharded:
-            from keras_vit.training import sharded_state
+            from keras_vit.utils import sharded_state
 
             # Each process writes its own shards of the state (Orbax) first; the state
             # file written after it names that folder, so a kill before leaves the
@@ -170,7 +172,7 @@ class TrainingBackup(keras.callbacks.Callback):
             }
         import jax
 
-        from keras_vit.training import sharded_state
+        from keras_vit.utils import sharded_state
 
         path = self._sharded_path(str(state["sharded"]))
         saved = sharded_state.metadata(path)
@@ -265,7 +267,7 @@ class EpochCheckpoints(keras.callbacks.Callback):
     Where the weights are split over devices (FSDP, model-parallel layouts on JAX) the
     checkpoint is a folder `epoch_NNNN.orbax` instead, which each process writes its
     shards of through Orbax (`sharded_state.save_model`), nothing gathered;
-    `keras_vit.training.runs.read_keras` reads either kind into one host.
+    `keras_vit.utils.model_files.read_keras` reads either kind into one host.
 
     Example:
 
@@ -276,10 +278,6 @@ class EpochCheckpoints(keras.callbacks.Callback):
     >>> EpochCheckpoints.find("/tmp/no-such-run/checkpoints")
     []
     """
-
-    # The two kinds of checkpoint: one host's `.keras` file, or a sharded folder.
-    SHARDED = ".orbax"
-    SUFFIXES = (".keras", SHARDED)
 
     def __init__(self, model, directory, keep=3):
         super().__init__()
@@ -292,7 +290,7 @@ class EpochCheckpoints(keras.callbacks.Callback):
     @classmethod
     def find(cls, directory):
         """The checkpoints in `directory`, oldest epoch first."""
-        return sorted(p for p in _epoch_entries(directory) if p.endswith(cls.SUFFIXES))
+        return sorted(p for p in _epoch_entries(directory) if model_files.is_model(p))
 
     def on_train_begin(self, logs=None):
         # A resumed run also prunes the checkpoints written before the restart, and the
@@ -312,13 +310,13 @@ class EpochCheckpoints(keras.callbacks.Callback):
             return
         sharded = split_over_devices(self.network.variables)
         name = f"epoch_{epoch + 1:04d}"
-        path = os.path.join(self.directory, name + (self.SHARDED if sharded else ".keras"))
+        path = os.path.join(self.directory, name + (model_files.SHARDED if sharded else ".keras"))
         strategy = model_strategy(self.model)
         if sharded:  # every process writes its shards into the run folder itself
-            from keras_vit.training import sharded_state
+            from keras_vit.utils import sharded_state
 
             tf.io.gfile.makedirs(self.directory)
-            sharded_state.save_model(orbax_path(path), self.network)
+            sharded_state.save_model(sharded_state.orbax_path(path), self.network)
         else:
             with chief_writes(path, strategy) as target:
                 tf.io.gfile.makedirs(os.path.dirname(target))
@@ -339,10 +337,10 @@ class EpochCheckpoints(keras.callbacks.Callback):
 def split_over_devices(variables):
     """Whether any of `variables` is split over devices (FSDP, model-parallel layouts),
     which only the JAX backend does here: their checkpoints are then written sharded
-    (`keras_vit.training.sharded_state`)."""
+    (`keras_vit.utils.sharded_state`)."""
     if keras.backend.backend() != "jax":
         return False
-    from keras_vit.training import sharded_state
+    from keras_vit.utils import sharded_state
 
     return sharded_state.is_sharded(variables)
 
@@ -360,17 +358,12 @@ def _remove(path):
     (atomic), so that a kill while deleting leaves no part of it under a checkpoint's name."""
     if tf.io.gfile.isdir(path):
         # (Not in a bucket, where a rename copies.)
-        if path.endswith(EpochCheckpoints.SUFFIXES) and "://" not in path:
+        if model_files.is_model(path) and "://" not in path:
             tf.io.gfile.rename(path, path + ".removed", overwrite=True)
             path += ".removed"
         tf.io.gfile.rmtree(path)
     elif tf.io.gfile.exists(path):
         tf.io.gfile.remove(path)
-
-
-def orbax_path(path):
-    """`path` as Orbax takes it: absolute, or a URL (`gs://`) as it is."""
-    return path if "://" in path else os.path.abspath(path)
 
 
 class EpochLog(keras.callbacks.Callback):

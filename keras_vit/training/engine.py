@@ -40,6 +40,7 @@ from keras_vit.training.schedules import WarmupDecay
 from keras_vit.utils.serialization import serializable
 from keras_vit.utils.files import atomic_path, atomic_write, remove_temporaries
 from keras_vit.utils.keras_compat import progress_verbosity
+from keras_vit.utils.model_files import read_keras
 
 logger = logging.getLogger("keras_vit")
 
@@ -299,7 +300,7 @@ def finished_result(out):
     """The `TrainResult` of the finished run in `out`, read back from its files."""
     with tf.io.gfile.GFile(os.path.join(out, runs.METRICS_JSON)) as f:
         metrics = json.load(f)
-    model = runs.read_keras(os.path.join(out, runs.MODEL))
+    model = read_keras(os.path.join(out, runs.MODEL))
     return TrainResult(model=model, history=metrics["history"], metrics=metrics["final"], out=out)
 
 

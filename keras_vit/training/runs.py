@@ -18,7 +18,6 @@ Every file is written atomically (`keras_vit.utils.files`). A run is *finished* 
 """
 
 import contextlib
-import io
 import json
 import os
 import socket
@@ -36,8 +35,9 @@ except ImportError:  # Windows: no advisory locks; runs are then not kept apart.
 from keras_vit import data as vit_data
 from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS
-from keras_vit.training.callbacks import EpochCheckpoints, TrainingBackup, orbax_path
+from keras_vit.training.callbacks import EpochCheckpoints, TrainingBackup
 from keras_vit.training.config import TrainConfig
+from keras_vit.utils.model_files import SHARDED, is_model, read_keras
 from keras_vit.weights.download import resolve_weights
 from keras_vit.weights import registry
 from keras_vit.weights.formats import holds_safetensors
@@ -138,7 +138,8 @@ def clear(folder):
 
 def latest_checkpoint(run_dir):
     """The newest checkpoint of a run folder (`checkpoints/epoch_NNNN.keras`, or the
-    sharded folder `epoch_NNNN.orbax`; `read_keras` reads either), or None.
+    sharded folder `epoch_NNNN.orbax`; `keras_vit.utils.model_files.read_keras` reads
+    either), or None.
 
     Example:
 
@@ -147,18 +148,6 @@ def latest_checkpoint(run_dir):
     """
     found = EpochCheckpoints.find(os.path.join(run_dir, CHECKPOINTS))
     return found[-1] if found else None
-
-
-def is_model(path):
-    """Whether the file or folder `path` holds a whole Keras model that `read_keras`
-    reads: a `.keras` file or a sharded checkpoint (`epoch_NNNN.orbax`).
-
-    Example:
-
-    >>> is_model("runs/b16/checkpoints/epoch_0003.orbax"), is_model("ViT-B_16.npz")
-    (True, False)
-    """
-    return path.endswith(EpochCheckpoints.SUFFIXES)
 
 
 def resolve_from(source):
@@ -366,47 +355,6 @@ def eval_source(config, spec=None):
     return spec, source
 
 
-def read_keras(path):
-    """`keras.saving.load_model(path, compile=False)`, with a truncated or corrupt file
-    reported as such (Keras says "File not found" for any file that is not a zip, and
-    passes on zipfile's own error for a member whose bytes changed on disk). A sharded
-    checkpoint folder (`epoch_NNNN.orbax`) is read into this host, whole
-    (`keras_vit.training.sharded_state.load_model`; Orbax must be installed).
-
-    Example:
-
-    >>> path = os.path.join(tempfile.mkdtemp(), "cut.keras")
-    >>> with open(path, "wb") as f:
-    ...     _ = f.write(b"PK\\x03\\x04 cut short")
-    >>> read_keras(path)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: ...cut.keras is not a complete .keras file (14 bytes, truncated or corrupt)...
-    """
-    if path.endswith(EpochCheckpoints.SHARDED):
-        from keras_vit.training import sharded_state
-
-        return sharded_state.load_model(orbax_path(path))
-    if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
-        if "://" in path:  # GFile cannot seek from the end, as zipfile does
-            with tf.io.gfile.GFile(path, "rb") as f:
-                complete = zipfile.is_zipfile(io.BytesIO(f.read()))
-        else:
-            complete = zipfile.is_zipfile(path)
-        if not complete:
-            raise ValueError(
-                f"{path} is not a complete .keras file ({tf.io.gfile.stat(path).length} bytes, "
-                "truncated or corrupt); use another checkpoint of the run, or save the model again."
-            )
-    try:
-        return keras.saving.load_model(path, compile=False)
-    except zipfile.BadZipFile as err:  # e.g. a member fails its CRC check: bytes changed on disk
-        raise ValueError(
-            f"{path} is corrupt ({err}: the file was damaged after it was saved); use "
-            "another checkpoint of the run, or save the model again."
-        ) from None
-
-
 def load_model(source):
     """Loads the Keras model a `--from` argument names (a run folder or a `.keras` file).
 
@@ -444,10 +392,11 @@ def source_preprocessing(source):
     path = resolve_from(source)
     if not is_model(path):
         return None
-    if path.endswith(EpochCheckpoints.SHARDED):
-        from keras_vit.training import sharded_state
+    if path.endswith(SHARDED):
+        from keras_vit.utils import sharded_state
 
-        return sharded_state.architecture(orbax_path(path))["config"].get("preprocessing")
+        architecture = sharded_state.architecture(sharded_state.orbax_path(path))
+        return architecture["config"].get("preprocessing")
     with tf.io.gfile.GFile(path, "rb") as file, zipfile.ZipFile(file) as archive:
         return json.loads(archive.read("config.json"))["config"].get("preprocessing")
 

@@ -5,5 +5,8 @@
 - `serialization`: registers keras-vit's classes with Keras' serialization.
 - `keras_compat`: every use of Keras' private internals, in one place, each one tested.
 - `files`: crash-safe files (temporary names, atomic moves into place).
+- `model_files`: reads whole Keras models from disk (`.keras` files, sharded `.orbax`
+  checkpoints).
+- `sharded_state`: sharded arrays and models on disk through Orbax (JAX).
 - `extras`: optional packages, imported where used and named by the extra that installs them.
 """

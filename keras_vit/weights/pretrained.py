@@ -38,6 +38,7 @@ from keras_vit.weights.formats import (
 from keras_vit.models.layers import MAPHead, sincos_2d_table
 from keras_vit.models.vit import vit_parts
 from keras_vit.utils.files import atomic_write
+from keras_vit.utils.model_files import is_model, read_keras
 
 logger = logging.getLogger(__name__)
 
@@ -674,8 +675,6 @@ def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoin
         posembed.check_interpolation(interpolation)
     source = resolve_weights(os.fspath(source))
     layout = _ModelLayout(model)
-    from keras_vit.training.runs import is_model  # runs imports this module
-
     if is_model(source):  # a .keras file, or a sharded run checkpoint (`epoch_NNNN.orbax`)
         (params, grid), fmt, origin, notes = _keras_file_params(source), "vit_jax", {}, []
         checkpoint_grid, trained_with = checkpoint_grid or grid, {}
@@ -759,8 +758,6 @@ def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoin
 def _keras_file_params(path):
     """The weights of the ViT saved in `path` (a `.keras` file or a sharded run
     checkpoint), in the official layout, and its patch grid."""
-    from keras_vit.training.runs import read_keras  # runs imports this module
-
     model = read_keras(path)
     return _official_params(model), _ModelLayout(model).encoder.grid_size
 

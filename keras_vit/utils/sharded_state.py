@@ -8,9 +8,16 @@ by `save_model` reads back into one host (`load_model`) on any backend where Orb
 installed.
 """
 
+import os
+
 import jax
 import keras
 import numpy as np
+
+
+def orbax_path(path):
+    """`path` as Orbax takes it: absolute, or a URL (`gs://`) as it is."""
+    return path if "://" in path else os.path.abspath(path)
 
 
 def is_sharded(variables):
