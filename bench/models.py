@@ -53,6 +53,7 @@ os.environ.setdefault("KERAS_BACKEND", "jax")  # the driver only counts FLOPs
 from bench.contenders import (  # noqa: E402
     CONTENDERS, FAMILIES, INTERFACES, PRECISIONS, TORCH_THREADS,
 )
+from keras_vit.utils.allocator import cpu_flags  # noqa: E402
 
 REFERENCE = "hf-torch"
 BATCH = 32
@@ -325,14 +326,14 @@ def _tokens(variant, image_size):
 
 
 def machine():
-    model, flags = "unknown", []
+    model = "unknown"
     if Path("/proc/cpuinfo").exists():
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == "unknown":
+            if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and not flags:
-                present = set(line.split(":", 1)[1].split())
-                flags = [flag for flag in CPU_FLAGS if flag in present]
+                break
+    present = cpu_flags()
+    flags = [flag for flag in CPU_FLAGS if flag in present]
     versions = {}
     for name in ("keras", "tensorflow", "jax", "jaxlib", "torch", "transformers", "numpy"):
         try:

@@ -1,4 +1,4 @@
-"""keras_vit.allocator: freed memory is reused without page faults under JAX."""
+"""keras_vit.allocator: freed memory is reused without page faults under JAX and PyTorch."""
 
 import os
 import subprocess
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from keras_vit.utils.allocator import GLIBC, configure_for_backend
+from keras_vit.utils.allocator import GLIBC, configure_for_backend, cpu_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK_MIB = 256
@@ -60,11 +60,16 @@ def test_keep_freed_memory_reuses_even_a_block_past_2_gib_without_faults():
     assert _second_fill_faults(setup, mib=LARGE_BLOCK_MIB) < PAGES // 100
 
 
+# Under PyTorch the default depends on the CPU: kept unless it has AMX.
+TORCH_DEFAULT = "amx_bf16" not in cpu_flags()
+
+
 @pytest.mark.parametrize(
     "backend, choice, kept",
-    [("jax", None, True), ("jax", "system", False), ("tensorflow", None, False)],
+    [("jax", None, True), ("jax", "system", False), ("tensorflow", None, False),
+     ("torch", None, TORCH_DEFAULT), ("torch", "system", False), ("torch", "keep", True)],
 )
-def test_importing_keras_vit_keeps_freed_memory_under_jax_only(backend, choice, kept):
+def test_importing_keras_vit_keeps_freed_memory_under_jax_and_torch(backend, choice, kept):
     faults = _second_fill_faults(
         "import keras_vit", KERAS_BACKEND=backend, KERAS_VIT_MALLOC=choice
     )

@@ -1,14 +1,17 @@
-"""Keeps the memory that XLA:CPU frees under JAX, for the next step to reuse.
+"""Keeps the memory that XLA:CPU (JAX) and PyTorch free, for the next step to reuse.
 
 Under JAX, XLA:CPU mallocs a step's temporary buffers on every call and frees them
-at its end. glibc hands blocks that large straight back to the kernel, so the next
-step faults every page in again, at a cost in system CPU time on every step (the
-README's Performance section gives the figures, measured with `bench/contenders.py`).
-TensorFlow's allocator already keeps its memory.
+at its end; PyTorch frees every tensor when its last reference goes. glibc hands blocks
+that large straight back to the kernel, so the next step faults every page in again, at
+a cost in system CPU time on every step (the README's Performance section gives the
+figures, measured with `bench/contenders.py`). TensorFlow's allocator already keeps its
+memory.
 
-`import keras_vit` under the JAX backend calls `keep_freed_memory()` unless the
-environment sets `KERAS_VIT_MALLOC=system`; it reads the backend as Keras will
-(`keras_backend()`), without importing Keras.
+`import keras_vit` calls `configure_for_backend()`: it keeps freed memory under JAX,
+and under PyTorch on CPUs without AMX (on an Intel Xeon with AMX, PyTorch's bfloat16
+training ran 1.5-1.8x slower with it), unless the environment sets
+`KERAS_VIT_MALLOC=system` (never) or `KERAS_VIT_MALLOC=keep` (on any CPU). It reads
+the backend as Keras will (`keras_backend()`), without importing Keras.
 """
 
 import ctypes
@@ -21,6 +24,8 @@ import sys
 GLIBC = platform.libc_ver()[0] == "glibc"
 ENV_VAR = "KERAS_VIT_MALLOC"
 ENV_CHOICES = ("keep", "system")
+# The CPU feature under which PyTorch's bfloat16 training slowed with freed memory kept.
+TORCH_SLOWED_BY = "amx_bf16"
 # mallopt(3) parameters from glibc's malloc.h.
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
@@ -77,17 +82,53 @@ def keras_backend():
         return "tensorflow"
 
 
-def configure_for_backend(backend=None):
-    """Keeps freed memory under JAX unless `KERAS_VIT_MALLOC=system`; see the module.
+def cpu_flags():
+    """The CPU's feature flags (`/proc/cpuinfo`'s first `flags` line), or an empty set
+    where the system does not list them.
 
-    `backend` defaults to `keras_backend()`.
+    Example:
+
+    >>> "fpu" in cpu_flags()  # on Linux on x86-64
+    True
     """
-    backend = backend or keras_backend()
-    choice = os.environ.get(ENV_VAR, "keep")
-    if choice not in ENV_CHOICES:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def keeps_freed_memory(backend, choice, flags):
+    """Whether `configure_for_backend` keeps freed memory for Keras backend `backend`,
+    the `KERAS_VIT_MALLOC` value `choice` (None when unset) and the CPU flags `flags`.
+
+    Example:
+
+    >>> keeps_freed_memory("torch", None, {"avx512_bf16"})
+    True
+    >>> keeps_freed_memory("torch", None, {"avx512_bf16", "amx_bf16"})
+    False
+    >>> keeps_freed_memory("torch", "keep", {"amx_bf16"}), keeps_freed_memory("jax", "system", set())
+    (True, False)
+    """
+    if choice is not None and choice not in ENV_CHOICES:
         raise ValueError(
             f"{ENV_VAR}={choice!r} is not a choice: expected one of "
             f"{', '.join(map(repr, ENV_CHOICES))}."
         )
-    if backend == "jax" and choice == "keep":
+    if choice is not None:
+        return choice == "keep" and backend in ("jax", "torch")
+    return backend == "jax" or (backend == "torch" and TORCH_SLOWED_BY not in flags)
+
+
+def configure_for_backend(backend=None):
+    """Keeps freed memory where `keeps_freed_memory` says so; see the module.
+
+    `backend` defaults to `keras_backend()`; the choice is `KERAS_VIT_MALLOC`.
+    """
+    backend = backend or keras_backend()
+    if keeps_freed_memory(backend, os.environ.get(ENV_VAR), cpu_flags()):
         keep_freed_memory()

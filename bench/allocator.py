@@ -1,0 +1,125 @@
+"""Times keras-vit steps with freed memory kept and with glibc's malloc left alone.
+
+    python bench/allocator.py                   # PyTorch, Ti/16 at 224, batch 32 (4 minutes)
+    python bench/allocator.py --backend jax --steps 5
+
+`import keras_vit` keeps freed memory under JAX and, on CPUs without AMX, under PyTorch
+(`keras_vit.utils.allocator`); `KERAS_VIT_MALLOC=system` leaves malloc alone. For each
+precision, task and setting, in that order, a fresh process builds the model, runs two
+untimed steps, then times `--steps` steps (`predict_on_batch` / `train_on_batch`, AdamW
+with global-norm clipping) and counts its minor page faults. Rounds alternate the settings.
+Writes `bench/allocator.json` (or `--out`): each step's seconds, the median, page faults
+per step and the peak RSS.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.models import machine  # noqa: E402
+
+SETTINGS = ("system", "keep")
+# One process's measurement; prints a JSON line.
+STEPS = """
+import json, resource, sys, time
+import numpy as np, keras
+precision, task, steps, variant, size, batch = sys.argv[1:]
+if keras.backend.backend() == "torch":
+    import torch
+    torch.set_num_threads(2)
+if precision == "bfloat16":
+    keras.config.set_dtype_policy("mixed_bfloat16")
+import keras_vit
+model = keras_vit.ViT(variant, image_size=int(size), num_classes=1000)
+rng = np.random.default_rng(0)
+x = keras.ops.convert_to_tensor(
+    rng.uniform(-1, 1, (int(batch), int(size), int(size), 3)).astype("float32"))
+y = keras.ops.convert_to_tensor(rng.integers(0, 1000, int(batch)))
+if task == "train":
+    model.compile(optimizer=keras.optimizers.AdamW(1e-3, weight_decay=0.01, global_clipnorm=1.0),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    step = lambda: model.train_on_batch(x, y)
+else:
+    model.compile()
+    step = lambda: model.predict_on_batch(x)
+step(); step()
+usage = lambda: resource.getrusage(resource.RUSAGE_SELF)
+faults, seconds = usage().ru_minflt, []
+for _ in range(int(steps)):
+    start = time.perf_counter(); step(); seconds.append(time.perf_counter() - start)
+print(json.dumps(dict(seconds=seconds, faults_per_step=(usage().ru_minflt - faults) / len(seconds),
+                      peak_rss_mib=usage().ru_maxrss / 1024)))
+"""
+
+
+def measure(backend, setting, precision, task, steps, variant, size, batch):
+    """One fresh process's step times and page faults under `KERAS_VIT_MALLOC=setting`."""
+    env = {**os.environ, "KERAS_BACKEND": backend, "KERAS_VIT_MALLOC": setting,
+           "TF_CPP_MIN_LOG_LEVEL": "3",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run(
+        [sys.executable, "-c", STEPS, precision, task, str(steps), variant, str(size), str(batch)],
+        env=env, capture_output=True, text=True, check=False,
+    )
+    if result.returncode:
+        raise SystemExit(f"{backend} {setting} {precision} {task} failed:\n{result.stderr[-3000:]}")
+    row = json.loads(result.stdout.strip().splitlines()[-1])
+    row["median_s"] = statistics.median(row["seconds"])
+    return row
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", default="torch", choices=("torch", "jax"))
+    parser.add_argument("--variant", default="Ti/16")
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--precisions", default="float32,bfloat16")
+    parser.add_argument("--tasks", default="infer,train")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "allocator.json"))
+    args = parser.parse_args(argv)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    rows = []
+    for precision in args.precisions.split(","):
+        for task in args.tasks.split(","):
+            runs = {setting: [] for setting in SETTINGS}
+            for _ in range(args.rounds):
+                for setting in SETTINGS:
+                    runs[setting].append(measure(args.backend, setting, precision, task,
+                                                 args.steps, args.variant, args.image_size,
+                                                 args.batch))
+            medians = {s: statistics.median(r["median_s"] for r in runs[s]) for s in SETTINGS}
+            row = dict(precision=precision, task=task, runs=runs, median_s=medians,
+                       faults_per_step={s: statistics.median(r["faults_per_step"] for r in runs[s])
+                                        for s in SETTINGS},
+                       speedup_kept=medians["system"] / medians["keep"])
+            rows.append(row)
+            print(f"| {args.variant} | {precision} | {task} | {medians['system']:.3f} "
+                  f"| {medians['keep']:.3f} | {row['speedup_kept']:.2f} "
+                  f"| {row['faults_per_step']['system']:.0f} | {row['faults_per_step']['keep']:.0f} |",
+                  flush=True)
+    result = dict(
+        command="python bench/allocator.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        started=started.isoformat(timespec="seconds"),
+        machine=machine(),
+        backend=args.backend,
+        plan=dict(variant=args.variant, image_size=args.image_size, batch=args.batch,
+                  steps=args.steps, rounds=args.rounds),
+        rows=rows,
+    )
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
