@@ -50,6 +50,52 @@ def test_accelerator_smoke_run_times_every_contender_and_computes_mfu(tmp_path):
 
 
 @pytest.mark.slow
+def test_gpu_checks_run_the_bench_and_the_test_subset_per_backend_without_tensorflow(tmp_path):
+    """`bench/gpu_checks.sh` as on the lent GPU machines, whose image has JAX and PyTorch
+    but no TensorFlow (made unimportable here): the bench's contenders and the `gpu` test
+    subset run on JAX and PyTorch, and the subset's tests pass without TensorFlow (among
+    them `load_pretrained` from a saved model, which once imported it)."""
+    shim = tmp_path / "no_tensorflow" / "tensorflow"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'tensorflow'\", name='tensorflow')\n")
+    out = tmp_path / "out"
+    env = {
+        **os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(shim.parent),
+        # Two tests of the subset (seven with their parameters), not all of it.
+        "PYTEST_ADDOPTS": "-p no:cacheprovider "
+                          "-k 'patches_order or equals_a_model_loaded_at_that_size'",
+    }
+    result = subprocess.run(["bash", "bench/gpu_checks.sh", str(out), "--smoke"],
+                            cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "backends: jax torch" in (out / "env.txt").read_text()
+    report = json.loads((out / "accelerator.json").read_text())
+    assert {e["contender"] for e in report["entries"]} == {"keras-jax", "keras-torch", "hf-torch"}
+    for backend in ("jax", "torch"):
+        log = (out / f"tests_{backend}.log").read_text()
+        assert f"backend {backend} on cpu" in log
+        summary = log.strip().splitlines()[-1]
+        assert " 7 passed" in summary and "failed" not in summary, log[-3000:]
+
+
+@pytest.mark.slow
+def test_allocator_benchmark_times_each_setting_in_its_own_process(tmp_path):
+    out = tmp_path / "allocator.json"
+    stdout = run_bench("allocator.py", "--image-size", "32", "--batch", "2", "--steps", "2",
+                       "--rounds", "1", "--precisions", "float32", "--out", str(out))
+    (infer, train) = json.loads(out.read_text())["rows"]
+    assert (infer["task"], train["task"]) == ("infer", "train")
+    for row in (infer, train):
+        for setting in ("system", "keep"):
+            (run,) = row["runs"][setting]
+            assert len(run["seconds"]) == 2 and run["peak_rss_mib"] > 0
+            assert row["median_s"][setting] == pytest.approx(sum(run["seconds"]) / 2)
+        assert row["speedup_kept"] == row["median_s"]["system"] / row["median_s"]["keep"]
+    assert "| Ti/16 | float32 | train |" in stdout
+
+
+@pytest.mark.slow
 def test_memory_benchmark_separates_fixed_and_per_image_memory(tmp_path):
     out = tmp_path / "memory.json"
     stdout = run_bench("memory.py", "--variant", "Ti/16", "--image-size", "32",
