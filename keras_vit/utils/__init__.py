@@ -1,6 +1,6 @@
 """Small shared utilities with no model logic.
 
-- `allocator`: keeps the memory XLA:CPU frees under JAX for the next step.
+- `allocator`: keeps the memory that XLA:CPU (JAX) and PyTorch free for the next step.
 - `checks`: the argument checks every module uses (one wording for each kind of error).
 - `serialization`: registers keras-vit's classes with Keras' serialization.
 - `keras_compat`: every use of Keras' private internals, in one place, each one tested.

@@ -4,8 +4,8 @@ Under JAX, XLA:CPU mallocs a step's temporary buffers on every call and frees th
 at its end; PyTorch frees every tensor when its last reference goes. glibc hands blocks
 that large straight back to the kernel, so the next step faults every page in again, at
 a cost in system CPU time on every step (the README's Performance section gives the
-figures, measured with `bench/contenders.py`). TensorFlow's allocator already keeps its
-memory.
+figures, measured with `bench/contenders.py` and `bench/allocator.py`). TensorFlow's
+allocator already keeps its memory.
 
 `import keras_vit` calls `configure_for_backend()`: it keeps freed memory under JAX,
 and under PyTorch on CPUs without AMX (on an Intel Xeon with AMX, PyTorch's bfloat16
