@@ -1,16 +1,15 @@
 """Ctrl-C (SIGINT) and SIGTERM during `keras-vit pretrain` end it with one line saying
 where the run stopped and the command that resumes it: no traceback, a non-zero exit
-(128 + the signal), and that command then finishes the run."""
+(128 + the signal), and that command then finishes the run. As a user meets it: the
+`keras-vit` command of the built wheel in a fresh venv, an empty HOME, no KERAS_VIT_*
+setting, run from a folder outside the checkout."""
 
-import os
 import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import build_wheel, clean_environment, install_wheel
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = [
     "model.kwargs.hidden_dim=16", "model.kwargs.num_layers=1", "model.kwargs.num_heads=2",
     "model.kwargs.mlp_dim=32", "schedule.epochs=2", "schedule.micro_batches_per_epoch=400",
@@ -19,22 +18,32 @@ TINY = [
 ]
 
 
+@pytest.fixture(scope="module")
+def keras_vit_command(tmp_path_factory):
+    """The `keras-vit` command of a venv with the wheel built from this checkout."""
+    root = tmp_path_factory.mktemp("installed")
+    return install_wheel(build_wheel(root / "dist"), root / "venv") / "keras-vit"
+
+
 def _pretrain(out):
     sets = [arg for value in TINY for arg in ("--set", value)]
     return ["pretrain", "--recipe", "demo", "--data", "digits", "--out", str(out), *sets]
 
 
-def _start(arguments):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.Popen([sys.executable, "-m", "keras_vit", *arguments], env=env,
+def _start(keras_vit_command, arguments, home):
+    return subprocess.Popen([str(keras_vit_command), *arguments], cwd=home,
+                            env=clean_environment(HOME=str(home)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_stops_training_with_one_line_naming_the_resume_command(tmp_path, signum):
+def test_a_signal_stops_training_with_one_line_naming_the_resume_command(
+        keras_vit_command, tmp_path, signum):
+    home = tmp_path / "home"
+    home.mkdir()
     out = tmp_path / "run"
-    process = _start(_pretrain(out))
+    process = _start(keras_vit_command, _pretrain(out), home)
     backup = out / "backup" / "state.npz"
     # Training is under way once its first backup (after 2 micro-batches) is written.
     while not backup.exists() and process.poll() is None:
@@ -54,7 +63,7 @@ def test_a_signal_stops_training_with_one_line_naming_the_resume_command(tmp_pat
         "stopped; its backup resumes it at epoch 1, micro-batch ")
     assert line.endswith(f". Resume it with: {command}")
     # The command it names resumes the run and finishes it.
-    resumed = _start(line.split("Resume it with: keras-vit ")[1].split())
+    resumed = _start(keras_vit_command, line.split("Resume it with: keras-vit ")[1].split(), home)
     _, stderr = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, stderr
     assert "Resumed from" in stderr
