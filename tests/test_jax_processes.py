@@ -72,26 +72,25 @@ def _env(**more):
                 TF_NUM_INTEROP_THREADS="1", **COMPILATION_CACHE, **more)
 
 
-def _start(args, cwd, **env):
+def _start(args, cwd, tag="", **env):
     """Starts `args` in `cwd` (`env`: more variables), its output to files there (a full
-    pipe would stall it)."""
+    pipe would stall it), named `stdoutTAG.txt` and `stderrTAG.txt`."""
     out, err = (
-        open(os.path.join(cwd, f"{name}{env.get('JAX_PROCESS_ID', '')}.txt"), "w+")
-        for name in ("stdout", "stderr")
+        open(os.path.join(cwd, f"{name}{tag}.txt"), "w+") for name in ("stdout", "stderr")
     )
     process = subprocess.Popen(args, cwd=cwd, env=_env(**env), stdout=out, stderr=err)
     process.output = out, err
     return process
 
 
-def _cli(args, cwd, **env):
-    return _start([sys.executable, "-m", "keras_vit", "pretrain", *args], cwd, **env)
+def _cli(args, cwd, tag="", **env):
+    return _start([sys.executable, "-m", "keras_vit", "pretrain", *args], cwd, tag, **env)
 
 
 def _readme_processes(cwd, port):
     """The README's two processes, each started on its own (`README_ARGS`)."""
     return [
-        _cli(README_ARGS, cwd, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+        _cli(README_ARGS, cwd, str(index), JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
              JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index))
         for index in (1, 0)
     ][::-1]
@@ -103,7 +102,7 @@ def _process(cwd, port, index, count, *extra):
         [*TINY, "--out", "run", "--set", f"distribution.coordinator=127.0.0.1:{port}",
          "--set", f"distribution.num_processes={count}", "--set", f"distribution.process_id={index}",
          *extra],
-        cwd,
+        cwd, str(index),
     )
 
 
@@ -129,18 +128,18 @@ def _finish(procs, timeout=600):
 
 
 def _kill_and_restart(runs):
-    """Once process 0 of each run's `procs` has backed up epoch 1 in the run's folder
-    `backup`, SIGKILLs its process 1, then its process 0 (left waiting for it), and starts
-    both again with the same command (`restart()`). `runs`: `{name: (backup, procs,
-    restart)}`, watched together; returns `{name: (restarted processes, the backup's state
-    file as the kill left it)}`."""
+    """Once process 0 of each run's `procs` has backed up position `after` (epoch, step)
+    in the run's folder `backup`, SIGKILLs its process 1, then its process 0 (left waiting
+    for it), and starts both again with the same command (`restart()`). `runs`: `{name:
+    (backup, procs, restart, after)}`, watched together; returns `{name: (restarted
+    processes, the backup's state file as the kill left it)}`."""
     from keras_vit.training.callbacks import TrainingBackup
 
     deadline = time.monotonic() + 900  # every run of the module shares the cores
     waiting, done = dict(runs), {}
     while waiting:
-        for name, (backup, procs, restart) in list(waiting.items()):
-            if TrainingBackup.saved_position(str(backup)) < (1, 0):
+        for name, (backup, procs, restart, after) in list(waiting.items()):
+            if TrainingBackup.saved_position(str(backup)) < after:
                 assert procs[0].poll() is None and time.monotonic() < deadline, _finish(procs)
                 continue
             procs[1].send_signal(signal.SIGKILL)
@@ -166,7 +165,7 @@ def runs(tmp_path_factory):
     compilation cache: the README's two-process run, the same command in one process,
     the two processes killed in epoch 2 and restarted, a second process with another
     batch size, a process 0 whose process 1 never comes, and two processes with FSDP
-    (`TINY`) run straight, and killed in epoch 2 and restarted."""
+    (`TINY`) run straight, and killed after their first backup and restarted."""
     COMPILATION_CACHE["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.mktemp("jax_cache"))
     folders = {name: tmp_path_factory.mktemp(name) for name in ("one", "two", "killed", "lonely")}
     other = [tmp_path_factory.mktemp("other") for _ in range(2)]
@@ -188,9 +187,11 @@ def runs(tmp_path_factory):
     killed = {
         "restarted": (folders["killed"] / "runs" / "two" / "backup",
                       _readme_processes(folders["killed"], _free_port()),
-                      lambda: _readme_processes(folders["killed"], _free_port())),
+                      lambda: _readme_processes(folders["killed"], _free_port()), (1, 0)),
         "fsdp_restarted": (fsdp["fsdp_killed"] / "run" / "backup", fsdp_pair(fsdp["fsdp_killed"]),
-                           lambda: fsdp_pair(fsdp["fsdp_killed"])),
+                           # From its first backup on (mid-epoch 1): the rest of a run
+                           # this small can take less than the watcher's turn.
+                           lambda: fsdp_pair(fsdp["fsdp_killed"]), (0, 2)),
     }
     port = _free_port()
     started["other"] = [
@@ -265,7 +266,7 @@ def test_process_that_never_joins_is_named(runs):
 
 def test_fsdp_processes_killed_resume_exactly_from_sharded_backups(runs):
     """FSDP over 2 processes: the backup is sharded (the state file names the Orbax folder
-    that each process wrote its shards to), process 1 SIGKILLed in epoch 2 and both
+    that each process wrote its shards to), process 1 SIGKILLed after the first backup and both
     restarted end with the weights and metrics of the uninterrupted run, the epoch
     checkpoints are sharded too, and the final `model.keras` holds the whole model (one
     host's copy)."""
