@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks of a machine with a GPU, in one go (README "On a GPU"):
+# The checks of a machine with a GPU, in one go (README, Development):
 #   1. bench/accelerator.py: ViT-B/16 in bfloat16 against HF, on each installed backend;
 #   2. the GPU test subset (tests marked `gpu`) once per installed Keras backend.
 # Every part has its own time limit, so one that hangs leaves the others their time.
