@@ -373,10 +373,8 @@ def serve(contender, requests, replies):
     Requests: `{"op": "setup", "arch", "image_size", "batch", "precision", "family"}`
     (`arch`: the `keras_vit.ViT` architecture arguments, as `keras_vit.parse_variant`
     returns them; `family`: a `FAMILIES` name, default `vit`),
-    `{"op": "prepare", "mode": "infer" | "train", "warmup", "steps", "interfaces"}`
-    (compiles, then runs `warmup` untimed rounds of `steps` steps, default 1, through
-    each interface, default `["harness"]`: as long as a timed round, so that memory a
-    longer call first touches is not counted in the first timed round),
+    `{"op": "prepare", "mode": "infer" | "train", "warmup", "interfaces"}` (compiles
+    and runs untimed steps through each interface, default `["harness"]`),
     `{"op": "round", "steps", "interface"}` (timed steps, default through the
     harness, then a matmul probe), `{"op": "exit"}`.
     """
@@ -399,7 +397,7 @@ def serve(contender, requests, replies):
             reply = runner.prepare(request["mode"])
             for interface in request.get("interfaces", ["harness"]):
                 for _ in range(request["warmup"]):
-                    timed_round(runner, interface, request.get("steps", 1))
+                    timed_round(runner, interface, 1)
         elif op == "round":
             cpu = cpu_seconds()
             interface = request.get("interface", "harness")

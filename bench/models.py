@@ -202,8 +202,7 @@ def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo,
             sized = [(c, size) for c in contenders for size in tasks[mode]]
             for key in sized:
                 workers[key].send(
-                    op="prepare", mode=mode, warmup=plan["warmup"], steps=plan["steps"][mode],
-                    interfaces=list(interfaces),
+                    op="prepare", mode=mode, warmup=plan["warmup"], interfaces=list(interfaces)
                 )
             prepared = {key: workers[key].receive() for key in sized}
             keys = [(c, size, i) for c, size in sized for i in interfaces]
