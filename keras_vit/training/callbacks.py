@@ -127,9 +127,7 @@ class TrainingBackup(keras.callbacks.Callback):
         }
 
     def _sharded_path(self, name):
-        from keras_vit.utils import sharded_state
-
-        return sharded_state.orbax_path(os.path.join(self.directory, name))
+        return os.path.join(self.directory, name)
 
     def _save(self, epoch, step):
         arrays = {"epoch": np.array(epoch), "step": np.array(step)}
@@ -316,7 +314,7 @@ class EpochCheckpoints(keras.callbacks.Callback):
             from keras_vit.utils import sharded_state
 
             tf.io.gfile.makedirs(self.directory)
-            sharded_state.save_model(sharded_state.orbax_path(path), self.network)
+            sharded_state.save_model(path, self.network)
         else:
             with chief_writes(path, strategy) as target:
                 tf.io.gfile.makedirs(os.path.dirname(target))

@@ -395,8 +395,7 @@ def source_preprocessing(source):
     if path.endswith(SHARDED):
         from keras_vit.utils import sharded_state
 
-        architecture = sharded_state.architecture(sharded_state.orbax_path(path))
-        return architecture["config"].get("preprocessing")
+        return sharded_state.architecture(path)["config"].get("preprocessing")
     with tf.io.gfile.GFile(path, "rb") as file, zipfile.ZipFile(file) as archive:
         return json.loads(archive.read("config.json"))["config"].get("preprocessing")
 

@@ -49,7 +49,7 @@ def read_keras(path):
     if path.endswith(SHARDED):
         from keras_vit.utils import sharded_state  # imports JAX: an optional extra
 
-        return sharded_state.load_model(sharded_state.orbax_path(path))
+        return sharded_state.load_model(path)
     size = _incomplete_size(path)
     if size is not None:
         raise ValueError(

@@ -15,8 +15,9 @@ import keras
 import numpy as np
 
 
-def orbax_path(path):
-    """`path` as Orbax takes it: absolute, or a URL (`gs://`) as it is."""
+def _orbax_path(path):
+    """`path` as Orbax takes it (every function here takes any other): absolute, or a
+    URL (`gs://`) as it is."""
     return path if "://" in path else os.path.abspath(path)
 
 
@@ -36,8 +37,9 @@ def _checkpointer():
 
 
 def save(path, tree):
-    """Writes the pytree of arrays `tree` to the folder `path` (absolute or `gs://`),
+    """Writes the pytree of arrays `tree` to the folder `path` (a local folder or `gs://`),
     replacing any folder there; every process must call it. Returns once written."""
+    path = _orbax_path(path)
     checkpointer = _checkpointer()
     checkpointer.save(path, tree, force=True)
     checkpointer.wait_until_finished()
@@ -45,10 +47,11 @@ def save(path, tree):
 
 
 def save_model(path, model):
-    """Writes `model` to the folder `path` (absolute or `gs://`), replacing any folder
+    """Writes `model` to the folder `path` (a local folder or `gs://`), replacing any folder
     there: its architecture (`keras.saving.serialize_keras_object`, as a `.keras` file
     holds it) and its variables, each process its own shards; every process must call it.
     The folder appears whole once every process has written (Orbax), never part-way."""
+    path = _orbax_path(path)
     import orbax.checkpoint as ocp
 
     checkpointer = _model_checkpointer()
@@ -78,6 +81,7 @@ def load_model(path):
     >>> load_model(path).output_shape
     (None, 10)
     """
+    path = _orbax_path(path)
     import orbax.checkpoint as ocp
 
     checkpointer = _model_checkpointer()
@@ -98,6 +102,7 @@ def load_model(path):
 def architecture(path):
     """The architecture of the model `save_model` wrote to the folder `path`: the
     `keras.saving.serialize_keras_object` dict (a `.keras` file's `config.json`)."""
+    path = _orbax_path(path)
     import orbax.checkpoint as ocp
 
     return _model_checkpointer().restore(
@@ -136,6 +141,7 @@ def _check_variables(model, shapes, source):
 def metadata(path):
     """The tree of the arrays saved in the folder `path`, each as a
     `jax.ShapeDtypeStruct` (shape and dtype)."""
+    path = _orbax_path(path)
     tree = _checkpointer().metadata(path).item_metadata.tree
     return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), tree)
 
@@ -144,6 +150,7 @@ def restore(path, like):
     """The arrays saved in `path`, each placed as the JAX array (or `jax.ShapeDtypeStruct`)
     at the same place of the tree `like` is (its shape, dtype and sharding); every
     process must call it."""
+    path = _orbax_path(path)
     target = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like
     )
