@@ -5,9 +5,10 @@
 
 `import keras_vit` keeps freed memory under JAX and, on CPUs without AMX, under PyTorch
 (`keras_vit.utils.allocator`); `KERAS_VIT_MALLOC=system` leaves malloc alone. For each
-precision, task and setting, in that order, a fresh process builds the model, runs two
-untimed steps, then times `--steps` steps (`predict_on_batch` / `train_on_batch`, AdamW
-with global-norm clipping) and counts its minor page faults. Rounds alternate the settings.
+precision, task and setting, in that order, a fresh process builds the model through
+`bench/contenders.py`'s Keras worker, runs two untimed steps, then times `--steps` steps
+(its harness: `predict_on_batch` / `train_on_batch`, AdamW with global-norm clipping) and
+counts its minor page faults. Rounds alternate the settings.
 Writes `bench/allocator.json` (or `--out`): each step's seconds, the median, page faults
 per step and the peak RSS.
 """
@@ -15,7 +16,6 @@ per step and the peak RSS.
 import argparse
 import datetime
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -24,37 +24,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.models import machine  # noqa: E402
+from bench.models import machine, worker_environment  # noqa: E402
 
 SETTINGS = ("system", "keep")
-# One process's measurement; prints a JSON line.
+# One process's measurement, through the benchmark's own Keras worker; prints a JSON line.
 STEPS = """
 import json, resource, sys, time
-import numpy as np, keras
+from bench.contenders import KerasViT
+from keras_vit.models.vit import parse_variant
 precision, task, steps, variant, size, batch = sys.argv[1:]
-if keras.backend.backend() == "torch":
-    import torch
-    torch.set_num_threads(2)
-if precision == "bfloat16":
-    keras.config.set_dtype_policy("mixed_bfloat16")
-import keras_vit
-model = keras_vit.ViT(variant, image_size=int(size), num_classes=1000)
-rng = np.random.default_rng(0)
-x = keras.ops.convert_to_tensor(
-    rng.uniform(-1, 1, (int(batch), int(size), int(size), 3)).astype("float32"))
-y = keras.ops.convert_to_tensor(rng.integers(0, 1000, int(batch)))
-if task == "train":
-    model.compile(optimizer=keras.optimizers.AdamW(1e-3, weight_decay=0.01, global_clipnorm=1.0),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    step = lambda: model.train_on_batch(x, y)
-else:
-    model.compile()
-    step = lambda: model.predict_on_batch(x)
-step(); step()
+runner = KerasViT(parse_variant(variant), int(size), int(batch), precision)
+runner.prepare(task)
+runner.step(); runner.step()
 usage = lambda: resource.getrusage(resource.RUSAGE_SELF)
 faults, seconds = usage().ru_minflt, []
 for _ in range(int(steps)):
-    start = time.perf_counter(); step(); seconds.append(time.perf_counter() - start)
+    start = time.perf_counter(); runner.step(); seconds.append(time.perf_counter() - start)
 print(json.dumps(dict(seconds=seconds, faults_per_step=(usage().ru_minflt - faults) / len(seconds),
                       peak_rss_mib=usage().ru_maxrss / 1024)))
 """
@@ -62,9 +47,7 @@ print(json.dumps(dict(seconds=seconds, faults_per_step=(usage().ru_minflt - faul
 
 def measure(backend, setting, precision, task, steps, variant, size, batch):
     """One fresh process's step times and page faults under `KERAS_VIT_MALLOC=setting`."""
-    env = {**os.environ, "KERAS_BACKEND": backend, "KERAS_VIT_MALLOC": setting,
-           "TF_CPP_MIN_LOG_LEVEL": "3",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = dict(worker_environment(), KERAS_BACKEND=backend, KERAS_VIT_MALLOC=setting)
     result = subprocess.run(
         [sys.executable, "-c", STEPS, precision, task, str(steps), variant, str(size), str(batch)],
         env=env, capture_output=True, text=True, check=False,

@@ -108,16 +108,21 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_b
 TRAIN_FLOPS_FACTOR = 3  # forward + backward (two products per forward product)
 
 
+def worker_environment():
+    """The environment of a benchmark process: this checkout first on PYTHONPATH, then
+    what the caller's holds (packages put beside the interpreter's own, as on a machine
+    where nothing can be installed)."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
 class Worker:
     """A contender's process, spoken to in JSON lines."""
 
     def __init__(self, contender, log_dir):
         self.contender = contender
         self.log_path = Path(log_dir) / f"{contender}-{id(self)}.log"
-        # This checkout first, then what the caller's PYTHONPATH holds (packages put
-        # beside the interpreter's own, as on a machine where nothing can be installed).
-        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "3"}
+        env = worker_environment()
         env.pop("KERAS_BACKEND", None)
         self.process = subprocess.Popen(
             [sys.executable, str(ROOT / "bench" / "contenders.py"), contender],
