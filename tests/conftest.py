@@ -241,3 +241,10 @@ def install_wheel(wheel, venv):
                     str(wheel)], check=True, capture_output=True, env=clean_environment())
     return bin_dir
 
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory):
+    """The `bin` folder of a venv with the wheel built from this checkout (built once per
+    test process)."""
+    root = tmp_path_factory.mktemp("installed")
+    return install_wheel(build_wheel(root / "dist"), root / "venv")

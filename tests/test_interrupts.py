@@ -8,7 +8,7 @@ import signal
 import subprocess
 
 import pytest
-from conftest import build_wheel, clean_environment, install_wheel
+from conftest import clean_environment
 
 TINY = [
     "model.kwargs.hidden_dim=16", "model.kwargs.num_layers=1", "model.kwargs.num_heads=2",
@@ -18,20 +18,14 @@ TINY = [
 ]
 
 
-@pytest.fixture(scope="module")
-def keras_vit_command(tmp_path_factory):
-    """The `keras-vit` command of a venv with the wheel built from this checkout."""
-    root = tmp_path_factory.mktemp("installed")
-    return install_wheel(build_wheel(root / "dist"), root / "venv") / "keras-vit"
-
-
 def _pretrain(out):
     sets = [arg for value in TINY for arg in ("--set", value)]
     return ["pretrain", "--recipe", "demo", "--data", "digits", "--out", str(out), *sets]
 
 
-def _start(keras_vit_command, arguments, home):
-    return subprocess.Popen([str(keras_vit_command), *arguments], cwd=home,
+def _start(installed, arguments, home):
+    """`keras-vit ARGUMENTS` of the venv whose `bin` folder is `installed`."""
+    return subprocess.Popen([str(installed / "keras-vit"), *arguments], cwd=home,
                             env=clean_environment(HOME=str(home)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -39,11 +33,11 @@ def _start(keras_vit_command, arguments, home):
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_training_with_one_line_naming_the_resume_command(
-        keras_vit_command, tmp_path, signum):
+        installed, tmp_path, signum):
     home = tmp_path / "home"
     home.mkdir()
     out = tmp_path / "run"
-    process = _start(keras_vit_command, _pretrain(out), home)
+    process = _start(installed, _pretrain(out), home)
     backup = out / "backup" / "state.npz"
     # Training is under way once its first backup (after 2 micro-batches) is written.
     while not backup.exists() and process.poll() is None:
@@ -63,7 +57,7 @@ def test_a_signal_stops_training_with_one_line_naming_the_resume_command(
         "stopped; its backup resumes it at epoch 1, micro-batch ")
     assert line.endswith(f". Resume it with: {command}")
     # The command it names resumes the run and finishes it.
-    resumed = _start(keras_vit_command, line.split("Resume it with: keras-vit ")[1].split(), home)
+    resumed = _start(installed, line.split("Resume it with: keras-vit ")[1].split(), home)
     _, stderr = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, stderr
     assert "Resumed from" in stderr

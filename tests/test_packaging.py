@@ -8,17 +8,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, build_wheel, clean_environment, install_wheel, tiny_vit
+from conftest import ROOT, clean_environment, tiny_vit
 
 from keras_vit import cli
 from keras_vit.utils import extras
-
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """The `bin` folder of a venv with the wheel built from this checkout."""
-    root = tmp_path_factory.mktemp("installed")
-    return install_wheel(build_wheel(root / "dist"), root / "venv")
-
 
 def test_the_installed_wheel_runs_the_shipped_recipes_from_any_folder(installed, tmp_path):
     script = (
