@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import clean_environment
+
 from keras_vit.utils.allocator import GLIBC, configure_for_backend, cpu_flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,13 +40,18 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def _second_fill_faults(setup, mib=BLOCK_MIB, **env):
-    environ = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3", **env}
+def _second_fill_faults(setup, mib=BLOCK_MIB, python=sys.executable, environ=None, cwd=None,
+                        **env):
+    """Page faults of the probe's second fill, run by `python` in the folder `cwd`, in
+    `environ` (default: this environment with this checkout first) plus `env` (a None
+    value removes it)."""
+    environ = {**(environ or {**os.environ, "PYTHONPATH": str(ROOT)}),
+               "TF_CPP_MIN_LOG_LEVEL": "3", **env}
     for name in [name for name, value in env.items() if value is None]:
         environ.pop(name)
     result = subprocess.run(
-        [sys.executable, "-c", setup + "\n" + PROBE.format(mib=mib)],
-        capture_output=True, text=True, env=environ, timeout=300,
+        [str(python), "-c", setup + "\n" + PROBE.format(mib=mib)],
+        capture_output=True, text=True, env=environ, cwd=cwd, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return int(result.stdout.split()[-1])
@@ -69,9 +76,13 @@ TORCH_DEFAULT = "amx_bf16" not in cpu_flags()
     [("jax", None, True), ("jax", "system", False), ("tensorflow", None, False),
      ("torch", None, TORCH_DEFAULT), ("torch", "system", False), ("torch", "keep", True)],
 )
-def test_importing_keras_vit_keeps_freed_memory_under_jax_and_torch(backend, choice, kept):
+def test_importing_keras_vit_keeps_freed_memory_under_jax_and_torch(
+        installed, tmp_path, backend, choice, kept):
+    # As a user meets it: the built wheel's Python, an empty HOME, no other KERAS_VIT_*.
     faults = _second_fill_faults(
-        "import keras_vit", KERAS_BACKEND=backend, KERAS_VIT_MALLOC=choice
+        "import keras_vit", python=installed / "python",
+        environ=clean_environment(HOME=str(tmp_path)), cwd=tmp_path, KERAS_BACKEND=backend,
+        KERAS_VIT_MALLOC=choice,
     )
     assert (faults < PAGES // 100) == kept, faults
 
