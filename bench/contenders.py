@@ -76,6 +76,14 @@ def cpu_seconds():
     return usage.ru_utime + usage.ru_stime
 
 
+def page_faults():
+    """`(major, minor)` page faults of this process so far: major ones read a page back
+    from its file (library code the system evicted while the worker waited), minor ones
+    map memory the process touches for the first time."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_majflt, usage.ru_minflt
+
+
 def _data(batch, image_size, channels_first):
     rng = np.random.default_rng(0)
     images = rng.uniform(-1, 1, (batch, image_size, image_size, 3)).astype("float32")
@@ -399,10 +407,13 @@ def serve(contender, requests, replies):
                 for _ in range(request["warmup"]):
                     timed_round(runner, interface, 1)
         elif op == "round":
-            cpu = cpu_seconds()
+            cpu, faults = cpu_seconds(), page_faults()
             interface = request.get("interface", "harness")
             reply = {"step_s": timed_round(runner, interface, request["steps"])}
             reply["cpu_s"] = cpu_seconds() - cpu
+            reply["major_faults"], reply["minor_faults"] = (
+                now - before for now, before in zip(page_faults(), faults)
+            )
             reply["matmul_gflops"] = runner.matmul_gflops()
         else:
             raise ValueError(f"Unknown request op {op!r}: expected setup, prepare, round or exit.")

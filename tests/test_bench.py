@@ -151,6 +151,9 @@ def test_models_benchmark_times_keras_predict_and_fit_beside_the_harness(tmp_pat
     }
     for (variant, contender, mode, interface), e in rows.items():
         assert e["median_images_per_s"] > 0
+        # Each timed round counts the page faults of its worker.
+        assert len(e["major_faults"]) == len(e["minor_faults"]) == len(e["images_per_s"])
+        assert all(isinstance(n, int) and n >= 0 for n in e["major_faults"] + e["minor_faults"])
         if contender != "hf-torch":  # against HF through the same interface, same rounds
             hf = rows[(variant, "hf-torch", mode, interface)]
             assert e["ratio_vs_hf"] == pytest.approx(
