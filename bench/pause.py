@@ -1,0 +1,93 @@
+"""Times Keras' `predict` and `predict_on_batch` back to back and after a pause.
+
+    python bench/pause.py                      # TensorFlow, Ti/16 at 224, batch 32 (2 minutes)
+    KERAS_BACKEND=jax python bench/pause.py --pause 3 --rounds 4
+
+In `bench/models.py` each worker waits while the others are timed; there TensorFlow's
+`predict` rows fall further below its `predict_on_batch` rows than in a process that
+calls them back to back. This bench measures that wait alone: one process builds the
+model through `bench/contenders.py`'s Keras worker and, each round, times one `predict`
+of `--batches` batches on a fresh numpy array (the worker's `keras-api` call) and the
+same number of `predict_on_batch` calls (its harness), first back to back, then each
+after sleeping `--pause` seconds. Writes `bench/pause.json` (or `--out`): every call's
+seconds, the medians and their ratios, the page faults of each call.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+from bench.contenders import KerasViT, timed_round  # noqa: E402
+from bench.models import machine  # noqa: E402
+from keras_vit.models.vit import parse_variant  # noqa: E402
+
+INTERFACES = ("keras-api", "harness")
+
+
+def timed_call(runner, interface, batches, pause):
+    """Seconds and minor page faults of one call of `batches` batches through
+    `interface`, after sleeping `pause` seconds."""
+    time.sleep(pause)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    seconds = sum(timed_round(runner, interface, batches))
+    return seconds, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--variant", default="Ti/16")
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batches", type=int, default=3)
+    parser.add_argument("--pause", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "pause.json"))
+    args = parser.parse_args(argv)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    runner = KerasViT(parse_variant(args.variant), args.image_size, args.batch, "float32")
+    runner.prepare("infer")
+    for interface in INTERFACES:
+        for _ in range(2):
+            timed_call(runner, interface, args.batches, 0)
+    calls = {(pause, i): [] for pause in (0.0, args.pause) for i in INTERFACES}
+    for _ in range(args.rounds):
+        for pause, interface in calls:
+            calls[(pause, interface)].append(timed_call(runner, interface, args.batches, pause))
+    rows = []
+    for pause in (0.0, args.pause):
+        medians = {i: statistics.median(s for s, _ in calls[(pause, i)]) for i in INTERFACES}
+        rows.append(dict(
+            pause_s=pause,
+            seconds={i: [s for s, _ in calls[(pause, i)]] for i in INTERFACES},
+            minor_faults={i: [f for _, f in calls[(pause, i)]] for i in INTERFACES},
+            median_s=medians,
+            predict_over_predict_on_batch=medians["keras-api"] / medians["harness"],
+        ))
+        print(f"pause {pause:.0f} s: predict {medians['keras-api']:.3f} s, "
+              f"{args.batches} x predict_on_batch {medians['harness']:.3f} s "
+              f"({rows[-1]['predict_over_predict_on_batch']:.2f}x)", flush=True)
+    result = dict(
+        command="python bench/pause.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        started=started.isoformat(timespec="seconds"),
+        machine=machine(),
+        backend=os.environ["KERAS_BACKEND"],
+        plan=dict(variant=args.variant, image_size=args.image_size, batch=args.batch,
+                  batches=args.batches, pause_s=args.pause, rounds=args.rounds),
+        rows=rows,
+    )
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
