@@ -78,8 +78,7 @@ def cpu_seconds():
 
 def page_faults():
     """`(major, minor)` page faults of this process so far: major ones read a page back
-    from its file (library code the system evicted while the worker waited), minor ones
-    map memory the process touches for the first time."""
+    from its file, minor ones map memory the process touches for the first time."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_majflt, usage.ru_minflt
 
