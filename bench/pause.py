@@ -17,7 +17,6 @@ import argparse
 import datetime
 import json
 import os
-import resource
 import statistics
 import sys
 import time
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-from bench.contenders import KerasViT, timed_round  # noqa: E402
+from bench.contenders import KerasViT, page_faults, timed_round  # noqa: E402
 from bench.models import machine  # noqa: E402
 from keras_vit.models.vit import parse_variant  # noqa: E402
 
@@ -38,9 +37,9 @@ def timed_call(runner, interface, batches, pause):
     """Seconds and minor page faults of one call of `batches` batches through
     `interface`, after sleeping `pause` seconds."""
     time.sleep(pause)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    _, faults = page_faults()
     seconds = sum(timed_round(runner, interface, batches))
-    return seconds, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return seconds, page_faults()[1] - faults
 
 
 def main(argv=None):
