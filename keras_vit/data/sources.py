@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit.data.folders import IMAGE_EXTENSIONS, load_listing
+from keras_vit.digits import SPLITS, digits_arrays
 
 logger = logging.getLogger("keras_vit")
 
@@ -179,19 +180,11 @@ def select_classes(source, classes):
 
 
 def _digits(split):
-    """scikit-learn's digits: 8x8 grey levels 0-16, scaled to uint8 0-255, one channel."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    if split not in ("train", "test"):
+    """scikit-learn's digits (`keras_vit.digits`): uint8 0-255, one channel."""
+    if split not in SPLITS:
         raise NoSplitError(f"The digits source has splits 'train' and 'test', got {split!r}.")
-    digits = load_digits()
-    images = np.round(digits.images * (255.0 / 16.0)).astype("uint8")[..., None]
-    parts = train_test_split(
-        images, digits.target, test_size=0.2, random_state=0, stratify=digits.target
-    )
-    images, labels = (parts[0], parts[2]) if split == "train" else (parts[1], parts[3])
-    records = tf.data.Dataset.from_tensor_slices((images, labels.astype("int32")))
+    images, labels = digits_arrays(split)
+    records = tf.data.Dataset.from_tensor_slices((images, labels))
     return Source(
         name=f"digits:{split}",
         records=records,
