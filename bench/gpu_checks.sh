@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The checks of a machine with a GPU, in one go (README, Development):
 #   1. bench/accelerator.py: ViT-B/16 in bfloat16 against HF, on each installed backend;
-#   2. the GPU test subset (tests marked `gpu`) once per installed Keras backend.
+#   2. the GPU test subset (tests marked `gpu`) once per installed Keras backend;
+#   3. beside them, bench/digits_fit.py in mixed_bfloat16 on each backend: a training run
+#      through Keras' `fit` whose loss must fall.
 # Every part has its own time limit, so one that hangs leaves the others their time.
 #
 #   bash bench/gpu_checks.sh OUT_DIR [accelerator.py arguments, e.g. --smoke]
 #
 # OUT_DIR gets env.txt (the card, the driver, the packages), bench.log and
-# accelerator.json, and tests_BACKEND.log for each backend. Where JAX's tests fail, they
+# accelerator.json, tests_BACKEND.log for each backend, and digits.log. Where JAX's tests fail, they
 # run once more at float32 matmul precision "highest" (tests_jax_highest.log): on GPUs
 # JAX's default float32 product may round its inputs to TF32.
 set -u
@@ -40,19 +42,26 @@ EOF
 echo "backends: $backends" >> "$out/env.txt"
 
 contenders=$(for b in $backends; do printf 'keras-%s,' "$b"; done)hf-torch
-timeout 270 "$python" bench/accelerator.py --contenders "$contenders" \
+timeout 240 "$python" bench/accelerator.py --contenders "$contenders" \
     --out "$out/accelerator.json" "$@" > "$out/bench.log" 2>&1
 echo "accelerator.py exit $?" >> "$out/bench.log"
 
 files=$(grep -l "^pytestmark = pytest.mark.gpu" tests/test_*.py)
 for b in $backends; do
-    KERAS_BACKEND=$b timeout 200 "$python" -m pytest -rfs -n 4 --dist loadfile \
+    KERAS_BACKEND=$b timeout 180 "$python" -m pytest -rfs -n 6 --dist loadfile \
         -m "gpu and not slow" -W ignore::UserWarning $files > "$out/tests_$b.log" 2>&1 &
 done
+for b in $backends; do  # sharing the GPU with the tests: JAX takes memory as it needs it
+    echo "== $b"
+    XLA_PYTHON_CLIENT_PREALLOCATE=false KERAS_BACKEND=$b timeout 80 "$python" bench/digits_fit.py --dtype-policy mixed_bfloat16 \
+        2>&1 | tail -n 2
+    echo "exit ${PIPESTATUS[0]}"
+done > "$out/digits.log" 2>&1 &
 wait
 if grep -q "^FAILED" "$out/tests_jax.log" 2>/dev/null; then
     failed=$(grep "^FAILED" "$out/tests_jax.log" | sed 's/^FAILED \([^ ]*\).*/\1/')
     JAX_DEFAULT_MATMUL_PRECISION=highest KERAS_BACKEND=jax timeout 60 "$python" -m pytest \
         -q -rfs -n 4 -W ignore::UserWarning $failed > "$out/tests_jax_highest.log" 2>&1
 fi
+cat "$out/digits.log"
 for log in "$out"/tests_*.log; do echo "$log: $(tail -n 1 "$log")"; done
