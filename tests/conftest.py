@@ -27,13 +27,17 @@ collect_ignore = ["jax_distribution_job.py", "multiworker_job.py"]
 SLOW_EXAMPLES = {"keras_vit.training.engine.train"}
 
 
-def pytest_report_header(config):
-    """Names the Keras backend and the device it computes on (a GPU run shows its card)."""
+def compute_device():
+    """The device the Keras backend computes on: "cpu", or the GPU's name."""
     sys.path.append(str(Path(__file__).resolve().parents[1]))  # after any installed keras_vit
     from bench.contenders import device_name
 
-    backend = keras.backend.backend()
-    return f"keras {keras.__version__}, backend {backend} on {device_name(backend)}"
+    return device_name(keras.backend.backend())
+
+
+def pytest_report_header(config):
+    """Names the Keras backend and the device it computes on (a GPU run shows its card)."""
+    return f"keras {keras.__version__}, backend {keras.backend.backend()} on {compute_device()}"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -142,12 +142,16 @@ def test_dense_bias_and_its_gradients_equal_the_exact_ones():
 
 
 def _dot_operand_dtypes(hlo):
-    """`(lhs, rhs)` element types of every dot in an optimized HLO module's text."""
+    """`(lhs, rhs)` element types of every matrix product in an optimized HLO module's
+    text: its dots, and on GPUs the cuBLAS calls that XLA makes of some of them."""
     pairs = []
     for computation in re.split(r"\n(?=\S)", hlo):
         types = dict(re.findall(r"%(\S+) = (\w+)\[", computation))
-        for lhs, rhs in re.findall(r" dot\(%([^,\s]+), %([^,\s)]+)\)", computation):
-            pairs.append((types[lhs], types[rhs]))
+        products = re.findall(r" dot\(%([^,\s]+), %([^,\s)]+)\)", computation)
+        products += re.findall(
+            r" custom-call\(%([^,\s]+), %([^,\s)]+)\), custom_call_target=\"__cublas", computation
+        )
+        pairs += [(types[lhs], types[rhs]) for lhs, rhs in products]
     return pairs
 
 
@@ -175,11 +179,14 @@ def test_gradient_products_stay_on_the_16bit_kernels(x1_shape, x2_shape, transpo
         _optimized_hlo(product, a, np.swapaxes(b, -1, -2) if transpose_x2 else b)
     )
     if forward != [("bf16", "bf16")]:
-        pytest.skip(f"XLA:CPU has no bfloat16 product on this machine (dots {forward})")
+        pytest.skip(f"XLA has no bfloat16 product on this device (dots {forward})")
+    # A random upstream gradient, as in training: a constant one (ops.sum's) lets XLA fold
+    # a gradient's product into a sum.
+    upstream = rng.normal(size=np.matmul(a, np.swapaxes(b, -1, -2) if transpose_x2 else b).shape)
 
     def loss(x, y):
         product = matmul_float32(ops.cast(x, "bfloat16"), ops.cast(y, "bfloat16"), transpose_x2)
-        return ops.sum(product), product
+        return ops.sum(product * upstream.astype("float32")), product
 
     dots = _dot_operand_dtypes(_optimized_hlo(_gradients(loss), a, b))
     # The product and both gradients, none from float32 copies of the operands.
@@ -211,8 +218,8 @@ def _gradients(loss):
     import torch
 
     def gradients(x, y):
-        x = torch.tensor(x, requires_grad=True)
-        y = torch.tensor(y, requires_grad=True)
+        # Leaves on the device Keras computes on (a GPU where there is one).
+        x, y = (ops.convert_to_tensor(t).requires_grad_() for t in (x, y))
         value, aux = loss(x, y)
         value.backward()
         return aux.detach(), (x.grad.detach(), y.grad.detach())
@@ -277,14 +284,15 @@ def test_16bit_attention_trains_in_float32_and_rounds_once():
 
     rng = np.random.default_rng(8)
     q, k, v, upstream = (_rounded(rng.normal(size=(2, 33, 3, 16)), "bfloat16") for _ in range(4))
-    tensors = [torch.tensor(x, dtype=torch.bfloat16, requires_grad=True) for x in (q, k, v)]
-    out = dot_product_attention(*tensors)
-    out.backward(torch.tensor(upstream, dtype=torch.bfloat16))
     want_out, want_grads = _attention_and_gradients(q, k, v, upstream)
-    for got, want in zip((out, *(t.grad for t in tensors)), (want_out, *want_grads)):
-        assert got.dtype == torch.bfloat16
-        error = np.abs(got.detach().float().numpy() - want)
-        assert np.all(error <= 2**-8 * np.abs(want) + 1e-5 * np.abs(want).max()), error.max()
-    # Inference keeps the 16-bit kernel.
-    with torch.no_grad():
-        assert dot_product_attention(*tensors).dtype == torch.bfloat16
+    with keras.device("cpu"):  # also where Keras computes on a GPU
+        tensors = [torch.tensor(x, dtype=torch.bfloat16, requires_grad=True) for x in (q, k, v)]
+        out = dot_product_attention(*tensors)
+        out.backward(torch.tensor(upstream, dtype=torch.bfloat16))
+        for got, want in zip((out, *(t.grad for t in tensors)), (want_out, *want_grads)):
+            assert got.dtype == torch.bfloat16
+            error = np.abs(got.detach().float().numpy() - want)
+            assert np.all(error <= 2**-8 * np.abs(want) + 1e-5 * np.abs(want).max()), error.max()
+        # Inference keeps the 16-bit kernel.
+        with torch.no_grad():
+            assert dot_product_attention(*tensors).dtype == torch.bfloat16

@@ -148,13 +148,11 @@ def test_fused_attention_splits_qkv_without_indexed_slices():
     # Three indexed slices of q|k|v (SelectBackward0) each fill a zero tensor of q|k|v's
     # size in the backward pass and the three are summed; split's backward is one
     # concatenation. The gradients equal the explicit path's.
-    import torch
-
     x = np.random.default_rng(7).normal(size=(2, 9, 32)).astype("float32")
     block = L.TransformerBlock(num_heads=4, mlp_dim=16)
     block.build(x.shape)
     _randomised(block, seed=8)
-    fused = block(torch.tensor(x, requires_grad=True), training=True)
+    fused = block(keras.ops.convert_to_tensor(x).requires_grad_(), training=True)
     nodes, stack = set(), [fused.grad_fn]
     while stack:
         node = stack.pop()
@@ -178,12 +176,10 @@ def _value_and_gradient(fn, x):
 
         return _np(fn(x)), np.asarray(jax.grad(lambda v: fn(v).sum())(x))
     if backend == "torch":
-        import torch
-
-        v = torch.tensor(x, requires_grad=True)
+        v = keras.ops.convert_to_tensor(x).requires_grad_()  # on Keras' device
         y = fn(v)
         y.sum().backward()
-        return _np(y), v.grad.numpy()
+        return _np(y), _np(v.grad)
     import tensorflow as tf
 
     v = tf.constant(x)
