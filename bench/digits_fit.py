@@ -33,6 +33,7 @@ def train(epochs=8, batch_size=32, dtype_policy=None, seed=0):
     """
     import keras
 
+    from bench.contenders import device_name
     from keras_vit import ViT, preprocess
     from keras_vit.digits import SPLITS
 
@@ -56,7 +57,7 @@ def train(epochs=8, batch_size=32, dtype_policy=None, seed=0):
         keras.mixed_precision.set_dtype_policy("float32")
     return {
         "backend": keras.backend.backend(),
-        "device": device_name(),
+        "device": device_name(keras.backend.backend()),
         "dtype_policy": dtype_policy or "float32",
         "losses": [round(float(v), 4) for v in history.history["loss"]],
         "test_accuracy": round(float(accuracy), 4),
@@ -69,24 +70,6 @@ def upsampled(split):
 
     images, labels = digits_arrays(split)
     return images.repeat(4, axis=1).repeat(4, axis=2), labels
-
-
-def device_name():
-    """The device the Keras backend computes on, e.g. "cuda:0" or "cpu"."""
-    import keras
-
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        return str(jax.devices()[0].device_kind)
-    if backend == "torch":
-        import torch
-
-        return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    import tensorflow as tf
-
-    return "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
 
 
 def main(argv=None):

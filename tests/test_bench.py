@@ -52,9 +52,10 @@ def test_accelerator_smoke_run_times_every_contender_and_computes_mfu(tmp_path):
 @pytest.mark.slow
 def test_gpu_checks_run_the_bench_and_the_test_subset_per_backend_without_tensorflow(tmp_path):
     """`bench/gpu_checks.sh` as on the lent GPU machines, whose image has JAX and PyTorch
-    but no TensorFlow (made unimportable here): the bench's contenders and the `gpu` test
-    subset run on JAX and PyTorch, and the subset's tests pass without TensorFlow (among
-    them `load_pretrained` from a saved model, which once imported it)."""
+    but no TensorFlow (made unimportable here): the bench's contenders, the `gpu` test
+    subset and the digits training run on JAX and PyTorch, and the subset's tests pass
+    without TensorFlow (among them `load_pretrained` from a saved model, which once
+    imported it)."""
     shim = tmp_path / "no_tensorflow" / "tensorflow"
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text(
@@ -77,6 +78,13 @@ def test_gpu_checks_run_the_bench_and_the_test_subset_per_backend_without_tensor
         assert f"backend {backend} on cpu" in log
         summary = log.strip().splitlines()[-1]
         assert " 7 passed" in summary and "failed" not in summary, log[-3000:]
+    # bench/digits_fit.py beside the tests: per backend its JSON line and exit status.
+    digits = (out / "digits.log").read_text()
+    for backend in ("jax", "torch"):
+        lines = digits.split(f"== {backend}\n")[1].split("== ")[0].splitlines()
+        result = json.loads(next(line for line in lines if line.startswith("{")))
+        assert (result["backend"], result["dtype_policy"]) == (backend, "mixed_bfloat16")
+        assert result["losses"][-1] < result["losses"][0] and "exit 0" in lines, digits
 
 
 @pytest.mark.slow
