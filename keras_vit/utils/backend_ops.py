@@ -227,11 +227,13 @@ def dense(inputs, kernel, bias=None):
     `jit_compile`) the bias is added to the float32 product and the sum rounded once to
     the 16-bit dtype: one rounding where `keras.layers.Dense` rounds twice, and the
     bias gradient summed in float32 (summed in 16 bits, XLA:CPU rewrites it as a slow
-    windowed reduction; README, Performance). On PyTorch, in float32, it is one
-    `torch.nn.functional.linear` call (`addmm`), which adds the bias as it writes the
-    product: the same numbers as the product followed by the addition, with one pass
-    over the output fewer. Elsewhere the product is followed by the addition, as
-    `keras.layers.Dense` computes them.
+    windowed reduction; README, Performance). On PyTorch, when the operands share a
+    dtype, it is one `torch.nn.functional.linear` call (`addmm`), which adds the bias as
+    it writes the product: in float32 the same numbers as the product followed by the
+    addition, in 16 bits the sum rounded once; one kernel and one pass over the output
+    fewer (on a GPU the separate additions take a large share of a bfloat16 ViT's
+    kernel time: bench/gpu_profile.json). Elsewhere the product is followed by the
+    addition, as `keras.layers.Dense` computes them.
 
     Args:
         inputs: `(..., k)` tensor.
@@ -254,7 +256,7 @@ def dense(inputs, kernel, bias=None):
         # Variables read as their values here (cast to the compute dtype under a
         # mixed policy), so the dtypes checked are those multiplied.
         operands = [ops.convert_to_tensor(x) for x in (inputs, kernel, bias) if x is not None]
-        if all(x.dtype == torch.float32 for x in operands):
+        if operands[0].is_floating_point() and all(x.dtype == operands[0].dtype for x in operands):
             # linear takes torch.nn.Linear's (n, k) weight: the kernel's transpose, a
             # view that addmm reads back as the (k, n) kernel.
             inputs, kernel, *rest = operands
