@@ -1,7 +1,7 @@
 """Where a bfloat16 step's time goes on PyTorch: keras-vit against HF, under torch.profiler.
 
-    KERAS_BACKEND=torch python bench/gpu_profile.py [--variant B/16] [--batch 128]
-    KERAS_BACKEND=torch python bench/gpu_profile.py --smoke    # a tiny model, on the CPU
+    python bench/gpu_profile.py [--variant B/16] [--batch 128]
+    python bench/gpu_profile.py --smoke    # a tiny model: keeps the script working
 
 For keras-vit on PyTorch and HF transformers' ViT (bench/contenders.py, the same
 models, data and steps as bench/accelerator.py), each warmed up, then `--steps` steps
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("KERAS_BACKEND", "torch")
+os.environ["KERAS_BACKEND"] = "torch"  # the contenders profiled are PyTorch ones
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.contenders import HFViT, KerasViT, device_name  # noqa: E402

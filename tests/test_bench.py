@@ -88,6 +88,20 @@ def test_gpu_checks_run_the_bench_and_the_test_subset_per_backend_without_tensor
 
 
 @pytest.mark.slow
+def test_gpu_profile_reports_each_contenders_steps_and_top_kernels(tmp_path):
+    out = tmp_path / "gpu_profile.json"
+    stdout = run_bench("gpu_profile.py", "--smoke", "--top", "3", "--out", str(out))
+    report = json.loads(out.read_text())
+    rows = {(row["contender"], row["mode"]): row for row in report["rows"]}
+    assert set(rows) == {(c, m) for c in ("keras-torch", "hf-torch") for m in ("infer", "train")}
+    for (contender, mode), row in rows.items():
+        assert row["wall_ms"] > 0 and row["in_ops_ms"] > 0 and row["kernels"] > 0
+        top = [kernel["ms"] for kernel in row["top"]]
+        assert len(top) == 3 and top == sorted(top, reverse=True)
+        assert f"{contender:12} {mode:5} wall" in stdout
+
+
+@pytest.mark.slow
 def test_allocator_benchmark_times_each_setting_in_its_own_process(tmp_path):
     out = tmp_path / "allocator.json"
     stdout = run_bench("allocator.py", "--image-size", "32", "--batch", "2", "--steps", "2",
