@@ -322,3 +322,20 @@ def test_int8_model_round_trips_through_a_keras_file(tmp_path):
     np.testing.assert_array_equal(
         keras.ops.convert_to_numpy(loaded(images)), keras.ops.convert_to_numpy(model(images))
     )
+
+
+def test_block_runs_its_int8_projections_through_keras_quantized_call():
+    # A quantized Dense has its own dtype policy ("int8_from_float32"), so the block calls
+    # it through Keras (`quantized_call`) also on PyTorch, where it calls the sublayers that
+    # share its policy directly: the int8 block's outputs are the float block's, rounded.
+    x = np.random.default_rng(9).normal(size=(2, 9, 32)).astype("float32")
+    block = L.TransformerBlock(num_heads=4, mlp_dim=16)
+    block.build(x.shape)
+    _randomised(block, seed=10)
+    reference = _np(block(x))
+    for dense in block.projections():
+        dense.quantize("int8")
+    assert {dense.dtype_policy.name for dense in block.projections()} == {"int8_from_float32"}
+    quantized = _np(block(x))
+    assert not np.array_equal(quantized, reference)
+    np.testing.assert_allclose(quantized, reference, rtol=0, atol=0.05 * np.abs(reference).max())
