@@ -3,6 +3,7 @@ in one run.
 
     python bench/models.py            # the full table (30-40 minutes on 2 cores)
     python bench/models.py --quick    # a smoke run: Ti/16 at 224, 2 short rounds
+    python bench/models.py --overhead # Ti/16 at 32 px, batch 1: Python and dispatch per step
     python bench/models.py --models dinov2-s14,siglip-b16  # only those rows
     python bench/models.py --out bench/results.json --contenders keras-tensorflow,hf-torch
     python bench/models.py --keras-api  # also through Keras' predict and fit (rows "keras-api")
@@ -86,6 +87,19 @@ PLANS = {
         steps={"infer": 1, "train": 1},
         warmup=1,
         batch=4,
+    ),
+    # Ti/16 (12 blocks) on 32 px images, one at a time: the step's arithmetic is small,
+    # so its time is the Python and dispatch of every layer and op, what a GPU waits on
+    # (bench/gpu_profile.py).
+    "overhead": dict(
+        groups=[
+            ("Ti/16", "float32", {"infer": (32,), "train": (32,)}),
+            ("Ti/16", "bfloat16", {"infer": (32,), "train": (32,)}),
+        ],
+        rounds=5,
+        steps={"infer": 30, "train": 10},
+        warmup=5,
+        batch=1,
     ),
     "quick": dict(
         groups=[("Ti/16", "float32", {"infer": (224,), "train": (224,)})],
@@ -431,6 +445,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short run: Ti/16 at 224")
     parser.add_argument(
+        "--overhead", action="store_true",
+        help="Ti/16 at 32 px, batch 1: the time each step spends outside arithmetic",
+    )
+    parser.add_argument(
         "--smoke", action="store_true",
         help="a check that every path runs: a tiny model, one short round (no figures)",
     )
@@ -450,7 +468,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     contenders = chosen(parser, "contenders", args.contenders, CONTENDERS)
     precisions = chosen(parser, "precisions", args.precisions, PRECISIONS)
-    plan = dict(PLANS["smoke" if args.smoke else "quick" if args.quick else "full"])
+    name = next((n for n in ("smoke", "quick", "overhead") if getattr(args, n)), "full")
+    plan = dict(PLANS[name])
     interfaces = INTERFACES[::-1] if args.keras_api else ("harness",)  # Keras-API rows first
     models = dict.fromkeys(group[0] for group in plan["groups"])
     models = chosen(parser, "models", args.models, list(models)) if args.models else models

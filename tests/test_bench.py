@@ -217,6 +217,12 @@ def test_models_benchmark_selects_rows_by_model_and_names_an_unknown_one():
     assert result.returncode == 2
     assert ("unknown models ['vit-x']: expected some of tiny, tiny-dinov2, tiny-siglip"
             in result.stderr)
+    # --overhead's plan is Ti/16 alone.
+    result = subprocess.run(
+        [sys.executable, "bench/models.py", "--overhead", "--models", "S/16"],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert result.returncode == 2 and "unknown models ['S/16']: expected some of Ti/16" in result.stderr
 
 
 @pytest.mark.slow
