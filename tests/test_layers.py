@@ -120,6 +120,15 @@ def _randomised(layer, seed=3):
     return layer
 
 
+def _random_block(batch, seed):
+    """A randomised `TransformerBlock(num_heads=4, mlp_dim=16)` built for `(batch, 9, 32)`
+    tokens, and random tokens of that shape."""
+    x = np.random.default_rng(seed).normal(size=(batch, 9, 32)).astype("float32")
+    block = L.TransformerBlock(num_heads=4, mlp_dim=16)
+    block.build(x.shape)
+    return _randomised(block, seed=seed + 1), x
+
+
 @pytest.mark.parametrize("approximate", [False, True])
 def test_transformer_block_matches_numpy_reference(approximate):
     x = np.random.default_rng(4).normal(size=(2, 7, 16)).astype("float32")
@@ -134,10 +143,7 @@ def test_transformer_block_matches_numpy_reference(approximate):
 
 
 def test_fused_and_explicit_attention_paths_agree():
-    x = np.random.default_rng(5).normal(size=(3, 9, 32)).astype("float32")
-    block = L.TransformerBlock(num_heads=4, mlp_dim=16)
-    block.build(x.shape)
-    _randomised(block, seed=6)
+    block, x = _random_block(3, seed=5)
     fused = _np(block(x))
     explicit, _ = block(x, return_attention=True)
     np.testing.assert_allclose(fused, _np(explicit), atol=1e-5)
@@ -148,10 +154,7 @@ def test_fused_attention_splits_qkv_without_indexed_slices():
     # Three indexed slices of q|k|v (SelectBackward0) each fill a zero tensor of q|k|v's
     # size in the backward pass and the three are summed; split's backward is one
     # concatenation. The gradients equal the explicit path's.
-    x = np.random.default_rng(7).normal(size=(2, 9, 32)).astype("float32")
-    block = L.TransformerBlock(num_heads=4, mlp_dim=16)
-    block.build(x.shape)
-    _randomised(block, seed=8)
+    block, x = _random_block(2, seed=7)
     fused = block(keras.ops.convert_to_tensor(x).requires_grad_(), training=True)
     nodes, stack = set(), [fused.grad_fn]
     while stack:
@@ -328,10 +331,7 @@ def test_block_runs_its_int8_projections_through_keras_quantized_call():
     # A quantized Dense has its own dtype policy ("int8_from_float32"), so the block calls
     # it through Keras (`quantized_call`) also on PyTorch, where it calls the sublayers that
     # share its policy directly: the int8 block's outputs are the float block's, rounded.
-    x = np.random.default_rng(9).normal(size=(2, 9, 32)).astype("float32")
-    block = L.TransformerBlock(num_heads=4, mlp_dim=16)
-    block.build(x.shape)
-    _randomised(block, seed=10)
+    block, x = _random_block(2, seed=9)
     reference = _np(block(x))
     for dense in block.projections():
         dense.quantize("int8")
