@@ -9,9 +9,9 @@
 #   bash bench/gpu_checks.sh OUT_DIR [accelerator.py arguments, e.g. --smoke]
 #
 # OUT_DIR gets env.txt (the card, the driver, the packages), bench.log and
-# accelerator.json, tests_BACKEND.log for each backend, and digits.log. Where JAX's tests fail, they
-# run once more at float32 matmul precision "highest" (tests_jax_highest.log): on GPUs
-# JAX's default float32 product may round its inputs to TF32.
+# accelerator.json, tests_BACKEND.log for each backend, and digits.log. Where JAX's tests
+# fail, they run once more at float32 matmul precision "highest" (tests_jax_highest.log):
+# on GPUs JAX's default float32 product may round its inputs to TF32.
 set -u
 out=${1:?usage: bash bench/gpu_checks.sh OUT_DIR [accelerator.py arguments]}
 shift
@@ -47,15 +47,15 @@ timeout 240 "$python" bench/accelerator.py --contenders "$contenders" \
 echo "accelerator.py exit $?" >> "$out/bench.log"
 
 files=$(grep -l "^pytestmark = pytest.mark.gpu" tests/test_*.py)
-workers=$(( $(nproc) > 12 ? 6 : 2 ))  # per backend; the two backends' run side by side
+workers=$(( $(nproc) > 12 ? 6 : 2 ))  # per backend: the two backends run side by side
 for b in $backends; do
     KERAS_BACKEND=$b timeout 180 "$python" -m pytest -rfs -n $workers --dist loadfile \
         -m "gpu and not slow" -W ignore::UserWarning $files > "$out/tests_$b.log" 2>&1 &
 done
 for b in $backends; do  # sharing the GPU with the tests: JAX takes memory as it needs it
     echo "== $b"
-    XLA_PYTHON_CLIENT_PREALLOCATE=false KERAS_BACKEND=$b timeout 150 "$python" bench/digits_fit.py --dtype-policy mixed_bfloat16 \
-        2>&1 | tail -n 2
+    XLA_PYTHON_CLIENT_PREALLOCATE=false KERAS_BACKEND=$b timeout 150 \
+        "$python" bench/digits_fit.py --dtype-policy mixed_bfloat16 2>&1 | tail -n 2
     echo "exit ${PIPESTATUS[0]}"
 done > "$out/digits.log" 2>&1 &
 wait
