@@ -6,7 +6,7 @@ The check of a training run that needs no TensorFlow (no tf.data, no tf.distribu
 runs on whichever device the backend finds, a GPU included (bench/gpu_checks.sh runs it
 there on JAX and PyTorch), and fails (exit 1) unless the training loss fell from the
 first epoch to the last and the held-out accuracy beat chance. Digits are 8x8 and upsampled
-to 32x32 by repetition; the split is `keras_vit.digits`', that of `digits:train/test`.
+to 32x32 by repetition; the split is the `digits` source's (`keras_vit.digits`).
 """
 
 import argparse
@@ -23,7 +23,16 @@ ARCH = dict(
 
 
 def train(epochs=8, batch_size=32, dtype_policy=None, seed=0):
-    """Fits the small ViT; returns a dict of the device, per-epoch losses and test accuracy.
+    """Fits the small ViT (`ARCH`) on the digits' train split.
+
+    Args:
+        epochs, batch_size: of `model.fit`.
+        dtype_policy: a Keras dtype policy name such as "mixed_bfloat16", or None.
+        seed: Keras' random seed (initial weights, shuffling).
+
+    Returns:
+        A dict: the backend, its device, the policy, each epoch's loss and the test
+        split's accuracy.
 
     Example:
 
