@@ -9,7 +9,8 @@ of inference and of training profiled: per step the wall time, the CPU time spen
 PyTorch's operators (the rest of the wall time, less any wait for the GPU, is Python),
 the device time and the number of kernels (on a GPU; operators on a CPU), and the
 `--top` kernels with the most device time. A step whose wall time is far above its
-device time is bound by Python and dispatch, not by the GPU. Prints a table; `--out` writes the full report as JSON.
+device time is bound by Python and dispatch, not by the GPU. Prints a table; `--out`
+writes the full report as JSON.
 """
 
 import argparse
@@ -23,8 +24,7 @@ os.environ["KERAS_BACKEND"] = "torch"  # the contenders profiled are PyTorch one
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.contenders import HFViT, KerasViT, device_name  # noqa: E402
-
-SMOKE_ARCH = dict(patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64)
+from bench.models import TINY  # noqa: E402
 
 
 def profile_steps(contender, mode, steps, top):
@@ -78,7 +78,7 @@ def main(argv=None):
     from keras_vit import parse_variant
 
     if args.smoke:
-        arch, args.image_size, args.batch, args.steps = SMOKE_ARCH, 32, 4, 2
+        arch, args.image_size, args.batch, args.steps = TINY, 32, 4, 2
     else:
         arch = parse_variant(args.variant)
     report = {"device": device_name("torch"), "variant": "tiny" if args.smoke else args.variant,
