@@ -132,6 +132,30 @@ def test_pipelines_run_without_autotuning_and_yield_the_autotuned_batches():
             np.testing.assert_array_equal(labels, tuned_labels)
 
 
+@pytest.mark.parametrize("make", [np.asarray, lambda a: a[:, ::-1], lambda a: a.tolist()],
+                         ids=["contiguous", "strided", "nested-list"])
+def test_array_batches_sliced_a_batch_at_a_time_equal_the_shardable_batches(make):
+    """`array_batches(..., shardable=False)` (a model without a strategy: NumPy arrays
+    sliced as each batch is read) yields exactly the batches, shapes and dtypes of the
+    shardable pipeline made from one tensor of the whole arrays: a partial last batch,
+    a strided view, an array given as nested lists, image and label arrays together."""
+    rng = np.random.default_rng(0)
+    images = rng.uniform(-1, 1, (11, 4, 4, 3)).astype("float32")
+    labels = rng.integers(0, 10, 11)
+    images = make(images)
+    sliced = data.array_batches((images, labels), 4, shardable=False)
+    whole = data.array_batches((np.asarray(images), labels), 4)
+    assert sliced.element_spec == whole.element_spec
+    assert int(sliced.cardinality()) == int(whole.cardinality()) == 3
+    assert sliced.options().autotune.enabled is False
+    pairs = list(zip(sliced.as_numpy_iterator(), whole.as_numpy_iterator()))
+    assert [len(a) for (a, _), _ in pairs] == [4, 4, 3]
+    for (a, b), (c, d) in pairs:
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_array_equal(b, d)
+        assert a.dtype == c.dtype and b.dtype == d.dtype
+
+
 def test_inception_crop_windows_follow_the_paper():
     # Area 5%-100% of the image, aspect ratio 3/4-4/3 (up to pixel rounding).
     shape = tf.constant([300, 400, 3])

@@ -283,6 +283,34 @@ def test_predict_and_evaluate_on_arrays_equal_keras_own_array_path(batch_size, s
         np.testing.assert_allclose(ours[name], theirs[name], rtol=1e-6)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="tf.distribute is TensorFlow's")
+def test_predict_and_evaluate_under_a_strategy_equal_those_without_one():
+    """A model built under a `tf.distribute` strategy reads arrays as one tensor that the
+    strategy can shard by example; without one they are sliced a batch at a time
+    (`keras_vit.data.array_batches`). Both give the same outputs and metrics."""
+    import tensorflow as tf
+
+    plain = tiny_vit()
+    randomise_weights(plain, seed=5)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    plain.compile(loss=loss, metrics=["accuracy"])
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        distributed = tiny_vit()
+        distributed.compile(loss=loss, metrics=["accuracy"])
+    distributed.set_weights(plain.get_weights())
+    rng = np.random.default_rng(1)
+    images = rng.uniform(-1, 1, (37, 32, 32, 3)).astype("float32")
+    labels = rng.integers(0, 10, 37)
+    np.testing.assert_allclose(
+        distributed.predict(images, batch_size=8, verbose=0),
+        plain.predict(images, batch_size=8, verbose=0), rtol=0, atol=1e-6,
+    )
+    np.testing.assert_allclose(
+        distributed.evaluate(images, labels, batch_size=8, verbose=0),
+        plain.evaluate(images, labels, batch_size=8, verbose=0), rtol=1e-6,
+    )
+
+
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 def test_mixed_precision_logits_are_float32_and_close_to_float32_model(policy):
     reference = tiny_vit()

@@ -15,6 +15,7 @@ Both end in `without_autotuning`; `array_batches` batches arrays through it.
 
 import os
 
+import numpy as np
 import tensorflow as tf
 
 from keras_vit.data.augment import (
@@ -60,22 +61,48 @@ def without_autotuning(dataset):
     return dataset.with_options(options)
 
 
-def array_batches(arrays, batch_size):
+def array_batches(arrays, batch_size, shardable=True):
     """`arrays` (an array, or a tuple of arrays of one length) in order, in batches of
-    `batch_size` (the last one smaller), through `without_autotuning`, sharded by example
-    across workers as Keras shards arrays. What `VisionTransformer.predict` and `evaluate`
-    read arrays as on TensorFlow.
+    `batch_size` (the last one smaller), through `without_autotuning`. What
+    `VisionTransformer.predict` and `evaluate` read arrays as on TensorFlow.
+
+    `shardable` (the default) makes the batches from one tensor of all of `arrays`,
+    which a `tf.distribute` strategy shards by example across workers as Keras shards
+    arrays. `shardable=False`, for a model without a strategy, slices NumPy arrays (and
+    anything else that is not a `tf.Tensor`) one batch at a time as the batches are
+    read: the same batches, without first copying the whole arrays into a tensor.
 
     Example:
 
     >>> [int(images.shape[0]) for images, _ in array_batches((tf.zeros((5, 2)), tf.range(5)), 2)]
     [2, 2, 1]
+    >>> [b.tolist() for b in array_batches(np.arange(5), 2, shardable=False).as_numpy_iterator()]
+    [[0, 1], [2, 3], [4]]
     """
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return without_autotuning(
-        tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size).with_options(options)
-    )
+    single = not isinstance(arrays, tuple)
+    arrays = (arrays,) if single else arrays
+    if shardable or all(isinstance(a, tf.Tensor) for a in arrays):
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.DATA
+        )
+        dataset = tf.data.Dataset.from_tensor_slices(arrays[0] if single else arrays)
+        return without_autotuning(dataset.batch(batch_size).with_options(options))
+    arrays = tuple(a if isinstance(a, tf.Tensor) else np.asarray(a) for a in arrays)
+    shapes = [tf.TensorShape([None, *a.shape[1:]]) for a in arrays]
+    dtypes = [tf.as_dtype(a.dtype) for a in arrays]
+
+    def sliced(index):
+        start = index * batch_size
+        return [np.asarray(a[start : start + batch_size]) for a in arrays]
+
+    def read(index):
+        parts = tf.numpy_function(sliced, [index], dtypes, stateful=False)
+        parts = [tf.ensure_shape(part, shape) for part, shape in zip(parts, shapes)]
+        return parts[0] if single else tuple(parts)
+
+    count = -(-len(arrays[0]) // batch_size)
+    return without_autotuning(tf.data.Dataset.range(count).map(read))
 
 
 def shard(dataset, input_context):

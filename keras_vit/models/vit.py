@@ -630,7 +630,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         >>> model.predict(np.zeros((5, 8, 8, 3)), batch_size=2, verbose=0).shape
         (5, 3)
         """
-        batches = _tensorflow_array_batches((x,), batch_size)
+        batches = _tensorflow_array_batches(self, (x,), batch_size)
         if batches is not None:
             x, batch_size = batches, None
         return super().predict(
@@ -644,10 +644,12 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
 
         Keras' TensorFlow trainer makes arrays into an autotuned `tf.data` pipeline for
         each call, which can wait after the last batch
-        (`keras_vit.data.without_autotuning`); the batches and results are the same.
+        (`keras_vit.data.without_autotuning`), and first copies them whole into one
+        tensor; without a `tf.distribute` strategy keras-vit slices them a batch at a
+        time instead. The batches and results are the same.
         """
         batches = None if kwargs or sample_weight is not None else (
-            _tensorflow_array_batches((x, y), batch_size)
+            _tensorflow_array_batches(self, (x, y), batch_size)
         )
         if batches is not None:
             x, y, batch_size = batches, None, None
@@ -665,17 +667,22 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         return None  # Keras decides
 
 
-def _tensorflow_array_batches(arrays, batch_size):
+def _tensorflow_array_batches(model, arrays, batch_size):
     """On the TensorFlow backend, `arrays` (each an array or a tensor) in batches by
-    `keras_vit.data.array_batches`, Keras' default batch of 32 if `batch_size` is None;
-    None on another backend or when one of them is not an array (Keras reads those)."""
+    `keras_vit.data.array_batches`, Keras' default batch of 32 if `batch_size` is None,
+    sliced a batch at a time unless `model` runs under a `tf.distribute` strategy (which
+    shards them by example); None on another backend or when one of them is not an
+    array (Keras reads those)."""
     if keras.backend.backend() != "tensorflow" or not all(
         hasattr(a, "shape") and hasattr(a, "dtype") for a in arrays
     ):
         return None
+    import tensorflow as tf
+
     from keras_vit.data.pipelines import array_batches
 
-    return array_batches(arrays if len(arrays) > 1 else arrays[0], batch_size or 32)
+    shardable = keras_compat.built_strategy(model) is not None or tf.distribute.has_strategy()
+    return array_batches(arrays if len(arrays) > 1 else arrays[0], batch_size or 32, shardable)
 
 
 # The family switches' defaults, as `VisionTransformer`'s signature writes them.
