@@ -132,13 +132,16 @@ def test_pipelines_run_without_autotuning_and_yield_the_autotuned_batches():
             np.testing.assert_array_equal(labels, tuned_labels)
 
 
-@pytest.mark.parametrize("make", [np.asarray, lambda a: a[:, ::-1], lambda a: a.tolist()],
-                         ids=["contiguous", "strided", "nested-list"])
+@pytest.mark.parametrize(
+    "make", [np.asarray, lambda a: a[:, ::-1], lambda a: a.tolist(), tf.constant],
+    ids=["contiguous", "strided", "nested-list", "tensor"],
+)
 def test_array_batches_sliced_a_batch_at_a_time_equal_the_shardable_batches(make):
     """`array_batches(..., shardable=False)` (a model without a strategy: NumPy arrays
     sliced as each batch is read) yields exactly the batches, shapes and dtypes of the
     shardable pipeline made from one tensor of the whole arrays: a partial last batch,
-    a strided view, an array given as nested lists, image and label arrays together."""
+    a strided view, an array given as nested lists, a tensor beside an array (read as one
+    tensor), image and label arrays together."""
     rng = np.random.default_rng(0)
     images = rng.uniform(-1, 1, (11, 4, 4, 3)).astype("float32")
     labels = rng.integers(0, 10, 11)

@@ -68,9 +68,10 @@ def array_batches(arrays, batch_size, shardable=True):
 
     `shardable` (the default) makes the batches from one tensor of all of `arrays`,
     which a `tf.distribute` strategy shards by example across workers as Keras shards
-    arrays. `shardable=False`, for a model without a strategy, slices NumPy arrays (and
-    anything else that is not a `tf.Tensor`) one batch at a time as the batches are
-    read: the same batches, without first copying the whole arrays into a tensor.
+    arrays. `shardable=False`, for a model without a strategy, slices NumPy arrays (or
+    anything `np.asarray` reads, unless one of `arrays` is a TensorFlow tensor already)
+    one batch at a time as the batches are read: the same batches, without first copying
+    the whole arrays into a tensor.
 
     Example:
 
@@ -81,14 +82,14 @@ def array_batches(arrays, batch_size, shardable=True):
     """
     single = not isinstance(arrays, tuple)
     arrays = (arrays,) if single else arrays
-    if shardable or all(isinstance(a, tf.Tensor) for a in arrays):
+    if shardable or any(tf.is_tensor(a) for a in arrays):
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = (
             tf.data.experimental.AutoShardPolicy.DATA
         )
         dataset = tf.data.Dataset.from_tensor_slices(arrays[0] if single else arrays)
         return without_autotuning(dataset.batch(batch_size).with_options(options))
-    arrays = tuple(a if isinstance(a, tf.Tensor) else np.asarray(a) for a in arrays)
+    arrays = tuple(np.asarray(a) for a in arrays)
     shapes = [tf.TensorShape([None, *a.shape[1:]]) for a in arrays]
     dtypes = [tf.as_dtype(a.dtype) for a in arrays]
 
