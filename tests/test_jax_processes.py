@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -131,26 +132,27 @@ def _kill_and_restart(runs):
     """Once process 0 of each run's `procs` has backed up position `after` (epoch, step)
     in the run's folder `backup`, SIGKILLs its process 1, then its process 0 (left waiting
     for it), and starts both again with the same command (`restart()`). `runs`: `{name:
-    (backup, procs, restart, after)}`, watched together; returns `{name: (restarted
-    processes, the backup's state file as the kill left it)}`."""
+    (backup, procs, restart, after)}`, each watched in its own thread (one run's kill and
+    restart took long enough for another run to finish unwatched); returns `{name:
+    (restarted processes, the backup's state file as the kill left it)}`."""
     from keras_vit.training.callbacks import TrainingBackup
 
     deadline = time.monotonic() + 900  # every run of the module shares the cores
-    waiting, done = dict(runs), {}
-    while waiting:
-        for name, (backup, procs, restart, after) in list(waiting.items()):
-            if TrainingBackup.saved_position(str(backup)) < after:
-                assert procs[0].poll() is None and time.monotonic() < deadline, _finish(procs)
-                continue
-            procs[1].send_signal(signal.SIGKILL)
-            assert procs[1].wait() == -signal.SIGKILL
-            procs[0].kill()
-            procs[0].wait()
-            state = dict(np.load(backup / TrainingBackup.FILE))
-            done[name] = restart(), state
-            del waiting[name]
-        time.sleep(0.2)
-    return done
+
+    def kill_and_restart(backup, procs, restart, after):
+        while TrainingBackup.saved_position(str(backup)) < after:
+            assert procs[0].poll() is None and time.monotonic() < deadline, _finish(procs)
+            time.sleep(0.2)
+        procs[1].send_signal(signal.SIGKILL)
+        assert procs[1].wait() == -signal.SIGKILL
+        procs[0].kill()
+        procs[0].wait()
+        state = dict(np.load(backup / TrainingBackup.FILE))
+        return restart(), state
+
+    with ThreadPoolExecutor(len(runs)) as pool:
+        watched = {name: pool.submit(kill_and_restart, *run) for name, run in runs.items()}
+        return {name: future.result() for name, future in watched.items()}
 
 
 # Two epochs, backed up every 2 of their 4 micro-batches, weights and optimizer slots
