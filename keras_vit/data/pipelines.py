@@ -95,7 +95,7 @@ def array_batches(arrays, batch_size, shardable=True):
 
     def sliced(index):
         start = index * batch_size
-        return [np.asarray(a[start : start + batch_size]) for a in arrays]
+        return [a[start : start + batch_size] for a in arrays]
 
     def read(index):
         parts = tf.numpy_function(sliced, [index], dtypes, stateful=False)
