@@ -659,12 +659,17 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         )
 
     def auto_jit_compile(self):
-        if keras.backend.backend() == "tensorflow" and not keras_compat.built_strategy(self):
-            import tensorflow as tf
-
-            if not tf.distribute.has_strategy():
-                return True
+        if keras.backend.backend() == "tensorflow" and not _under_strategy(self):
+            return True
         return None  # Keras decides
+
+
+def _under_strategy(model):
+    """Whether `model` (on TensorFlow) was built under a `tf.distribute` strategy or
+    one is in scope now."""
+    import tensorflow as tf
+
+    return keras_compat.built_strategy(model) is not None or tf.distribute.has_strategy()
 
 
 def _tensorflow_array_batches(model, arrays, batch_size):
@@ -677,12 +682,11 @@ def _tensorflow_array_batches(model, arrays, batch_size):
         hasattr(a, "shape") and hasattr(a, "dtype") for a in arrays
     ):
         return None
-    import tensorflow as tf
-
     from keras_vit.data.pipelines import array_batches
 
-    shardable = keras_compat.built_strategy(model) is not None or tf.distribute.has_strategy()
-    return array_batches(arrays if len(arrays) > 1 else arrays[0], batch_size or 32, shardable)
+    return array_batches(
+        arrays if len(arrays) > 1 else arrays[0], batch_size or 32, _under_strategy(model)
+    )
 
 
 # The family switches' defaults, as `VisionTransformer`'s signature writes them.
