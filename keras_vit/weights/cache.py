@@ -24,7 +24,7 @@ try:
 except ImportError:  # Windows: no advisory locks
     fcntl = None
 
-from keras_vit.utils.files import TEMP_PREFIX, atomic_write
+from keras_vit.utils.files import atomic_write
 
 CACHE_ENV = "KERAS_VIT_CACHE"
 INDEX = "index.json"
@@ -168,13 +168,16 @@ def check_pin(path, digest, pin):
 def verify_cache():
     """Re-hashes every file of the cache against its pin (`keras-vit weights --verify`).
 
+    A file the index does not know (placed in the cache by hand, or by a version that
+    did not pin) is not listed: it is checked in full, and pinned, on its next use.
+
     Returns:
-        `(lines, changed)`: one line for each file (`ok`, `CHANGED` with both hashes,
-        `missing`, or `unpinned` for a file the index does not know) and a summary,
-        and the number of files that no longer match their pins.
+        `(lines, changed)`: one line for each pinned file (`ok`, `CHANGED` with both
+        hashes, or `missing`) and a summary, and the number of files that no longer
+        match their pins.
     """
     folder, files = cache_dir(), _read()
-    lines, counts = [], dict(ok=0, changed=0, missing=0, unpinned=0)
+    lines, counts = [], dict(ok=0, changed=0, missing=0)
     for key, pin in sorted(files.items()):
         path = os.path.join(folder, *key.split("/"))
         if not os.path.isfile(path):
@@ -189,17 +192,8 @@ def verify_cache():
         else:
             counts["ok"] += 1
             lines.append(f"ok        {key}")
-    for root, folders, names in os.walk(folder):
-        folders.sort()
-        for name in sorted(names):
-            key = _key(os.path.join(root, name))
-            # Not checkpoints: the index, partial writes, earlier versions' records.
-            if key == INDEX or name.startswith((TEMP_PREFIX, ".")) or key in files:
-                continue
-            counts["unpinned"] += 1
-            lines.append(f"unpinned  {key} (checked in full and pinned on its next use)")
     lines.append(
         f"{folder}: {counts['ok']} unchanged, {counts['changed']} changed, "
-        f"{counts['missing']} missing, {counts['unpinned']} not pinned."
+        f"{counts['missing']} missing."
     )
     return lines, counts["changed"]

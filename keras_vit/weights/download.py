@@ -149,8 +149,8 @@ def fetch(url, *, sha256=None, size=None):
             serves another file than its pin.
     """
     final = cache_path(url)
-    pin = cache.pinned(final)
     if os.path.isfile(final):
+        pin = cache.pinned(final)
         if not cache.unchanged(final, pin, sha256):
             try:
                 digest = verify(final, sha256, size)
@@ -203,13 +203,13 @@ def fetch(url, *, sha256=None, size=None):
             ) from None
         if sha256 is None:
             try:
-                cache.check_pin(partial, digest, pin)
+                # A URL pinned before (its file since deleted) must bring the same file.
+                cache.check_pin(partial, digest, cache.pinned(final))
             except ValueError as err:
                 raise DownloadError(
-                    f"The download of {origin} is not the file first downloaded from it and "
-                    f"was not kept: {err}. If the file it serves now is the right one, delete "
-                    f"{cache.index_path()} (every cached file is pinned again, as it is then, "
-                    "on its next use)."
+                    f"The download of {origin} was not kept: {err}. The file served there has "
+                    f"changed; if the new one is right, delete {cache.index_path()} (every "
+                    "cached file is pinned again, as it is then, on its next use)."
                 ) from None
     cache.pin(final, digest, url)
     return final
