@@ -62,6 +62,19 @@ def test_a_wrong_architecture_download_names_the_cached_file_to_delete(bucket):
     assert bucket.requests == ["/test/arch.npz"] * 2
 
 
+def test_a_download_with_the_entrys_hash_that_does_not_fit_blames_the_entry(bucket):
+    wrong = bucket.put("test/hashed.npz", keras_vit.ViT(image_size=32, num_classes=1000,
+                                                        **dict(TINY, num_layers=3)))
+    entry = bucket_entry("test_tiny_32.hashed", "test/hashed.npz", sha256=sha(wrong))
+    with pytest.raises(ValueError, match="unexpected Transformer/encoderblock_2/") as error:
+        keras_vit.pretrained(entry.name, dropout_rate=0.1)
+    assert str(error.value).splitlines()[-1] == (
+        f"The cached file {download.cache_path(entry.url)} has the SHA-256 of the entry "
+        "'test_tiny_32.hashed': it is the entry that does not describe its checkpoint "
+        "(unless dropout_rate changed it); register it corrected."
+    )
+
+
 def test_a_valid_checkpoint_swapped_into_the_cache_is_refused(bucket):
     good = bucket.put("test/pinned.npz", bucket_model(seed=1))
     entry = bucket_entry("test_tiny_32.pinned", "test/pinned.npz")  # no SHA-256: the pin's

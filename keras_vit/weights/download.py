@@ -253,16 +253,16 @@ def refuse_cached(entry, given=()):
     path = cached(entry)
     if path is None:
         return None
-    unless = f"Unless {', '.join(sorted(given))} changed the architecture, t" if given else "T"
+    unless = f" (unless {', '.join(sorted(given))} changed it)" if given else ""
     if entry.sha256 is not None:
         return (
-            f"{unless}he cached file {path} has the SHA-256 of the entry {entry.name!r}: it "
-            "is the entry that does not describe its checkpoint; register it again corrected."
+            f"The cached file {path} has the SHA-256 of the entry {entry.name!r}: it is the "
+            f"entry that does not describe its checkpoint{unless}; register it corrected."
         )
     cache.unpin(path)
     return (
-        f"{unless}he cached file {path}, downloaded for {entry.name!r}, is not the checkpoint "
-        "the entry describes: delete it (or move it aside) to download it again."
+        f"The cached file {path}, downloaded for {entry.name!r}, is not the checkpoint the "
+        f"entry describes{unless}: delete it (or move it aside) to download it again."
     )
 
 
