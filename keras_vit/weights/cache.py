@@ -63,13 +63,15 @@ def _key(path):
 
 
 def _read():
-    """The index's pins by key; an index that is missing or unreadable holds none."""
+    """The index's pins by key; an index (or a pin) that is missing or unreadable holds
+    none."""
     try:
         with open(index_path()) as f:
             files = json.load(f)["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return {key: record for key, record in files.items()
+                if isinstance(record, dict) and {"sha256", "size"} <= set(record)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
-    return files if isinstance(files, dict) else {}
 
 
 @contextlib.contextmanager
@@ -104,8 +106,7 @@ def _update(change):
 
 def pinned(path):
     """The pin of the cached file `path` (`sha256`, `size`, `mtime_ns`, `url`), or None."""
-    pin = _read().get(_key(path))
-    return pin if isinstance(pin, dict) and {"sha256", "size"} <= set(pin) else None
+    return _read().get(_key(path))
 
 
 def pin(path, digest, url):
@@ -130,19 +131,20 @@ def unpin(path):
     _update(lambda files: files.pop(_key(path), None))
 
 
-def unchanged(path, pin, sha256=None):
-    """Whether the file at `path` has the size and modification time of its `pin`
-    (and the pin the SHA-256 `sha256`, when given): then it need not be read again."""
-    if pin is None:
+def unchanged(path, record, sha256=None):
+    """Whether the file at `path` has the size and modification time its pin `record`
+    (or None) holds (and the pin the SHA-256 `sha256`, when given): then it need not be
+    read again."""
+    if record is None:
         return False
     stat = os.stat(path)
-    same = (stat.st_size, stat.st_mtime_ns) == (pin["size"], pin.get("mtime_ns"))
-    return same and (sha256 is None or pin["sha256"] == sha256.lower())
+    same = (stat.st_size, stat.st_mtime_ns) == (record["size"], record.get("mtime_ns"))
+    return same and (sha256 is None or record["sha256"] == sha256.lower())
 
 
-def check_pin(path, digest, pin):
+def check_pin(path, digest, record):
     """Raises `ValueError` unless the file at `path`, of SHA-256 `digest`, is the one
-    `pin` (or None: no pin) recorded.
+    its pin `record` (or None: no pin) holds.
 
     Example:
 
@@ -157,11 +159,11 @@ def check_pin(path, digest, pin):
     ValueError: its SHA-256 is ... (7 bytes), not the 000... (7 bytes) of the file first downloaded from https://x/w.npz (pinned in ...index.json)
     """
     size = os.path.getsize(path)
-    if pin is not None and (digest, size) != (pin["sha256"], pin["size"]):
+    if record is not None and (digest, size) != (record["sha256"], record["size"]):
         raise ValueError(
-            f"its SHA-256 is {digest} ({size} bytes), not the {pin['sha256']} "
-            f"({pin['size']} bytes) of the file first downloaded from {pin.get('url')} "
-            f"(pinned in {index_path()})"
+            f"its SHA-256 is {digest} ({size} bytes), not the {record['sha256']} "
+            f"({record['size']} bytes) of the file first downloaded from "
+            f"{record.get('url')} (pinned in {index_path()})"
         )
 
 
@@ -178,14 +180,14 @@ def verify_cache():
     """
     folder, files = cache_dir(), _read()
     lines, counts = [], dict(ok=0, changed=0, missing=0)
-    for key, pin in sorted(files.items()):
+    for key, record in sorted(files.items()):
         path = os.path.join(folder, *key.split("/"))
         if not os.path.isfile(path):
             counts["missing"] += 1
             lines.append(f"missing   {key} (its next download is checked against its pin)")
             continue
         try:
-            check_pin(path, file_sha256(path), pin)
+            check_pin(path, file_sha256(path), record)
         except ValueError as err:
             counts["changed"] += 1
             lines.append(f"CHANGED   {key}: {err}; delete it to download it again")
