@@ -171,7 +171,7 @@ def test_weights_verify_rehashes_every_cached_file(bucket, capsys):
 
 
 def test_verifying_the_cache_needs_no_keras(bucket):
-    good = bucket.put("test/light.npz", bucket_model(seed=1))
+    bucket.put("test/light.npz", bucket_model(seed=1))
     keras_vit.pretrained(bucket_entry("test_tiny_32.light", "test/light.npz").name)
     script = (
         "import sys\n"
@@ -183,7 +183,6 @@ def test_verifying_the_cache_needs_no_keras(bucket):
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                             text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert result.stdout.splitlines() == ["ok        test/light.npz 0", "[]"], result.stderr
-    assert len(good) == os.path.getsize(os.path.join(download.cache_dir(), "test", "light.npz"))
 
 
 PIN_MANY = """
