@@ -550,11 +550,24 @@ def _weights_arguments(parser):
         "pattern", nargs="?", metavar="PATTERN",
         help="part of a name, or a shell pattern such as 'vit_base_*in1k'",
     )
+    parser.add_argument(
+        "--verify", action="store_true",
+        help="re-hash every cached file against the SHA-256 pinned at its first download "
+        "(exit 1 if one changed)",
+    )
 
 
 @command("weights", "list the registry of pretrained checkpoints (and which are cached)",
          _weights_arguments)
 def weights(args):
+    if args.verify:
+        if args.pattern:
+            raise ValueError("--verify checks the whole cache: leave out PATTERN.")
+        from keras_vit.weights.cache import verify_cache
+
+        lines, changed = verify_cache()
+        print("\n".join(lines))
+        return 1 if changed else 0
     from keras_vit.weights import download, registry
 
     entries = registry.list_weights(args.pattern)

@@ -34,8 +34,8 @@ def test_first_load_downloads_second_is_a_cache_hit(bucket, tmp_path):
                                   keras.ops.convert_to_numpy(source(x)))
     cached = tmp_path / "cache" / "test" / "tiny.npz"
     assert download.cached(entry) == str(cached)
-    # No partial file left; the record of what was verified beside the file.
-    assert sorted(os.listdir(cached.parent)) == [".tiny.npz.verified", "tiny.npz"]
+    # No partial file left, nothing beside the file (its pin is in the cache's index).
+    assert sorted(os.listdir(cached.parent)) == ["tiny.npz"]
 
     again = keras_vit.pretrained(entry.name)
     assert bucket.requests == ["/test/tiny.npz"]  # no second request

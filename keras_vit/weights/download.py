@@ -7,9 +7,11 @@ Files are downloaded with `keras.utils.get_file` (progress bar on stderr) into
 A download goes to a temporary name and is moved into place only once it is verified:
 against the SHA-256 when the registry knows it, otherwise by reading the whole archive
 (every `.npz` member's CRC; a `.safetensors` header against the file length), so an
-interrupted, truncated or corrupt download is never kept. A cached file is verified again
-on its first use after its size or modification time changed (a record beside it,
-`.NAME.verified`, keeps what was verified). A plain `http://` download is refused unless
+interrupted, truncated or corrupt download is never kept. Every file is pinned on first
+use (`keras_vit.weights.cache`): its SHA-256 and size go into the cache's `index.json`,
+and a cached file that no longer matches them, or a later download of the same URL that
+brings another file, is refused. A cached file is checked again on its first use after
+its size or modification time changed. A plain `http://` download is refused unless
 the registry has the file's SHA-256 (or the server is on the loopback interface).
 `KERAS_VIT_WEIGHTS_MIRROR=BASE_URL` replaces the official prefix, for mirrors and
 air-gapped sites. `hf:ORG/NAME` and `timm:NAME` go through `huggingface_hub` (and its
@@ -29,28 +31,15 @@ import zipfile
 import keras
 
 from keras_vit.utils.extras import optional_import
-from keras_vit.utils.files import atomic_path, atomic_write
-from keras_vit.weights import registry
+from keras_vit.utils.files import atomic_path
+from keras_vit.weights import cache, registry
+from keras_vit.weights.cache import CACHE_ENV, cache_dir
 
 MIRROR_ENV = "KERAS_VIT_WEIGHTS_MIRROR"
-CACHE_ENV = "KERAS_VIT_CACHE"
 
 
 class DownloadError(FileNotFoundError):
     """A checkpoint is not in the cache and could not be downloaded (or failed its check)."""
-
-
-def cache_dir():
-    """Where downloaded checkpoints are kept: `$KERAS_VIT_CACHE`, else
-    `models/keras_vit` under Keras' own folder (`$KERAS_HOME`, else `~/.keras`).
-
-    Keras' folder is found the way Keras documents it rather than through a Keras
-    function: `keras.config` has no public name for it that every 3.x release keeps.
-    """
-    if os.environ.get(CACHE_ENV):
-        return os.environ[CACHE_ENV]
-    keras_home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
-    return os.path.join(keras_home, "models", "keras_vit")
 
 
 def download_url(url):
@@ -84,14 +73,6 @@ def cached(entry):
     return path if os.path.isfile(path) else None
 
 
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def verify(path, sha256=None, size=None):
     """Raises `ValueError` unless the file at `path` is complete; returns its SHA-256.
 
@@ -101,7 +82,7 @@ def verify(path, sha256=None, size=None):
     """
     if size is not None and os.path.getsize(path) != size:
         raise ValueError(f"it holds {os.path.getsize(path)} bytes, the registry says {size}")
-    digest = _sha256(path)
+    digest = cache.file_sha256(path)
     if sha256 is not None:
         if digest != sha256.lower():
             raise ValueError(f"its SHA-256 is {digest}, the registry says {sha256}")
@@ -147,9 +128,10 @@ def check_complete(path):
 def fetch(url, *, sha256=None, size=None):
     """The local path of `url`'s file, downloaded into the cache once and verified.
 
-    A file already in the cache is verified again (as a download is) on its first use
-    after its size or modification time changed since it was last verified, which a
-    small record beside it (`.NAME.verified`) keeps.
+    The file is pinned on first use (`keras_vit.weights.cache`): a file already in the
+    cache is verified again (as a download is), and against its pin, on its first use
+    after its size or modification time changed; a download of a URL pinned before (its
+    file since deleted) must bring the pinned file.
 
     Args:
         url: an `https://` (or `http://`) URL; official URLs go to the mirror when
@@ -162,19 +144,24 @@ def fetch(url, *, sha256=None, size=None):
 
     Raises:
         DownloadError: one line naming the URL (or the cached file) and what to do:
-            the cache path where a copy downloaded by other means is picked up, or
-            that a cached file failing its check is to be deleted.
+            the cache path where a copy downloaded by other means is picked up, that
+            a cached file failing its check is to be deleted, or that the URL now
+            serves another file than its pin.
     """
     final = cache_path(url)
     if os.path.isfile(final):
-        if verified(final, sha256) is None:
+        pin = cache.pinned(final)
+        if not cache.unchanged(final, pin, sha256):
             try:
-                remember_verified(final, verify(final, sha256, size))
+                digest = verify(final, sha256, size)
+                if sha256 is None:  # the registry's hash decides where there is one
+                    cache.check_pin(final, digest, pin)
             except ValueError as err:
                 raise DownloadError(
                     f"The cached file {final} fails its check: {err}; delete it to download "
                     "it again."
                 ) from None
+            cache.pin(final, digest, url)
         return final
     folder = os.path.dirname(final)
     try:
@@ -214,7 +201,17 @@ def fetch(url, *, sha256=None, size=None):
                 f"The download of {origin} is incomplete or corrupt and was not kept: {err}; "
                 f"{where}."
             ) from None
-    remember_verified(final, digest)
+        if sha256 is None:
+            try:
+                # A URL pinned before (its file since deleted) must bring the same file.
+                cache.check_pin(partial, digest, cache.pinned(final))
+            except ValueError as err:
+                raise DownloadError(
+                    f"The download of {origin} was not kept: {err}. The file served there has "
+                    f"changed; if the new one is right, delete {cache.index_path()} (every "
+                    "cached file is pinned again, as it is then, on its next use)."
+                ) from None
+    cache.pin(final, digest, url)
     return final
 
 
@@ -245,38 +242,28 @@ def check_transport(origin, sha256):
         )
 
 
-def _record(path):
-    folder, name = os.path.split(path)
-    return os.path.join(folder, f".{name}.verified")
+def refuse_cached(entry, given=()):
+    """A line on the cached file of registry `entry` when it does not load into the
+    model the entry describes, built with the other arguments `given` (names); None when
+    the entry's file is not cached.
 
-
-def verified(path, sha256=None):
-    """The SHA-256 `path` had when last verified, or None when it was never verified,
-    changed since (size or modification time) or does not have `sha256`."""
-    try:
-        with open(_record(path)) as f:
-            record = json.load(f)
-        stat = os.stat(path)
-        unchanged = (record["size"], record["mtime_ns"]) == (stat.st_size, stat.st_mtime_ns)
-        digest = record["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not unchanged or (sha256 is not None and digest != sha256.lower()):
-        return None
-    return digest
-
-
-def remember_verified(path, digest):
-    """Records that `path`, as it is now, was verified and has SHA-256 `digest`.
-
-    Best effort: in a read-only cache the file is verified again at each use.
+    Without a SHA-256 in the entry the file is the one at fault: its pin is dropped, so
+    that once it is deleted the next download is pinned anew.
     """
-    stat = os.stat(path)
-    record = dict(size=stat.st_size, mtime_ns=stat.st_mtime_ns, sha256=digest)
-    try:
-        atomic_write(_record(path), json.dumps(record))
-    except OSError:
-        pass
+    path = cached(entry)
+    if path is None:
+        return None
+    unless = f" (unless {', '.join(sorted(given))} changed it)" if given else ""
+    if entry.sha256 is not None:
+        return (
+            f"The cached file {path} has the SHA-256 of the entry {entry.name!r}: it is the "
+            f"entry that does not describe its checkpoint{unless}; register it corrected."
+        )
+    cache.unpin(path)
+    return (
+        f"The cached file {path}, downloaded for {entry.name!r}, is not the checkpoint the "
+        f"entry describes{unless}: delete it (or move it aside) to download it again."
+    )
 
 
 def fetch_hub(source):

@@ -19,7 +19,7 @@ from keras_vit.models import flexi, posembed
 from keras_vit.models.preprocessing import DEFAULT
 from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS, ViT
 from keras_vit.weights import registry
-from keras_vit.weights.download import resolve_weights
+from keras_vit.weights.download import refuse_cached, resolve_weights
 from keras_vit.weights.formats import (
     ATTENTION_KEY,
     BLOCK_KEY,
@@ -956,7 +956,14 @@ def pretrained(name, **kwargs):
             f"{', '.join(f'{k}=...' for k in clashes)})."
         )
     model = ViT(**arguments, **kwargs)
-    load_pretrained(model, source)
+    try:
+        load_pretrained(model, source)
+    except ValueError as err:
+        # The model is the entry's own: a file that does not fit is a wrong download.
+        refused = refuse_cached(entry, kwargs) if source == name else None
+        if refused is None:
+            raise
+        raise ValueError(f"{err}\n{refused}") from None
     model.weights_entry = entry
     return model
 
