@@ -80,8 +80,10 @@ def _checked(model, path):
                if keras.backend.is_float_dtype(v.dtype)}
     _, not_finite = weight_problems(weights, path)
     if not_finite:
-        raise DamagedModel(f"{not_finite}: a diverged run saves such weights; use an earlier "
-                         "checkpoint of the run.")
+        raise DamagedModel(
+            f"{not_finite}: a diverged run saves such weights; use an earlier checkpoint of "
+            "the run."
+        )
     return model
 
 
@@ -109,16 +111,13 @@ def weight_problems(arrays, source):
         if name not in not_float and not np.isfinite(value.astype("float32", copy=False)).all()
     )
 
-    def listed(names, show=lambda name: name):
+    def line(names, what):
         more = f" and {len(names) - 5} more" if len(names) > 5 else ""
-        return ", ".join(map(show, names[:5])) + more
+        return f"Checkpoint {source} holds {what}{', '.join(names[:5])}{more}" if names else None
 
-    return (
-        not_float and f"Checkpoint {source} holds tensors that are not floating point, as "
-        f"weights are: {listed(not_float, lambda n: f'{n} ({arrays[n].dtype})')}" or None,
-        not_finite and f"Checkpoint {source} holds NaN or infinite values in "
-        f"{listed(not_finite)}" or None,
-    )
+    typed = [f"{name} ({arrays[name].dtype})" for name in not_float]
+    return (line(typed, "tensors that are not floating point, as weights are: "),
+            line(not_finite, "NaN or infinite values in "))
 
 
 def _incomplete_size(path):

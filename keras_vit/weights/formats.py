@@ -410,8 +410,8 @@ def _checkpoint_shapes(source):
     return shapes
 
 
-# The `model_type` each family of `_HF_ARCHITECTURES` writes (by the architecture's
-# first word): DINOv2's layer scale and MLP are read only for DINOv2's.
+# The `model_type` each family of `_HF_ARCHITECTURES` (by the architecture's first
+# word) writes beside it: a config.json naming another contradicts itself.
 _HF_MODEL_TYPES = {
     "Dinov2WithRegisters": ("dinov2_with_registers",),
     "Dinov2": ("dinov2",),
@@ -447,7 +447,8 @@ def _check_config_fits_tensors(path, args, shapes):
         name = re.sub(r"^(vit|deit|dinov2|dinov2_with_registers|vision_model)\.", "", key)
         # (config key, its value, whether the tensor fits it, what the tensor holds)
         found = []
-        if re.fullmatch(r"embeddings\.patch_embeddings?(\.projection)?\.weight", name) and len(shape) == 4:
+        patch_kernel = re.fullmatch(r"embeddings\.patch_embeddings?(\.projection)?\.weight", name)
+        if patch_kernel and len(shape) == 4:
             found = [
                 ("patch_size", args["patch_size"], args["patch_size"] == shape[2] == shape[3],
                  f"{shape[2]}x{shape[3]} patches"),
@@ -456,7 +457,7 @@ def _check_config_fits_tensors(path, args, shapes):
                 ("num_channels", args["channels"], args["channels"] == shape[1],
                  f"{shape[1]} channels"),
             ]
-        elif re.fullmatch(r"embeddings\.position_embeddings?(\.weight)?", name) and len(shape) >= 2:
+        elif re.fullmatch(r"embeddings\.position_embeddings?(\.weight)?", name) and shape:
             size, patch = args["image_size"], args["patch_size"]
             if isinstance(size, int) and isinstance(patch, int):
                 rows, patches = shape[-2] - tokens, (size // patch) ** 2
