@@ -594,7 +594,8 @@ def _predict_arguments(parser):
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--weights", metavar="NAME", help="a registry name (keras-vit weights)")
     source.add_argument(
-        "--from", dest="source", metavar="CKPT", help="a run's output folder or a .keras file"
+        "--from", dest="source", metavar="CKPT",
+        help="a run's output folder, a .keras file, or an HF model folder or hf:ORG/NAME",
     )
     parser.add_argument(
         "images", nargs="+", metavar="IMAGE",

@@ -53,5 +53,6 @@ def test_a_run_does_not_start_from_a_keras_file_with_non_finite_weights(tmp_path
     path = str(tmp_path / "diverged.keras")
     saved.save(path)
     with pytest.raises(ValueError, match=r"diverged.keras holds NaN or infinite values in "
-                                         r"head/kernel: a run cannot start from it"):
+                                         r"head/kernel: a diverged run saves such weights; "
+                                         r"use an earlier checkpoint of the run"):
         runs.load_weights(tiny_vit(), path)

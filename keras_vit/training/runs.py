@@ -19,12 +19,12 @@ Every file is written atomically (`keras_vit.utils.files`). A run is *finished* 
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import tempfile
 import zipfile
 
-import keras
 import tensorflow as tf
 
 try:
@@ -37,12 +37,14 @@ from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS
 from keras_vit.training.callbacks import EpochCheckpoints, TrainingBackup
 from keras_vit.training.config import TrainConfig
-from keras_vit.utils.model_files import SHARDED, is_model, read_keras
+from keras_vit.utils.model_files import SHARDED, DamagedModel, is_model, read_keras
 from keras_vit.weights.download import resolve_weights
 from keras_vit.weights import registry
 from keras_vit.weights.formats import holds_safetensors
-from keras_vit.weights.pretrained import load_pretrained, not_finite_weights
+from keras_vit.weights.pretrained import load_pretrained, pretrained, source_arguments
 from keras_vit.weights.pretrained import source_preprocessing as pretrained_preprocessing
+
+logger = logging.getLogger(__name__)
 
 CONFIG = "config.json"
 MODEL = "model.keras"
@@ -245,30 +247,40 @@ def run_config(source):
 
 def with_run_architecture(config, source):
     """`config` building the architecture of the keras-vit run `source` names (its variant,
-    shape arguments, family switches and channels), as fine-tuning from a checkpoint
-    does in timm and HF; the rest of `config` (resolution, regularisation, head) stays.
-    Returns `(config, note)`: `note` says what changed, or is None (not a run, or the
-    same architecture).
+    shape arguments, family switches and channels), or of the source
+    `keras_vit.pretrained` builds (a registry name, an HF model folder: its
+    `config.json`), as fine-tuning from a checkpoint does in timm and HF; the rest of
+    `config` (resolution, regularisation, head) stays. Returns `(config, note)`: `note`
+    says what changed, or is None (no such source, or the same architecture).
 
     Example:
 
     >>> with_run_architecture(TrainConfig(), "ViT-B_16.npz")[1] is None
     True
     """
-    run = run_config(source) if source else None
-    if run is None:
+    if not source:
         return config, None
     shape_keys = (*ARCHITECTURE, *FAMILY_DEFAULTS)
-    theirs = {k: v for k, v in run.model.kwargs.items() if k in shape_keys}
+    run = run_config(source)
+    if run is not None:
+        variant, channels, theirs = run.model.variant, run.model.channels, run.model.kwargs
+    else:
+        theirs = source_arguments(source.removeprefix("timm:"))
+        if theirs is None:
+            return config, None
+        variant, channels = theirs.get("variant") or "custom", theirs.get("channels", 3)
+        # Fine-tuning drops CLIP's projection, as it drops pre_logits (`source_defaults`).
+        shape_keys = tuple(k for k in shape_keys if k not in ("variant", "projection_dim"))
+    theirs = {k: v for k, v in theirs.items() if k in shape_keys}
     kwargs = {k: v for k, v in config.model.kwargs.items() if k not in shape_keys}
     replaced = config.replace(
-        model=dict(variant=run.model.variant, kwargs={**kwargs, **theirs}, channels=run.model.channels)
+        model=dict(variant=variant, kwargs={**kwargs, **theirs}, channels=channels)
     )
     if replaced.model == config.model:
         return config, None
-    described = ", ".join(f"{k}={v}" for k, v in theirs.items()) or run.model.variant
+    described = ", ".join(f"{k}={v}" for k, v in theirs.items()) or variant
     return replaced, (
-        f"Architecture of {source}: {run.model.variant} ({described}), {run.model.channels} "
+        f"Architecture of {source}: {variant} ({described}), {channels} "
         "channel(s), in place of the recipe's; --set model.kwargs... changes it."
     )
 
@@ -356,7 +368,9 @@ def eval_source(config, spec=None):
 
 
 def load_model(source):
-    """Loads the Keras model a `--from` argument names (a run folder or a `.keras` file).
+    """Loads the Keras model a `--from` argument names: a run folder or a `.keras` file,
+    or a source `keras_vit.pretrained` builds (a registry name, `timm:NAME`, an HF
+    transformers model folder or `hf:ORG/NAME`).
 
     Example:
 
@@ -368,12 +382,32 @@ def load_model(source):
     (None, 10)
     """
     path = resolve_from(source)
-    if not is_model(path):
-        raise ValueError(
-            f"{source!r} holds weights only; build the model (keras_vit.ViT) and load them "
-            "with keras_vit.load_pretrained, or pass a run folder or a .keras file."
-        )
-    return read_keras(path)
+    if is_model(path):
+        return _read_model(source, path)[1]
+    if source_arguments(source.removeprefix("timm:")) is not None:
+        return pretrained(source)
+    raise ValueError(
+        f"{source!r} holds weights only; build the model (keras_vit.ViT) and load them "
+        "with keras_vit.load_pretrained, or pass a run folder, a .keras file, a registry "
+        "name or an HF model folder."
+    )
+
+
+def _read_model(source, path):
+    """`(path, model)`: the model `source` resolves to (`path`), read whole. Where that is
+    the newest checkpoint of an unfinished run, a damaged one (`DamagedModel`: truncated,
+    corrupt, or not finite) gives way to the newest earlier one that reads, with a
+    warning; the error of the last one tried where none does."""
+    candidates = [path]
+    if tf.io.gfile.isdir(source) and path == latest_checkpoint(source):
+        candidates = EpochCheckpoints.find(os.path.join(source, CHECKPOINTS))[::-1]
+    for index, candidate in enumerate(candidates):
+        try:
+            return candidate, read_keras(candidate)
+        except DamagedModel as error:
+            if index + 1 == len(candidates):
+                raise
+            logger.warning("%s Reading the checkpoint before it: %s.", error, candidates[index + 1])
 
 
 def source_preprocessing(source):
@@ -422,19 +456,13 @@ def load_weights(model, source, *, interpolation=None):
     """
     path = resolve_from(source)
     if is_model(path):
-        saved = read_keras(path)
+        path, saved = _read_model(source, path)
         mine = {v.path: v for v in model.weights}
         theirs = {v.path: v for v in saved.weights}
         same = mine.keys() == theirs.keys() and all(
             tuple(mine[k].shape) == tuple(theirs[k].shape) for k in mine
         )
-        if same:
-            problem = not_finite_weights(
-                {k: keras.ops.convert_to_numpy(v.value) for k, v in theirs.items()}, path
-            )
-            if problem:
-                raise ValueError(f"{problem}: a run cannot start from it (a diverged run "
-                                 "saves such weights); pick an earlier checkpoint.")
+        if same:  # read_keras refused NaN or infinite weights
             for key, variable in mine.items():
                 variable.assign(theirs[key].value)
             return f"copied {len(mine)} weights from {path}"

@@ -8,11 +8,15 @@ by `save_model` reads back into one host (`load_model`) on any backend where Orb
 installed.
 """
 
+import contextlib
+import logging
 import os
 
 import jax
 import keras
 import numpy as np
+
+from keras_vit.utils.model_files import DamagedModel
 
 
 def _orbax_path(path):
@@ -85,15 +89,17 @@ def load_model(path):
     import orbax.checkpoint as ocp
 
     checkpointer = _model_checkpointer()
-    saved = checkpointer.metadata(path).item_metadata["variables"].tree
+    with _reading(path):
+        saved = checkpointer.metadata(path).item_metadata["variables"].tree
     config = dict(architecture(path), compile_config=None)  # as load_model(compile=False)
     model = _outside_distribution(lambda: keras.saving.deserialize_keras_object(config))
     _check_variables(model, [tuple(m.shape) for m in saved], path)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     like = [jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=device) for m in saved]
-    values = checkpointer.restore(
-        path, ocp.args.Composite(variables=ocp.args.StandardRestore(like))
-    ).variables
+    with _reading(path):
+        values = checkpointer.restore(
+            path, ocp.args.Composite(variables=ocp.args.StandardRestore(like))
+        ).variables
     for variable, value in zip(model.variables, values):
         variable.assign(np.asarray(value))
     return model
@@ -105,9 +111,31 @@ def architecture(path):
     path = _orbax_path(path)
     import orbax.checkpoint as ocp
 
-    return _model_checkpointer().restore(
-        path, ocp.args.Composite(architecture=ocp.args.JsonRestore())
-    ).architecture
+    with _reading(path):
+        return _model_checkpointer().restore(
+            path, ocp.args.Composite(architecture=ocp.args.JsonRestore())
+        ).architecture
+
+
+@contextlib.contextmanager
+def _reading(path):
+    """Reports a checkpoint folder Orbax cannot read (a file of it truncated or corrupt)
+    as a `DamagedModel` naming it, in one line: Orbax's reading tasks, cancelled when
+    one fails, otherwise log a traceback each (asyncio's logger), thousands of lines."""
+    tasks = logging.getLogger("asyncio")
+    disabled, tasks.disabled = tasks.disabled, True
+    try:
+        yield
+    except Exception as err:
+        # tensorstore appends its whole spec (kilobytes of JSON) to its messages.
+        reason = " ".join(str(err).split(" [tensorstore_spec=")[0].split())
+        reason = reason if len(reason) <= 300 else reason[:300] + "..."
+        raise DamagedModel(
+            f"{path} is damaged: a file in it is truncated or corrupt ({type(err).__name__}: "
+            f"{reason}); use another checkpoint of the run."
+        ) from None
+    finally:
+        tasks.disabled = disabled
 
 
 def _model_checkpointer():

@@ -66,6 +66,24 @@ def _read_bytes(path):
         return f.read()
 
 
+def _read_json(path):
+    """The JSON object in the file `path`; a file that holds none is a `ValueError`
+    naming it and what is wrong."""
+    try:
+        value = json.loads(_read_bytes(path))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(
+            f"{path} is not valid JSON ({err}); save the model again with save_pretrained, "
+            "or correct the file."
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"{path} holds a JSON {type(value).__name__}, not an object of settings; save the "
+            "model again with save_pretrained, or correct the file."
+        )
+    return value
+
+
 SAFETENSORS_FILES = ("model.safetensors", "model.safetensors.index.json")
 
 
@@ -82,7 +100,7 @@ def _checkpoint_files(source):
         if _exists(single):
             return [single]
         if _exists(index):
-            shards = json.loads(_read_bytes(index))["weight_map"].values()
+            shards = _read_json(index)["weight_map"].values()
             return [_join(source, name) for name in sorted(set(shards))]
         raise FileNotFoundError(
             f"Directory {source} holds no model.safetensors or model.safetensors.index.json."
@@ -367,7 +385,6 @@ _HF_ARCHITECTURES = {
     "CLIPVisionModelWithProjection": dict(pre_norm=True, patch_bias=False, include_top=False),
     "CLIPModel": dict(pre_norm=True, patch_bias=False, include_top=False),
 }
-_DINOV2 = ("dinov2", "dinov2_with_registers")
 # What a tower's config.json leaves out takes its config class's default (transformers
 # SiglipVisionConfig, CLIPVisionConfig / CLIPConfig).
 _HF_TOWER_DEFAULTS = {
@@ -378,19 +395,85 @@ _HF_TOWER_DEFAULTS = {
 _HF_GELU = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True, "quick_gelu": False}
 
 
-def _checkpoint_keys(source):
-    """The tensor names of a checkpoint file or directory, read from the headers of
-    local safetensors files (other files are read whole)."""
+def _checkpoint_shapes(source):
+    """The tensor shapes of a checkpoint file or directory by name, read from the
+    headers of local safetensors files (other files are read whole)."""
     import safetensors
 
-    keys = set()
+    shapes = {}
     for path in _checkpoint_files(source):
         if _is_url(path) or not path.endswith(".safetensors"):
-            keys.update(_read_arrays(path))
+            shapes.update((key, value.shape) for key, value in _read_arrays(path).items())
         else:
             with safetensors.safe_open(path, "np") as f:
-                keys.update(f.keys())
-    return keys
+                shapes.update((key, tuple(f.get_slice(key).get_shape())) for key in f.keys())
+    return shapes
+
+
+# The `model_type` each family of `_HF_ARCHITECTURES` (by the architecture's first
+# word) writes beside it: a config.json naming another contradicts itself.
+_HF_MODEL_TYPES = {
+    "Dinov2WithRegisters": ("dinov2_with_registers",),
+    "Dinov2": ("dinov2",),
+    "DeiT": ("deit",),
+    "ViT": ("vit",),
+    "Siglip": ("siglip", "siglip_vision_model"),
+    "CLIP": ("clip", "clip_vision_model"),
+}
+
+
+def _check_model_type(path, config, architecture):
+    """Raises a `ValueError` naming `path` when its `model_type` is not the one its
+    architecture (`architectures[0]`) writes."""
+    family = next(f for f in _HF_MODEL_TYPES if architecture.startswith(f))
+    model_type, expected = config.get("model_type"), _HF_MODEL_TYPES[family]
+    if model_type not in expected:
+        given = "has no model_type" if model_type is None else f"has model_type={model_type!r}"
+        raise ValueError(
+            f"{path} {given}, but its architecture {architecture} is a {expected[0]!r} "
+            f"model: the file contradicts itself; save the model again with save_pretrained, "
+            f"or correct model_type."
+        )
+
+
+def _check_config_fits_tensors(path, args, shapes):
+    """Raises a `ValueError` naming both when the `config.json` at `path` (read into the
+    `keras_vit.ViT` arguments `args`) disagrees with the tensors (`shapes`, by name) it
+    describes: their patch size, width, channels, patch grid or classes. transformers
+    refuses such a folder; keras-vit would resample the weights to the config, silently."""
+    tokens = sum(bool(re.fullmatch(r"(\w+\.)?embeddings\.(cls_token|distillation_token|"
+                                   r"class_embedding)", key)) for key in shapes)
+    for key, shape in shapes.items():
+        name = re.sub(r"^(vit|deit|dinov2|dinov2_with_registers|vision_model)\.", "", key)
+        # (config key, its value, whether the tensor fits it, what the tensor holds)
+        found = []
+        patch_kernel = re.fullmatch(r"embeddings\.patch_embeddings?(\.projection)?\.weight", name)
+        if patch_kernel and len(shape) == 4:
+            found = [
+                ("patch_size", args["patch_size"], args["patch_size"] == shape[2] == shape[3],
+                 f"{shape[2]}x{shape[3]} patches"),
+                ("hidden_size", args["hidden_dim"], args["hidden_dim"] == shape[0],
+                 f"width {shape[0]}"),
+                ("num_channels", args["channels"], args["channels"] == shape[1],
+                 f"{shape[1]} channels"),
+            ]
+        elif re.fullmatch(r"embeddings\.position_embeddings?(\.weight)?", name) and shape:
+            size, patch = args["image_size"], args["patch_size"]
+            if isinstance(size, int) and isinstance(patch, int):
+                rows, patches = shape[-2] - tokens, (size // patch) ** 2
+                found = [("image_size", size, rows == patches,
+                          f"{rows} patch positions, not the {patches} of that size")]
+        elif re.fullmatch(r"(cls_)?classifier\.weight", name) and "num_classes" in args:
+            found = [("num_labels", args["num_classes"], args["num_classes"] == shape[0],
+                      f"{shape[0]} classes")]
+        for config_key, given, fits, what in found:
+            if not fits:
+                raise ValueError(
+                    f"{path} says {config_key}={given}, but its weights' {key} {tuple(shape)} "
+                    f"hold {what}: the config and the weights disagree (transformers refuses "
+                    "them too); save the model again with save_pretrained, or correct the "
+                    "config."
+                )
 
 
 def hf_model_arguments(source):
@@ -416,7 +499,7 @@ def hf_model_arguments(source):
             f"{source} is not an HF transformers model directory: it holds no config.json "
             "(save the model with save_pretrained, or pass hf:ORG/NAME)."
         )
-    config = top = json.loads(_read_bytes(path))
+    config = top = _read_json(path)
     architectures = config.get("architectures") or []
     architecture = architectures[0] if architectures else None
     if architecture not in _HF_ARCHITECTURES:
@@ -424,6 +507,7 @@ def hf_model_arguments(source):
             f"{path} describes a {architecture or config.get('model_type')!r} model: "
             f"keras-vit builds {', '.join(_HF_ARCHITECTURES)}."
         )
+    _check_model_type(path, config, architecture)
     tower = next((family for family in _HF_TOWER_DEFAULTS if architecture.startswith(family)), None)
     if tower is not None:
         config = {**_HF_TOWER_DEFAULTS[tower], **config.get("vision_config", config)}
@@ -435,7 +519,7 @@ def hf_model_arguments(source):
     if not config.get("qkv_bias", True):
         raise ValueError(f"{path} has qkv_bias=false: keras-vit's attention has biases.")
     hidden = config.get("hidden_size", 768)
-    dinov2 = config.get("model_type") in _DINOV2
+    dinov2 = architecture.startswith("Dinov2")
     args = dict(
         image_size=config.get("image_size", 224),
         patch_size=config.get("patch_size", 16),
@@ -451,6 +535,7 @@ def hf_model_arguments(source):
     )
     if dinov2:  # its `*Model` pools the class token, with no pooler
         args.update(_dinov2_arguments(config))
+    shapes = _checkpoint_shapes(source)
     if activation == "quick_gelu":
         args["quick_gelu"] = True
     if architecture in ("CLIPVisionModelWithProjection", "CLIPModel"):
@@ -460,7 +545,7 @@ def hf_model_arguments(source):
             args["pooling"] = False  # last_hidden_state
     elif args.get("include_top", True):
         args["num_classes"] = len(config.get("id2label") or {}) or config.get("num_labels", 2)
-    elif any(re.match(r"((vit|deit)\.)?pooler\.", key) for key in _checkpoint_keys(source)):
+    elif any(re.match(r"((vit|deit)\.)?pooler\.", key) for key in shapes):
         if config.get("pooler_act", "tanh") != "tanh":
             raise ValueError(
                 f"{path} has pooler_act={config['pooler_act']!r}: keras-vit's pre_logits is tanh."
@@ -468,6 +553,7 @@ def hf_model_arguments(source):
         args["representation_size"] = config.get("pooler_output_size", hidden)
     elif not dinov2:
         args["pooling"] = False  # last_hidden_state
+    _check_config_fits_tensors(path, args, shapes)
     preprocessing = hf_preprocessing(source)
     if preprocessing is not None:
         args["preprocessing"] = preprocessing
@@ -505,7 +591,7 @@ def hf_preprocessing(source):
     path = _join(source, "preprocessor_config.json")
     if not _exists(path):
         return None
-    config = json.loads(_read_bytes(path))
+    config = _read_json(path)
     normalized = config.get("do_normalize", True)
     rescale = config.get("rescale_factor", 1 / 255) if config.get("do_rescale", True) else None
     if rescale is None or not math.isclose(rescale, 1 / 255, rel_tol=1e-6):

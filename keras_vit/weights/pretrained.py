@@ -38,7 +38,7 @@ from keras_vit.weights.formats import (
 from keras_vit.models.layers import MAPHead, sincos_2d_table
 from keras_vit.models.vit import vit_parts
 from keras_vit.utils.files import atomic_write
-from keras_vit.utils.model_files import is_model, read_keras
+from keras_vit.utils.model_files import is_model, read_keras, weight_problems
 
 logger = logging.getLogger(__name__)
 
@@ -596,25 +596,6 @@ def _skipped(report):
     return f"strict=False: loaded {len(report.loaded)} tensors; " + "; ".join(parts) + "."
 
 
-def not_finite_weights(arrays, source):
-    """A line naming the arrays of `arrays` (name -> array or None) that hold NaN or
-    infinite values, read from checkpoint `source`; None when all are finite.
-
-    Example:
-
-    >>> not_finite_weights({"head/bias": np.array([0.0, np.inf]), "cls": None}, "x.npz")
-    'Checkpoint x.npz holds NaN or infinite values in head/bias'
-    """
-    names = sorted(
-        name for name, value in arrays.items()
-        if value is not None and not np.isfinite(np.asarray(value)).all()
-    )
-    if not names:
-        return None
-    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
-    return f"Checkpoint {source} holds NaN or infinite values in {', '.join(names[:5])}{more}"
-
-
 def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoint_grid=None):
     """Loads pretrained ViT weights into a `keras_vit.ViT` model.
 
@@ -645,7 +626,8 @@ def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoin
         strict: if True, any missing, unexpected or mis-shaped tensor raises one
             `ValueError` that lists them all, and so do NaN or infinite values; if
             False, what fits is loaded and one logged warning (also in the report's
-            messages) says what was not, another which tensors are not finite.
+            messages) says what was not, another which tensors are not finite. A
+            tensor that is not floating point (an integer one) is refused either way.
         interpolation: `"bilinear_align_corners"` or `"bicubic_antialias"` to override
             the default resampling method.
         checkpoint_grid: `(rows, cols)`, the patch grid the checkpoint was trained at.
@@ -742,12 +724,15 @@ def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoin
         if strict:
             raise ValueError(_problems(report, origin, model_shapes, checkpoint_shapes))
         report._note(_skipped(report), logging.WARNING)
-    # A diverged run saves such weights: the model would answer NaN, silently.
-    problem = not_finite_weights({**values, POS_KEY: table}, source)
-    if problem and strict:
-        raise ValueError(f"{problem}; pass strict=False to load it anyway.")
-    if problem:
-        report._note(f"{problem}: the model will not give finite outputs.", logging.WARNING)
+    # The model would answer nonsense (integers) or NaN (a diverged run), silently.
+    loading = {origin.get(key, key): value for key, value in {**values, POS_KEY: table}.items()}
+    not_float, not_finite = weight_problems(loading, source)
+    if not_float:
+        raise ValueError(f"{not_float}; save them as float32.")
+    if not_finite and strict:
+        raise ValueError(f"{not_finite}; pass strict=False to load it anyway.")
+    if not_finite:
+        report._note(f"{not_finite}: the model will not give finite outputs.", logging.WARNING)
     layout.assign({**current, **values}, set(values))
     for variable, value in position:
         variable.assign(np.asarray(value, dtype=variable.dtype))
