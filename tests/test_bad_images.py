@@ -133,7 +133,8 @@ def test_the_stream_keeps_its_positions_around_a_file_that_fails_to_decode(tmp_p
         np.testing.assert_array_equal(labels.numpy(), again_labels.numpy())
     # The evaluation pass leaves it out and counts the 8 others once.
     passes = data.eval_dataset(source, 16, 3, channels=1, crop_fraction=1)
-    assert sum(int(images.shape[0]) for images, _ in passes) == 8
+    assert [int(images.shape[0]) for images, _ in passes] == [3, 2, 3]
+    assert int(passes.cardinality()) == 3  # known: Keras reads the pass to its end quietly
 
 
 def test_a_cmyk_jpeg_is_converted_to_grey_for_a_one_channel_model(tmp_path, monkeypatch, capsys):

@@ -387,7 +387,7 @@ def eval_dataset(
     >>> sum(int(images.shape[0]) for images, _ in test)
     360
     """
-    check_crop_fraction(crop_fraction, image_size)
+    height, width = check_crop_fraction(crop_fraction, image_size)
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels!r}.")
     interpolation = check_preprocessing(preprocessing or DEFAULT)["interpolation"]
@@ -397,25 +397,29 @@ def eval_dataset(
         input_context.get_per_replica_batch_size(batch_size) if input_context else batch_size
     )
 
+    _, read, name = readable_records(source, cache=False)
+
     def prepare(position, key, label):
-        image = decode_crop(source.read(key), source.encoded, channels, full_window)
+        image = decode_crop(read(key), source.encoded, channels, full_window)
         image = eval_resize(image, image_size, crop_fraction, interpolation)
         return image, tf.one_hot(label, num_classes, dtype=tf.float32)
 
-    name = tf.identity if source.read is tf.io.read_file else None
-    one = decoded_or_flagged(prepare, source, channels, source.read, name,
-                             [image_size, image_size, channels])
-    dataset = (
-        records.enumerate()
-        .interleave(one, num_parallel_calls=AUTOTUNE, deterministic=True)
-        .filter(lambda image, label, decoded: decoded)
-        .map(lambda image, label, decoded: (image, label))
-    )
+    one = decoded_or_flagged(prepare, source, channels, read, name, [height, width, channels])
+    dataset = records.enumerate().interleave(one, num_parallel_calls=AUTOTUNE, deterministic=True)
+    count = tf.get_static_value(records.cardinality())
+    if count is not None and count >= 0:  # one element a record: Keras knows the pass's end
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(count))
     if cache:
         dataset = dataset.cache()
+
+    def kept(images, labels, decoded):
+        # Files that failed to decode are left out of their batch (the batches keep
+        # their number).
+        images, labels = tf.boolean_mask(images, decoded), tf.boolean_mask(labels, decoded)
+        return normalize(images, preprocessing), labels
+
     return without_autotuning(
         dataset.batch(local_batch)
-        .map(lambda images, labels: (normalize(images, preprocessing), labels),
-             num_parallel_calls=AUTOTUNE)
+        .map(kept, num_parallel_calls=AUTOTUNE)
         .prefetch(AUTOTUNE)
     )
