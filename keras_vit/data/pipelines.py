@@ -201,29 +201,34 @@ def note_undecodable(source, channels, name, position, payload):
     return False
 
 
-def decoded_or_flagged(prepare, source, channels, read, name, shape):
-    """A `tf.data` function from `(position, (key, label))` to a dataset of exactly one
-    element, `prepare(position, key, label)`'s `(image, one-hot label)` and True, or
-    where it fails (a file that does not decode) zeros of `shape`, the one-hot label and
-    False, once `note_undecodable` has recorded the file. One element per position, in
-    order (`interleave` with `deterministic=True`): a failure shifts nothing."""
+def decoded_or_flagged(stream, prepare, source, channels, read, name, shape):
+    """`stream` of `(position, (key, label))` mapped to `(image, one-hot label, True)` by
+    `prepare(position, key, label)`, in order, or where that fails (a file that does not
+    decode) to `(zeros of shape, one-hot label, False)` once `note_undecodable` has
+    recorded the file: one element per position, so a failure shifts nothing.
+
+    Each element of an encoded source is prepared in a dataset of its own (`interleave`
+    with `deterministic=True`), whose errors `ignore_errors` drops: about 0.13 ms of CPU
+    an example. Pixels (not encoded) always decode and take a plain `map`.
+    """
+    if not source.encoded:
+        return stream.map(lambda position, record: (*prepare(position, *record), True),
+                          num_parallel_calls=AUTOTUNE, deterministic=True)
+
+    def flagged(position, key, label):
+        ok = tf.py_function(
+            lambda n, p, b: note_undecodable(source, channels, n, p, b),
+            [name(key) if name else tf.constant(""), position, read(key)], tf.bool,
+        )
+        ok.set_shape([])
+        return tf.zeros(shape), tf.one_hot(label, source.num_classes, dtype=tf.float32), ok
 
     def one(position, record):
-        key, label = record
-        element = tf.data.Dataset.from_tensors((position, key, label))
+        element = tf.data.Dataset.from_tensors((position, *record))
         decoded = element.map(lambda *args: (*prepare(*args), True)).ignore_errors()
-
-        def flagged(position, key, label):
-            ok = tf.py_function(
-                lambda n, p, b: note_undecodable(source, channels, n, p, b),
-                [name(key) if name else tf.constant(""), position, read(key)], tf.bool,
-            )
-            ok.set_shape([])
-            return tf.zeros(shape), tf.one_hot(label, source.num_classes, dtype=tf.float32), ok
-
         return decoded.concatenate(element.map(flagged)).take(1)
 
-    return one
+    return stream.interleave(one, num_parallel_calls=AUTOTUNE, deterministic=True)
 
 
 def train_dataset(
@@ -352,11 +357,10 @@ def train_dataset(
         labels.set_shape([local_batch, num_classes])
         return images, labels
 
-    one = decoded_or_flagged(prepare, source, channels, read, name,
-                             [image_size, image_size, channels])
+    prepared = decoded_or_flagged(stream, prepare, source, channels, read, name,
+                                  [image_size, image_size, channels])
     return without_autotuning(
-        stream.interleave(one, num_parallel_calls=AUTOTUNE, deterministic=True)
-        .batch(local_batch, drop_remainder=True)
+        prepared.batch(local_batch, drop_remainder=True)
         .enumerate(start=start_batch)
         .map(mix, num_parallel_calls=AUTOTUNE, deterministic=True)
         .prefetch(AUTOTUNE)
@@ -404,8 +408,8 @@ def eval_dataset(
         image = eval_resize(image, image_size, crop_fraction, interpolation)
         return image, tf.one_hot(label, num_classes, dtype=tf.float32)
 
-    one = decoded_or_flagged(prepare, source, channels, read, name, [height, width, channels])
-    dataset = records.enumerate().interleave(one, num_parallel_calls=AUTOTUNE, deterministic=True)
+    dataset = decoded_or_flagged(records.enumerate(), prepare, source, channels, read, name,
+                                 [height, width, channels])
     count = tf.get_static_value(records.cardinality())
     if count is not None and count >= 0:  # one element a record: Keras knows the pass's end
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(count))
