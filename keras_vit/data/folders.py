@@ -1,12 +1,9 @@
 """Image folders at scale: listing, a check of every file without decoding, a listing cache.
 
 Start-up reads the folder tree and each file (local folders; a remote file's first and
-last bytes): `headers.image_problem` names and leaves out files that are empty, not
-JPEG, PNG, GIF, BMP or WebP, truncated, corrupt inside or over the pixel limit, without
-decoding them. A local JPEG is also decoded at 1/8 scale by libjpeg-turbo
-(`jpeg_messages`): the files it reports on ("Corrupt JPEG data: ...", which many whole
-photos carry) are kept and named, which libjpeg's own lines, printed as TensorFlow
-decodes, do not. Class folders left without an image are not classes. The result is cached under
+last bytes), never decodes it: `headers.image_problem` names and leaves out files that
+are empty, not JPEG, PNG, GIF, BMP or WebP, truncated, corrupt inside or over the pixel
+limit. Class folders left without an image are not classes. The result is cached under
 the folder's path and the modification times of its class folders (which change when a
 file is added, removed or renamed), with each file's size and modification time, so a
 resume or another worker on the host reads one small file and checks again only the
@@ -22,7 +19,6 @@ import logging
 import os
 from typing import Optional
 
-import simplejpeg
 import tensorflow as tf
 
 from keras_vit.data import headers
@@ -40,7 +36,7 @@ TAIL = 1024
 CHECK_THREADS = 32
 CHECK_CHUNK = 64
 STAT_CHUNK = 1024
-CACHE_VERSION = 3
+CACHE_VERSION = 2
 
 
 def cache_folder():
@@ -62,7 +58,6 @@ class Listing:
         ignored: `{kind: count}` of what is not an image of a class: hidden entries,
             nested folders, loose files and other file types (by extension).
         damaged: `{path: reason}` of image files left out by the check.
-        warned: `{path: message}` of the JPEGs kept that libjpeg reports on.
         stamps: `[size, mtime_ns]` of each of `files` (local) before it was checked.
         cached: whether this listing was read from the cache.
         classes: the class folders holding at least one kept image (labels are their
@@ -77,7 +72,6 @@ class Listing:
     ignored: dict
     damaged: dict
     stamps: list
-    warned: dict = dataclasses.field(default_factory=dict)
     cached: bool = False
     classes: list = dataclasses.field(init=False)
     paths: list = dataclasses.field(init=False)
@@ -112,14 +106,6 @@ class Listing:
         parts = ", ".join(f"{count} {kind}" for kind, count in sorted(self.ignored.items()))
         return f"Ignored in {folder}: {parts} (classes are the sub-folders; images are " \
             f"{'/'.join(IMAGE_EXTENSIONS)} files directly inside them)."
-
-    def warned_line(self, folder):
-        """One line naming the kept files of `folder` libjpeg reports on, or None."""
-        if not self.warned:
-            return None
-        names = "\n  ".join(f"{path}: {message}" for path, message in self.warned.items())
-        return f"{len(self.warned)} JPEG files in {folder} decode with a libjpeg message " \
-            f"(kept; TensorFlow prints it, unnamed, as it decodes them):\n  {names}"
 
     def empty_line(self, folder):
         """One line naming the class folders of `folder` left out as empty, or None."""
@@ -177,9 +163,8 @@ def stamp(path):
 
 
 def damage(path):
-    """`(why path is not a readable image or None, libjpeg's message or None)`: a local
-    file is read whole and judged by `headers.image_problem`, then a JPEG by
-    `jpeg_messages`; a remote one by its first and last bytes."""
+    """Why `path` is not a readable image, or None: a local file is read whole and
+    judged by `headers.image_problem`, a remote one by its first and last bytes."""
     try:
         if is_remote(path):
             with tf.io.gfile.GFile(path, "rb") as f:
@@ -194,37 +179,17 @@ def damage(path):
             finally:
                 os.close(fd)
     except OSError as error:
-        return f"unreadable ({error.strerror or error.__class__.__name__})", None
+        return f"unreadable ({error.strerror or error.__class__.__name__})"
     except tf.errors.OpError as error:
-        return f"unreadable ({error.__class__.__name__})", None
+        return f"unreadable ({error.__class__.__name__})"
     if is_remote(path):
         complete = size <= len(head)
         problem = headers.image_problem(head, complete=complete)
         marker = END_MARKERS.get(headers.image_format(head))
         if problem is None and not complete and marker and marker not in tail:
             problem = f"truncated {headers.image_format(head).upper()} (no end marker)"
-        return problem, None
-    problem = headers.image_problem(head)
-    if problem is None and headers.image_format(head) == "jpeg":
-        return None, jpeg_messages(head)
-    return problem, None
-
-
-def jpeg_messages(payload):
-    """libjpeg-turbo's message on decoding the JPEG `payload` (every bit of its
-    entropy-coded data, at 1/8 scale), or None when it has none.
-
-    Example:
-
-    >>> import numpy as np
-    >>> jpeg_messages(tf.io.encode_jpeg(np.zeros((8, 8, 1), np.uint8)).numpy()) is None
-    True
-    """
-    try:
-        simplejpeg.decode_jpeg(payload, colorspace="GRAY", min_factor=8, strict=True)
-    except ValueError as error:
-        return str(error) or "an unnamed error"
-    return None
+        return problem
+    return headers.image_problem(head)
 
 
 def in_parallel(function, items, chunk=CHECK_CHUNK):
@@ -236,9 +201,8 @@ def in_parallel(function, items, chunk=CHECK_CHUNK):
         return [result for chunk_results in results for result in chunk_results]
 
 
-def find_damaged(paths, warned=None):
-    """`{path: reason}` for the files of `paths` that `damage` finds, checked in parallel;
-    `warned` (a dict) receives `{path: message}` of the JPEGs kept that libjpeg reports on.
+def find_damaged(paths):
+    """`{path: reason}` for the files of `paths` that `damage` finds, checked in parallel.
 
     Example:
 
@@ -246,13 +210,7 @@ def find_damaged(paths, warned=None):
     {}
     """
     paths = list(paths)
-    damaged = {}
-    for path, (reason, message) in zip(paths, in_parallel(damage, paths)):
-        if reason:
-            damaged[path] = reason
-        elif message and warned is not None:
-            warned[path] = message
-    return damaged
+    return {path: reason for path, reason in zip(paths, in_parallel(damage, paths)) if reason}
 
 
 def stamps_of(paths):
@@ -290,10 +248,9 @@ def list_folder(folder):
     ignored = {kind: count for kind, count in ignored.items() if count}
     paths = [path for path, _ in found]
     stamps = stamps_of(paths)  # before the check: a file changed during it is checked again
-    warned = {}
-    damaged = find_damaged(paths, warned)
+    damaged = find_damaged(paths)
     nested = {name: count for name, count in nested.items() if count}
-    return Listing(classes, found, nested, ignored, damaged, stamps, warned)
+    return Listing(classes, found, nested, ignored, damaged, stamps)
 
 
 def folder_key(folder):
@@ -327,12 +284,10 @@ def recheck(listing):
         return None
     again = set(changed)
     damaged = {path: why for path, why in listing.damaged.items() if path not in again}
-    warned = {path: why for path, why in listing.warned.items() if path not in again}
-    damaged.update(find_damaged(changed, warned))
+    damaged.update(find_damaged(changed))
     order = {path: i for i, path in enumerate(paths)}
-    damaged, warned = (dict(sorted(found.items(), key=lambda item: order[item[0]]))
-                       for found in (damaged, warned))
-    return dataclasses.replace(listing, damaged=damaged, warned=warned, stamps=stamps)
+    damaged = dict(sorted(damaged.items(), key=lambda item: order[item[0]]))
+    return dataclasses.replace(listing, damaged=damaged, stamps=stamps)
 
 
 def load_listing(folder, cache_dir: Optional[str] = None):

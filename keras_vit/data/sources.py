@@ -406,8 +406,6 @@ def _folder(root, split, *, strict):
     classes, paths, labels = listing.classes, listing.paths, listing.labels
     if listing.ignored:
         logger.warning(listing.ignored_line(folder))
-    if listing.warned:
-        logger.warning(listing.warned_line(folder))
     if listing.empty:
         if strict:
             raise ValueError(listing.empty_line(folder) + " (strict data mode; remove them)")
