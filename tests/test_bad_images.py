@@ -103,6 +103,11 @@ def test_the_stream_keeps_its_positions_around_a_file_that_fails_to_decode(tmp_p
     passes = data.eval_dataset(source, 16, 3, channels=1, crop_fraction=1)
     assert [int(images.shape[0]) for images, _ in passes] == [3, 2, 3]
     assert int(passes.cardinality()) == 3  # known: Keras reads the pass to its end quietly
+    # --strict-data: an error naming the file.
+    strict = data.load_source(str(root), strict=True)
+    with pytest.raises(tf.errors.OpError, match=f"{root / 'a' / 'bad.jpg'} failed to decode: "
+                       "jpeg::Uncompress failed.*strict data mode"):
+        list(data.train_dataset(strict, 16, 9, channels=1, seed=3).take(1))
 
 
 def test_a_cmyk_jpeg_is_converted_to_grey_for_a_one_channel_model(tmp_path, monkeypatch, capsys):
