@@ -172,10 +172,12 @@ def readable_records(source, cache):
     payload, and the one from a key to the file's name (None: no file, e.g. TFDS)."""
     records, read = source.records, source.read
     names_files = read is tf.io.read_file  # a folder: the keys are the paths
-    if cache:
-        records = records.map(lambda key, label: ((key, read(key)), label)).cache()
-        return records, lambda key: key[1], (lambda key: key[0]) if names_files else None
-    return records, read, (tf.identity if names_files else None)
+    if not cache:
+        return records, read, (tf.identity if names_files else None)
+    if not names_files:  # the payloads alone
+        return records.map(lambda key, label: (read(key), label)).cache(), tf.identity, None
+    records = records.map(lambda key, label: ((key, read(key)), label)).cache()
+    return records, lambda key: key[1], lambda key: key[0]
 
 
 def note_undecodable(source, channels, name, position, payload):
