@@ -173,6 +173,7 @@ def shared_folder():
 
 
 def test_predict_skips_and_names_a_file_it_may_not_read(shared_folder, monkeypatch, capsys):
+    monkeypatch.setenv("HOME", str(shared_folder / "home"))  # an empty HOME
     model = shared_folder / "model.keras"
 
     tiny_vit(image_size=16, patch_size=8).save(model)
@@ -199,7 +200,8 @@ def test_predict_skips_and_names_a_file_it_may_not_read(shared_folder, monkeypat
         in captured.err
 
 
-def test_predict_names_a_folder_named_as_an_image_file(tmp_path, capsys):
+def test_predict_names_a_folder_named_as_an_image_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # an empty HOME
     tiny_vit_path = tmp_path / "model.keras"
 
     tiny_vit(image_size=16, patch_size=8).save(tiny_vit_path)
