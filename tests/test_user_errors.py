@@ -6,7 +6,6 @@ TFDS builder, a real read-only folder.
 """
 
 import importlib
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -147,21 +146,6 @@ def test_a_tfds_dataset_whose_builder_needs_an_absent_package_is_named(
         capsys, argv, "TFDS dataset 'needs_absent_package'", "'keras_vit_absent_package'",
     )
     assert "pip install keras_vit_absent_package" in line
-
-
-@pytest.mark.skipif(
-    importlib.util.find_spec("importlib_resources") is not None,
-    reason="TFDS has its dependencies here: preparing mnist would download it",
-)
-def test_preparing_a_tfds_dataset_without_a_tfds_dependency_is_one_line(
-    tmp_path, capsys, monkeypatch, saved_model
-):
-    """As found: TFDS (through etils) imports `importlib_resources` when it prepares one of
-    its own datasets, and nothing installs it; nothing is downloaded before that."""
-    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
-    argv = ["fewshot", "--from", saved_model, "--data", "tfds:mnist",
-            "--out", str(tmp_path / "fewshot")]
-    one_line_error(capsys, argv, "TFDS dataset 'mnist'", "pip install importlib_resources")
 
 
 WEIGHTS = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"

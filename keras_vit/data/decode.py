@@ -52,13 +52,24 @@ def decode_pixels(payload, channels):
     if channels != 1:
         image = decode(channels)
     else:
-        # The GIF, BMP and WebP decoders give no grey: their colour is converted.
-        own_grey = tf.logical_or(
-            tf.io.is_jpeg(payload), tf.strings.substr(payload, 0, 8) == headers.PNG_SIGNATURE
+        # The GIF, BMP and WebP decoders give no grey, nor libjpeg for CMYK: their colour
+        # is converted.
+        own_grey = tf.cond(
+            tf.io.is_jpeg(payload),
+            lambda: tf.logical_not(is_cmyk_jpeg(payload)),
+            lambda: tf.strings.substr(payload, 0, 8) == headers.PNG_SIGNATURE,
         )
         image = tf.cond(own_grey, lambda: decode(1), lambda: tf.image.rgb_to_grayscale(decode(3)))
     image.set_shape([None, None, channels or None])
     return image
+
+
+def is_cmyk_jpeg(payload, shape=None):
+    """Whether the JPEG `payload` (its `extract_jpeg_shape`, when read already) has four
+    components: CMYK or YCCK, which libjpeg converts to RGB but not to grey."""
+    if shape is None:
+        shape = tf.image.extract_jpeg_shape(payload)
+    return tf.equal(shape[2], 4)
 
 
 def encoded_size(payload):
@@ -165,9 +176,17 @@ def decode_crop(payload, encoded, channels, window_fn):
         return tf.slice(image, offset, size)
 
     def jpeg():
-        offset, size = window_fn(tf.image.extract_jpeg_shape(payload))
+        shape = tf.image.extract_jpeg_shape(payload)
+        offset, size = window_fn(shape)
         window = tf.stack([offset[0], offset[1], size[0], size[1]])
-        return tf.image.decode_and_crop_jpeg(payload, window, channels=channels)
+
+        def crop(channels):
+            return tf.image.decode_and_crop_jpeg(payload, window, channels=channels)
+
+        if channels != 1:
+            return crop(channels)
+        return tf.cond(is_cmyk_jpeg(payload, shape),
+                       lambda: tf.image.rgb_to_grayscale(crop(3)), lambda: crop(1))
 
     def other():
         image = decode_pixels(payload, channels)
@@ -296,8 +315,8 @@ def read_images(paths, image_size, *, channels=3, crop_fraction=None, preprocess
     over the pixel limit are refused), decoded (JPEG, PNG, GIF, BMP, WebP), brought to
     `image_size` by `eval_resize` (the whole image, or a run's central crop) with the
     interpolation of `preprocessing` (a model's: `model_preprocessing`) and normalised
-    by it (`keras_vit.preprocess`; None: scaled to [-1, 1]). A missing, damaged or
-    oversize file is an error naming it.
+    by it (`keras_vit.preprocess`; None: scaled to [-1, 1]). A missing, unreadable (no
+    permission, a folder), damaged or oversize file is an error naming it.
 
     Example:
 
@@ -312,7 +331,13 @@ def read_images(paths, image_size, *, channels=3, crop_fraction=None, preprocess
     for path in paths:
         if not tf.io.gfile.exists(path):
             raise FileNotFoundError(f"No such image file: {path!r}.")
-        payload = tf.io.read_file(path)
+        if tf.io.gfile.isdir(path):
+            raise IsADirectoryError(f"{path!r} is a folder, not an image file.")
+        try:
+            payload = tf.io.read_file(path)
+        except tf.errors.OpError as error:  # no read permission, an I/O error
+            reason = error.message.rpartition("; ")[2] or error.__class__.__name__
+            raise OSError(f"{path!r} cannot be read: {reason}.") from None
         problem = headers.image_problem(payload.numpy())
         if problem:
             raise ValueError(f"{path!r} is not a readable image: {problem}.")

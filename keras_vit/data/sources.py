@@ -9,6 +9,9 @@ key to payload. `select_classes` keeps some of its classes.
 import dataclasses
 import logging
 import os
+import urllib.error
+import urllib.parse
+import urllib.request
 from typing import Callable, Optional
 
 import numpy as np
@@ -43,6 +46,10 @@ class Source:
         encoded: whether payloads are encoded files.
         class_names: names of the classes, when the source has them.
         skipped: image files left out because they are not readable images.
+        undecodable: `{name: reason}` of the files that passed the start-up check but
+            failed to decode while a pipeline read them (left out of the stream, see
+            `keras_vit.data.pipelines`), filled as the pipelines meet them.
+        strict: such a failure is an error naming the file, not skipped.
     """
 
     name: str
@@ -53,6 +60,8 @@ class Source:
     read: Callable = tf.identity
     class_names: Optional[list] = None
     skipped: list = dataclasses.field(default_factory=list)
+    undecodable: dict = dataclasses.field(default_factory=dict)
+    strict: bool = False
 
 
 def load_source(spec, split="train", *, strict=False, data_dir=None):
@@ -86,7 +95,8 @@ def load_source(spec, split="train", *, strict=False, data_dir=None):
         return _digits(spec_split(spec) or split)
     if spec.startswith("tfds:"):
         name = spec[len("tfds:"):].partition(":")[0]
-        return _tfds(name, spec_split(spec) or split, data_dir, chosen=spec_split(spec) is None)
+        source = _tfds(name, spec_split(spec) or split, data_dir, chosen=spec_split(spec) is None)
+        return dataclasses.replace(source, strict=strict)
     if tf.io.gfile.isdir(spec):
         return _folder(spec, split, strict=strict)
     raise ValueError(
@@ -218,6 +228,7 @@ def _tfds(name, split, data_dir=None, chosen=True):
     if not builder.is_prepared():
         check_manual_download(builder)
         try:
+            check_downloads_reachable(builder)
             builder.download_and_prepare()
         except ImportError as err:  # TFDS and its builders import what they need only here
             module = (err.name or "").split(".")[0]
@@ -292,6 +303,37 @@ def check_manual_download(builder):
         f"files in {manual_dir} ({' '.join(instructions.split())}), then run again; TFDS "
         f"prepares it once into {builder.data_dir_root}."
     )
+
+
+def check_downloads_reachable(builder, timeout=10):
+    """Raises `ValueError` in one line when no host `builder` downloads from answers.
+
+    Offline (or behind a proxy that refuses), TFDS retries each download for minutes
+    before its error; one request per host (the proxy settings of the environment
+    honoured, as TFDS's `requests` honours them) says so in seconds. Datasets whose
+    downloads TFDS does not list are left to TFDS.
+    """
+    urls = {}
+    for url in builder.url_infos or {}:
+        urls.setdefault(urllib.parse.urlsplit(url).netloc, url)
+    reasons = []
+    for url in urls.values():
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout)
+            return
+        except urllib.error.HTTPError:  # the server answered
+            return
+        except (urllib.error.URLError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            reasons.append(f"{urllib.parse.urlsplit(url).netloc}: "
+                           f"{getattr(reason, 'strerror', None) or reason}")
+    if reasons:
+        raise ValueError(
+            f"TFDS dataset {builder.name!r} is not prepared under {builder.data_dir_root} "
+            f"and cannot be downloaded: the network is unreachable ({'; '.join(reasons)}). "
+            "Prepare it where there is a network and set TFDS_DATA_DIR to the folder "
+            "that holds it."
+        )
 
 
 def array_record_examples(builder, split, decoders, chunk=256):
@@ -398,4 +440,5 @@ def _folder(root, split, *, strict):
         read=tf.io.read_file,
         class_names=classes,
         skipped=skipped,
+        strict=strict,
     )

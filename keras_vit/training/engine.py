@@ -356,7 +356,8 @@ def _eval_source(config):
 
 def load_sources(config, written):
     """The train and eval sources (with `data.classes` selected); writes the class names
-    in `labels.txt` and lists undecodable files in `skipped_files.txt`."""
+    in `labels.txt` and lists undecodable files in `skipped_files.txt` (keeping those a
+    resumed run's earlier sessions met while training)."""
     data = config.data
     train_source = vit_data.load_source(
         data.source, "train", strict=data.strict, data_dir=data.data_dir
@@ -371,9 +372,24 @@ def load_sources(config, written):
     if train_source.class_names:
         atomic_write(written(runs.LABELS), "\n".join(train_source.class_names) + "\n")
     skipped = train_source.skipped + (eval_source.skipped if eval_source else [])
+    earlier = written(runs.SKIPPED_FILES)
+    if tf.io.gfile.exists(earlier):  # a resumed run: with the files its sessions met
+        with tf.io.gfile.GFile(earlier) as f:
+            skipped = list(dict.fromkeys(skipped + f.read().splitlines()))
     if skipped:
-        atomic_write(written("skipped_files.txt"), "\n".join(skipped) + "\n")
+        atomic_write(written(runs.SKIPPED_FILES), "\n".join(skipped) + "\n")
     return Sources(train=train_source, eval=eval_source, skipped=skipped)
+
+
+def record_undecodable(sources, written):
+    """Adds the files the pipelines failed to decode so far (`Source.undecodable`) to
+    `sources.skipped`, rewriting `skipped_files.txt` when there are new ones."""
+    met = [name for source in (sources.train, sources.eval) if source
+           for name in list(source.undecodable)]
+    new = [name for name in dict.fromkeys(met) if name not in sources.skipped]
+    if new:
+        sources.skipped.extend(new)
+        atomic_write(written(runs.SKIPPED_FILES), "\n".join(sources.skipped) + "\n")
 
 
 def plan_run(config, train_source):
@@ -750,9 +766,15 @@ def _run(config, strategy, written, callbacks, verbose):
     pipelines = make_pipelines(config, sources, plan, strategy, position)
     vit, model = build_and_compile(config, sources.train.num_classes, plan, strategy, policy, jit)
     engine_callbacks = make_callbacks(config, vit, written, initial_epoch=position[0])
-    history, seconds = fit(
-        config, model, pipelines, plan, position[0], engine_callbacks + list(callbacks), verbose
+    # Files that fail to decode while training are listed at each epoch's end.
+    undecodable = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: record_undecodable(sources, written)
     )
+    history, seconds = fit(
+        config, model, pipelines, plan, position[0],
+        [undecodable] + engine_callbacks + list(callbacks), verbose,
+    )
+    record_undecodable(sources, written)
     final = write_results(
         config, model, vit, pipelines[1], written,
         dict(

@@ -55,6 +55,7 @@ METRICS_JSON = "metrics.json"
 LOGS = "logs"
 LOCK = ".lock"
 LABELS = "labels.txt"
+SKIPPED_FILES = "skipped_files.txt"
 # Folders keras-vit writes that hold no model of their own (`check_not_a_results_folder`).
 DEMO_STAGES = {"finetune": "the fine-tuned model", "pretrain": "the pretrained one"}
 FEWSHOT_RESULTS = "fewshot.json"
@@ -128,7 +129,7 @@ def clear(folder):
     folder that reads as new or as finished, never as a run to resume.
     """
     for name in (os.path.join(BACKUP, TrainingBackup.FILE), METRICS_JSON, MODEL, METRICS_CSV,
-                 CONFIG, LABELS, "skipped_files.txt"):
+                 CONFIG, LABELS, SKIPPED_FILES):
         path = os.path.join(folder, name)
         if tf.io.gfile.exists(path):
             tf.io.gfile.remove(path)
