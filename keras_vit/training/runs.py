@@ -119,6 +119,45 @@ def status(folder):
     return "new"
 
 
+# What a run writes under these names (`clear` deletes them): a folder that holds any
+# without a run's config.json is no run of keras-vit's (`check_run_folder`).
+RUN_ENTRIES = (CONFIG, LABELS, MODEL, CHECKPOINTS, BACKUP, METRICS_CSV, METRICS_JSON, LOGS,
+               "skipped_files.txt")
+
+
+def check_run_folder(folder):
+    """Raises `ValueError` naming what it holds when `folder` holds files under the names
+    a run writes (its checkpoints/, logs/, config.json, ...) but no keras-vit run's
+    `config.json`: a run there would write over them (and `--restart` delete them).
+
+    Example:
+
+    >>> folder = tempfile.mkdtemp()
+    >>> check_run_folder(folder)  # new: nothing to lose
+    >>> os.makedirs(os.path.join(folder, LOGS))
+    >>> check_run_folder(folder)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: ... is not a keras-vit run (no config.json) but holds logs, which a run writes: pass another --out.
+    """
+    held = [name for name in RUN_ENTRIES if tf.io.gfile.exists(os.path.join(folder, name))]
+    if not held:
+        return
+    config = os.path.join(folder, CONFIG)
+    why = "no config.json"
+    if tf.io.gfile.exists(config):
+        try:
+            with tf.io.gfile.GFile(config) as f:
+                TrainConfig.from_dict(json.load(f), where=config)
+            return
+        except (ValueError, TypeError) as error:
+            why = f"its config.json is not a run's: {' '.join(str(error).split())}"
+    raise ValueError(
+        f"{folder} is not a keras-vit run ({why}) but holds {', '.join(held)}, which a run "
+        "writes: pass another --out."
+    )
+
+
 def clear(folder):
     """Deletes what a run wrote in `folder` (to start it over); other files stay.
 
@@ -126,7 +165,7 @@ def clear(folder):
     folder that reads as new or as finished, never as a run to resume.
     """
     for name in (os.path.join(BACKUP, TrainingBackup.FILE), METRICS_JSON, MODEL, METRICS_CSV,
-                 CONFIG, LABELS, "skipped_files.txt"):
+                 CONFIG, LABELS, RUN_ENTRIES[-1]):
         path = os.path.join(folder, name)
         if tf.io.gfile.exists(path):
             tf.io.gfile.remove(path)

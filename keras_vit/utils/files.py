@@ -21,11 +21,20 @@ has been written. It lets tests kill a real run in the middle of a real write
 import contextlib
 import ctypes
 import fnmatch
+import logging
 import os
+import re
 import secrets
 import shutil
 import signal
 import tempfile
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; killed writers' temporaries then stay.
+    fcntl = None
+
+logger = logging.getLogger("keras_vit")
 
 TEMP_PREFIX = ".tmp-"
 KILL_AT = "KERAS_VIT_TEST_KILL_AT"
@@ -78,6 +87,68 @@ def create_temporary(path, folder=False):
     os.close(descriptor)
     os.chmod(temporary, 0o666 & ~_umask())
     return temporary
+
+
+def _temporaries_of(folder, name):
+    """The temporaries in `folder` that `create_temporary` made for a target named `name`
+    (`tempfile`'s random part: 8 of [a-z0-9_]); `old-NAME` is `atomic_folder`'s aside copy."""
+    pattern = re.compile(rf"{re.escape(TEMP_PREFIX)}[a-z0-9_]{{8}}-(?:old-)?{re.escape(name)}")
+    return sorted(os.path.join(folder, entry) for entry in os.listdir(folder)
+                  if pattern.fullmatch(entry))
+
+
+def _lock(descriptor, operation):
+    """`flock`; False where it cannot be taken (busy, or a file system without locks)."""
+    try:
+        fcntl.flock(descriptor, operation)
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _writing(path):
+    """Marks this process as a writer of temporaries beside `path` while the body runs,
+    after deleting those that killed writers of `path` left.
+
+    The mark is a shared `flock` on `path`'s folder, which the system drops when its
+    process ends, however it ends. A writer that can first take the lock exclusively
+    knows that no live process writes a temporary in the folder, so each `.tmp-*` of
+    `path`'s name there is a killed writer's, and deletes it; where another writer holds
+    the lock, they wait for the next write. No live writer's file is ever taken for a
+    stale one, as an age limit would (a large export can run for many minutes before
+    its temporary changes). URLs, and systems or file systems without `flock`, are not
+    cleared.
+
+    Example:
+
+    >>> import tempfile
+    >>> target = os.path.join(tempfile.mkdtemp(), "model.npz")
+    >>> _ = create_temporary(target)  # left by a killed write
+    >>> with _writing(target):
+    ...     os.listdir(os.path.dirname(target))
+    []
+    """
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    if fcntl is None or _is_url(path):
+        yield
+        return
+    os.makedirs(folder, exist_ok=True)
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        if _lock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB):
+            for stale in _temporaries_of(folder, os.path.basename(path)):
+                logger.info("Removed %s, left by a write killed before it finished.", stale)
+                if os.path.isdir(stale) and not os.path.islink(stale):
+                    shutil.rmtree(stale, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):  # another user's, in a shared folder
+                        os.remove(stale)
+        # Blocks only while another writer clears its own target's temporaries.
+        _lock(descriptor, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(descriptor)
 
 
 def _kill_if_asked(path, temporary):
@@ -137,13 +208,14 @@ def atomic_path(path):
     >>> open(target).read(), os.listdir(os.path.dirname(target))
     ('all or nothing', ['notes.txt'])
     """
-    temporary = create_temporary(path)
-    try:
-        yield temporary
-        _kill_if_asked(path, temporary)
-        _replace(temporary, path)
-    finally:
-        _remove(temporary)
+    with _writing(path):
+        temporary = create_temporary(path)
+        try:
+            yield temporary
+            _kill_if_asked(path, temporary)
+            _replace(temporary, path)
+        finally:
+            _remove(temporary)
 
 
 def atomic_write(path, data):
@@ -236,19 +308,21 @@ def atomic_folder(path):
         yield path
         return
     path = os.path.abspath(os.fspath(path))
-    temporary = create_temporary(path, folder=True)
-    try:
-        yield temporary
-        _kill_if_asked(path, temporary)
-        if not os.path.isdir(path):
-            os.replace(temporary, path)
-        elif not _exchange(temporary, path):
-            # A rename replaces the empty folder made for it.
-            aside = create_temporary(
-                os.path.join(os.path.dirname(path), "old-" + os.path.basename(path)), folder=True
-            )
-            os.replace(path, aside)
-            os.replace(temporary, path)
-            temporary = aside
-    finally:
-        shutil.rmtree(temporary, ignore_errors=True)
+    with _writing(path):
+        temporary = create_temporary(path, folder=True)
+        try:
+            yield temporary
+            _kill_if_asked(path, temporary)
+            if not os.path.isdir(path):
+                os.replace(temporary, path)
+            elif not _exchange(temporary, path):
+                # A rename replaces the empty folder made for it.
+                aside = create_temporary(
+                    os.path.join(os.path.dirname(path), "old-" + os.path.basename(path)),
+                    folder=True,
+                )
+                os.replace(path, aside)
+                os.replace(temporary, path)
+                temporary = aside
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)
