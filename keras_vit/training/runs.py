@@ -150,8 +150,8 @@ def check_run_folder(folder):
             with tf.io.gfile.GFile(config) as f:
                 TrainConfig.from_dict(json.load(f), where=config)
             return
-        except (ValueError, TypeError) as error:
-            why = f"its config.json is not a run's: {' '.join(str(error).split())}"
+        except (ValueError, TypeError):
+            why = "its config.json is not a run's"
     raise ValueError(
         f"{folder} is not a keras-vit run ({why}) but holds {', '.join(held)}, which a run "
         "writes: pass another --out."
