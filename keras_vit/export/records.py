@@ -19,7 +19,6 @@ TOLERANCE = 1e-4
 SAVED_MODEL_RECORD = os.path.join("assets.extra", "keras_vit.json")
 # All that a SavedModel export holds (Keras' `ExportArchive.write_out`, and the record).
 SAVED_MODEL_ENTRIES = {"saved_model.pb", "fingerprint.pb", "variables", "assets", "assets.extra"}
-FORMATS = ("saved_model", "onnx", "tflite")
 
 
 def image_input_size(model, what):

@@ -374,7 +374,7 @@ def load_sources(config, written):
         atomic_write(written(runs.LABELS), "\n".join(train_source.class_names) + "\n")
     skipped = train_source.skipped + (eval_source.skipped if eval_source else [])
     if skipped:
-        atomic_write(written("skipped_files.txt"), "\n".join(skipped) + "\n")
+        atomic_write(written(runs.SKIPPED), "\n".join(skipped) + "\n")
     return Sources(train=train_source, eval=eval_source, skipped=skipped)
 
 

@@ -3,6 +3,7 @@
 ```
 OUT/config.json             the run's configuration
 OUT/labels.txt              class names, one per line (when the data names its classes)
+OUT/skipped_files.txt       files of the data that could not be decoded (when there are any)
 OUT/model.keras             the final model
 OUT/checkpoints/epoch_NNNN.keras  each epoch's model (epoch_NNNN.orbax/: its shards, when the
                             weights are split over devices)
@@ -14,7 +15,9 @@ OUT/.lock                   held by the run writing the folder (`hold`)
 ```
 
 Every file is written atomically (`keras_vit.utils.files`). A run is *finished* once its
-`metrics.json` is written and its backup removed (`status`).
+`metrics.json` is written and its backup removed (`status`). A run starts only in a new
+folder or a run's (`check_run_folder`): one that holds these names without a run's
+`config.json` is someone else's.
 """
 
 import contextlib
@@ -53,6 +56,7 @@ METRICS_JSON = "metrics.json"
 LOGS = "logs"
 LOCK = ".lock"
 LABELS = "labels.txt"
+SKIPPED = "skipped_files.txt"
 # Folders keras-vit writes that hold no model of their own (`check_not_a_results_folder`).
 DEMO_STAGES = {"finetune": "the fine-tuned model", "pretrain": "the pretrained one"}
 FEWSHOT_RESULTS = "fewshot.json"
@@ -122,7 +126,7 @@ def status(folder):
 # What a run writes under these names (`clear` deletes them): a folder that holds any
 # without a run's config.json is no run of keras-vit's (`check_run_folder`).
 RUN_ENTRIES = (CONFIG, LABELS, MODEL, CHECKPOINTS, BACKUP, METRICS_CSV, METRICS_JSON, LOGS,
-               "skipped_files.txt")
+               SKIPPED)
 
 
 def check_run_folder(folder):
@@ -165,7 +169,7 @@ def clear(folder):
     folder that reads as new or as finished, never as a run to resume.
     """
     for name in (os.path.join(BACKUP, TrainingBackup.FILE), METRICS_JSON, MODEL, METRICS_CSV,
-                 CONFIG, LABELS, RUN_ENTRIES[-1]):
+                 CONFIG, LABELS, SKIPPED):
         path = os.path.join(folder, name)
         if tf.io.gfile.exists(path):
             tf.io.gfile.remove(path)
