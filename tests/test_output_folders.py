@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_vit
 from keras_vit import cli
@@ -178,18 +177,19 @@ def test_restart_clears_only_a_keras_vit_run(tmp_path, capsys, monkeypatch):
     holds such names (their own checkpoints/, logs/, config.json) is no run to clear."""
     monkeypatch.chdir(tmp_path)
     folder = tmp_path / "project"
-    before = user_files(folder)
+    user_files(folder)
     (folder / "checkpoints").mkdir()
     (folder / "checkpoints" / "resnet_epoch9.pt").write_bytes(b"weeks of training")
     (folder / "logs").mkdir()
     (folder / "logs" / "events.out").write_bytes(b"my curves")
     (folder / "config.json").write_text('{"model_type": "resnet", "depths": [3, 4, 6, 3]}')
     before = tree(folder)
-    code = cli.main(["pretrain", "--recipe", "demo", "--out", str(folder), "--restart", *TINY])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert f"{folder} is not a keras-vit run" in err and "config.json" in err, err
-    assert tree(folder) == before
+    for restart in (["--restart"], []):  # without it, the run would write over config.json
+        code = cli.main(["pretrain", "--recipe", "demo", "--out", str(folder), *restart, *TINY])
+        err = capsys.readouterr().err
+        assert code == 2, err
+        assert f"{folder} is not a keras-vit run" in err and "config.json" in err, err
+        assert tree(folder) == before
 
 
 # --- 3. the temporaries of killed writes are cleared by the next write ----------------
