@@ -388,6 +388,11 @@ def _export_arguments(parser):
         "--quantize", choices=("dynamic-int8",),
         help="tflite only: int8 weights (the converter's dynamic-range quantization)",
     )
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="replace --out even if it is not an earlier keras-vit export (its files are "
+        "lost; never the folder exported from)",
+    )
 
 
 def _export_file(args, model, labels, metadata, crop_fraction):
@@ -397,7 +402,8 @@ def _export_file(args, model, labels, metadata, crop_fraction):
         from keras_vit.export.onnx import check_onnx, export_onnx
 
         record = export_onnx(
-            model, args.out, crop_fraction=crop_fraction, labels=labels, metadata=metadata
+            model, args.out, crop_fraction=crop_fraction, labels=labels, metadata=metadata,
+            overwrite=args.overwrite,
         )
         difference, runtime = check_onnx(model, args.out), "onnxruntime"
     else:
@@ -405,7 +411,7 @@ def _export_file(args, model, labels, metadata, crop_fraction):
 
         record = export_tflite(
             model, args.out, quantize=args.quantize, crop_fraction=crop_fraction,
-            labels=labels, metadata=metadata,
+            labels=labels, metadata=metadata, overwrite=args.overwrite,
         )
         difference = check_tflite(model, args.out, quantized=args.quantize is not None)
         runtime = "the LiteRT interpreter"
@@ -423,6 +429,7 @@ def _export_file(args, model, labels, metadata, crop_fraction):
     _export_arguments,
 )
 def export(args):
+    from keras_vit.export.records import check_export_target
     from keras_vit.export.saved_model import export_saved_model
     from keras_vit.training.runs import output_activation, resolve_from
 
@@ -434,6 +441,8 @@ def export(args):
         print(f"--native-resolution applies to --format saved_model only; {args.format} "
               "files take images at the model's size.", file=sys.stderr)
         return 2
+    # Before the model loads: a refusal comes at once.
+    check_export_target(args.out, args.format, source=args.source, overwrite=args.overwrite)
     model, config = _load_run_model(args.source)
     labels = _labels(args)
     activation = args.activation or output_activation(config)
@@ -451,6 +460,7 @@ def export(args):
     record = export_saved_model(
         model, args.out, labels=labels, top_k=args.top_k, activation=activation,
         crop_fraction=crop_fraction, native_resolution=args.native_resolution, metadata=metadata,
+        overwrite=args.overwrite,
     )
     crop = "whole image" if crop_fraction is None else f"central crop {crop_fraction}"
     if args.native_resolution:

@@ -376,10 +376,11 @@ def test_unusable_out_folders_are_one_line(tmp_path, capsys):
 
 
 def test_a_failure_during_training_is_one_line_with_exit_code_1(tmp_path, capsys):
-    # The checkpoints folder cannot be made (a file holds its name): the first epoch's
-    # checkpoint write fails once training is under way.
+    # The checkpoints folder of a run (its config.json written) cannot be made (a file
+    # holds its name): the first epoch's checkpoint write fails once training is under way.
     out = tmp_path / "run"
     out.mkdir()
+    (out / runs.CONFIG).write_text(json.dumps(TrainConfig().to_dict()))
     (out / runs.CHECKPOINTS).write_text("")
     line = _one_line_error(
         capsys, 1, "Training stopped:", ["pretrain", "--recipe", "demo", "--out", str(out), *TINY]

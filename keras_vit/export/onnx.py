@@ -13,7 +13,12 @@ import os
 
 import keras
 
-from keras_vit.export.records import compare_with_keras, export_record, image_input_size
+from keras_vit.export.records import (
+    check_export_target,
+    compare_with_keras,
+    export_record,
+    image_input_size,
+)
 from keras_vit.models.layers import tracing_for_export
 from keras_vit.utils.extras import optional_import
 from keras_vit.utils.files import atomic_path
@@ -24,7 +29,8 @@ METADATA_KEY = "keras_vit"
 EXPORTERS = {"tensorflow": "tf2onnx", "jax": "jax2onnx", "torch": "onnxscript"}
 
 
-def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, metadata=None):
+def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, metadata=None,
+                overwrite=False):
     """Writes a model as an ONNX file with a variable batch size.
 
     The input `images` is float32 `(batch, height, width, channels)` at the model's
@@ -42,6 +48,8 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
             whole image is resized, as the official checkpoints were evaluated).
         labels: optional class names, in class-index order, stored in the record.
         metadata: optional JSON-serialisable dict stored in the record.
+        overwrite: replace a file at `path` that is not a keras-vit ONNX export
+            (`keras_vit.export.records.check_export_target`).
 
     Returns:
         The record stored in the file.
@@ -57,6 +65,7 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
     """
     onnx = optional_import("onnx", "ONNX export")
     optional_import(EXPORTERS[keras.backend.backend()], "ONNX export")
+    check_export_target(path, "onnx", overwrite=overwrite)
 
     record = export_record(
         model, "ONNX export", INPUT_NAME, crop_fraction=crop_fraction, labels=labels,

@@ -1,6 +1,8 @@
-"""What every exported file states about its input: its size and the eval preprocessing."""
+"""What every export records (its input's size, the eval preprocessing), and telling an
+earlier keras-vit export, which a new one may replace, from anything else."""
 
 import json
+import os
 
 import keras
 import numpy as np
@@ -11,6 +13,12 @@ from keras_vit.models.preprocessing import DEFAULT, describe, model_preprocessin
 # Peak absolute difference between a float export and Keras that `compare_with_keras`
 # accepts, relative to the largest output (at least 1).
 TOLERANCE = 1e-4
+# The record `export_saved_model` writes in its folder: `assets.extra/` is the
+# SavedModel folder for files that serving systems carry along but never load into the
+# graph (TensorFlow Serving's convention).
+SAVED_MODEL_RECORD = os.path.join("assets.extra", "keras_vit.json")
+# All that a SavedModel export holds (Keras' `ExportArchive.write_out`, and the record).
+SAVED_MODEL_ENTRIES = {"saved_model.pb", "fingerprint.pb", "variables", "assets", "assets.extra"}
 
 
 def image_input_size(model, what):
@@ -121,3 +129,135 @@ def compare_with_keras(model, run, runtime, *, batch_size=3, seed=0, tolerance=T
             f"{bound:.3g}): the export is wrong; please report it with the model config."
         )
     return difference
+
+
+def _record(path):
+    """The keras-vit record in JSON file `path`, or None if it is none."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "keras_vit_version" in record else None
+
+
+def is_export(path, format):
+    """Whether `path` holds a keras-vit export in `format` ("saved_model", "onnx" or
+    "tflite") and nothing else: what an export in that format may replace.
+
+    A SavedModel folder holds only what `export_saved_model` writes, its record among
+    it; an ONNX file holds its record (`read_onnx_record`); a `.tflite` file has its
+    record beside it (`<file>.json`).
+
+    Example:
+
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> is_export(folder, "saved_model")
+    False
+    >>> os.makedirs(os.path.join(folder, "assets.extra"))
+    >>> with open(os.path.join(folder, SAVED_MODEL_RECORD), "w") as f:
+    ...     _ = f.write('{"keras_vit_version": "1.0"}')
+    >>> is_export(folder, "saved_model")
+    True
+    """
+    if format == "saved_model":
+        return (
+            _record(os.path.join(path, SAVED_MODEL_RECORD)) is not None
+            and set(os.listdir(path)) <= SAVED_MODEL_ENTRIES
+            and os.listdir(os.path.dirname(os.path.join(path, SAVED_MODEL_RECORD)))
+            == [os.path.basename(SAVED_MODEL_RECORD)]
+        )
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as f:
+        start = f.read(8)
+    if format == "tflite":  # a FlatBuffer with LiteRT's file identifier
+        return start[4:8] == b"TFL3" and _record(path + ".json") is not None
+    # A serialised ONNX model starts with its field 1, ir_version: not worth parsing else.
+    if not start.startswith(b"\x08"):
+        return False
+    from keras_vit.export.onnx import read_onnx_record
+
+    try:
+        return read_onnx_record(path) is not None
+    except ImportError:
+        raise
+    except Exception:  # noqa: BLE001 - whatever does not parse as ONNX is no ONNX export
+        return False
+
+
+def _within(folder, path):
+    """Whether `path` is `folder` or lies inside it (both resolved by `os.path.realpath`)."""
+    return os.path.commonpath([folder, path]) == folder
+
+
+def check_export_target(path, format, *, source=None, overwrite=False):
+    """Raises a `ValueError` saying why, unless an export in `format` may be written at
+    `path`.
+
+    An export replaces only its own kind of output: `path` must be new, an empty folder
+    (`saved_model`), or an earlier keras-vit export in `format` (`is_export`).
+    `overwrite` allows any other folder (`saved_model`) or file (`onnx`, `tflite`),
+    except one inside the folder `source` (a run folder) or holding `source` (the model
+    exported: `path` is never replaced by what is exported from inside it). Paths are
+    compared as `os.path.realpath` resolves them, so symbolic links and `..` do not
+    hide either; URLs (`gs://`) are not checked.
+
+    Args:
+        path: where the export goes (`--out`).
+        format: `"saved_model"` (a folder), `"onnx"` or `"tflite"` (a file).
+        source: the `--from` argument, where it is a local file or folder.
+        overwrite: replace a folder or file that is not an export (`--overwrite`).
+
+    Example:
+
+    >>> import tempfile
+    >>> run = tempfile.mkdtemp()
+    >>> check_export_target(os.path.join(run, ".."), "saved_model", source=run)
+    Traceback (most recent call last):
+    ...
+    ValueError: --out ... holds what it exports (--from ...): the export would replace it; pass another --out.
+    """
+    if "://" in str(path):
+        return
+    path = os.fspath(path)
+    where, is_folder = os.path.realpath(path), format == "saved_model"
+    local_source = source is not None and "://" not in str(source) and os.path.exists(source)
+    origin = os.path.realpath(source) if local_source else None
+    if origin is not None and _within(where, origin):
+        raise ValueError(
+            f"--out {path} holds what it exports (--from {source}): the export would "
+            "replace it; pass another --out."
+        )
+    if not os.path.lexists(where) or is_export(where, format):
+        return
+    if os.path.isdir(where) != is_folder:
+        kind = "a folder" if is_folder else "a file"
+        raise ValueError(
+            f"--out {path} is {'a file' if is_folder else 'a folder'}, but --format {format} "
+            f"writes {kind}: pass another --out."
+        )
+    if is_folder and not os.listdir(where):
+        return  # an empty folder: nothing to lose
+    if origin is not None and os.path.isdir(origin) and _within(origin, where):
+        raise ValueError(
+            f"--out {path} is inside {source}, which it exports from, and is not an earlier "
+            f"keras-vit export: the export would replace it; pass another --out."
+        )
+    if overwrite:
+        return
+    if is_folder:
+        # What an export would not have written first (the user's notes in an export).
+        entries = sorted(set(os.listdir(where)) - SAVED_MODEL_ENTRIES) or sorted(os.listdir(where))
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise ValueError(
+            f"--out {path} holds files that are not a keras-vit export ({shown}): the "
+            "export would replace the folder; pass another --out, or --overwrite "
+            "(overwrite=True) to replace it."
+        )
+    raise ValueError(
+        f"--out {path} is not a keras-vit export (a {format} file with its record): the "
+        "export would replace it; pass another --out, or --overwrite (overwrite=True) to "
+        "replace it."
+    )

@@ -15,7 +15,7 @@ import tensorflow as tf
 from keras_vit import __version__
 from keras_vit.data import check_crop_fraction, decode_pixels, eval_resize, limit_pixels
 from keras_vit.data.headers import max_image_pixels
-from keras_vit.export.records import image_input_size
+from keras_vit.export.records import SAVED_MODEL_RECORD, check_export_target, image_input_size
 from keras_vit.models.preprocessing import (
     DEFAULT,
     check_preprocessing,
@@ -30,9 +30,7 @@ from keras_vit.utils.files import atomic_folder
 logger = logging.getLogger("keras_vit")
 
 ACTIVATIONS = ("softmax", "sigmoid")
-# `assets.extra/` is the SavedModel folder for files that serving systems carry along
-# but never load into the graph (TensorFlow Serving's convention).
-CONFIG_FILE = os.path.join("assets.extra", "keras_vit.json")
+CONFIG_FILE = SAVED_MODEL_RECORD  # where the export's record is, in its folder
 
 
 def _check_backend():
@@ -229,7 +227,7 @@ def _input_size(model, native_resolution):
 
 def export_saved_model(
     model, path, *, labels=None, top_k=5, activation="softmax", crop_fraction="model",
-    native_resolution=False, metadata=None,
+    native_resolution=False, metadata=None, overwrite=False,
 ):
     """Exports a classifier as a SavedModel that takes raw images, for serving.
 
@@ -264,7 +262,8 @@ def export_saved_model(
 
     The folder is written beside `path` and swapped in whole
     (`keras_vit.utils.files.atomic_folder`): a process killed while exporting leaves
-    the previous export at `path` as it was.
+    the previous export at `path` as it was. It replaces only an earlier export (or an
+    empty folder) unless `overwrite` (`keras_vit.export.records.check_export_target`).
 
     Models built under the TensorFlow or the JAX backend (converted with jax2tf)
     export; under PyTorch, save the model as `.keras` and export it from a
@@ -286,6 +285,8 @@ def export_saved_model(
             resized to the model's.
         metadata: optional JSON-serialisable dict stored in the config file, e.g.
             the checkpoint and training config the model came from.
+        overwrite: replace a folder at `path` that is not a keras-vit export (its
+            files are lost).
 
     Returns:
         The dict written to `assets.extra/keras_vit.json`.
@@ -302,6 +303,7 @@ def export_saved_model(
     [1, 2]
     """
     _check_backend()
+    check_export_target(path, "saved_model", overwrite=overwrite)
     preprocessing = model_preprocessing(model)
     if crop_fraction == "model":
         crop_fraction = None if native_resolution else preprocessing["crop_fraction"]

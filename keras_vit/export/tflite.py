@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from keras_vit.export.records import (
     TOLERANCE,
+    check_export_target,
     compare_with_keras,
     export_record,
     image_input_size,
@@ -39,7 +40,8 @@ QUANTIZATIONS = (None, "dynamic-int8")
 
 
 def export_tflite(
-    model, path, *, quantize=None, crop_fraction=None, labels=None, metadata=None
+    model, path, *, quantize=None, crop_fraction=None, labels=None, metadata=None,
+    overwrite=False,
 ):
     """Writes a float32 model as a LiteRT (`.tflite`) file with a variable batch size.
 
@@ -48,6 +50,8 @@ def export_tflite(
         path: the `.tflite` file to write; the record goes to `path + ".json"`.
         quantize: None (float32 weights) or `"dynamic-int8"` (int8 weights).
         crop_fraction, labels, metadata: stored in the record, as `export_onnx` does.
+        overwrite: replace a file at `path` that is not a keras-vit LiteRT export
+            (`keras_vit.export.records.check_export_target`).
 
     Returns:
         The record written beside the file.
@@ -67,6 +71,7 @@ def export_tflite(
             f"{keras.backend.backend()!r}: save the model (model.save('model.keras')) and "
             "export it from a process started with KERAS_BACKEND=tensorflow."
         )
+    check_export_target(path, "tflite", overwrite=overwrite)
     if quantize not in QUANTIZATIONS:
         raise ValueError(
             f"Unknown quantize {quantize!r}: expected None (float32) or 'dynamic-int8'."

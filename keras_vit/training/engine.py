@@ -191,13 +191,15 @@ def check_run(config):
             "keras_vit.train runs on the TensorFlow or the JAX backend; set "
             f"KERAS_BACKEND=tensorflow or jax (now {keras.backend.backend()!r})."
         )
+    runs.check_run_folder(config.out)
     init_from = config.model.init_from
     if init_from:
         # Before anything is written: a missing file or an unreachable URL is bad input.
         if not tf.io.gfile.exists(runs.resolve_from(init_from)):
             raise FileNotFoundError(f"model.init_from (--from) {init_from!r} does not exist.")
-        weights = os.path.abspath(runs.resolve_from(init_from))
-        if weights.startswith(os.path.abspath(config.out) + os.sep):
+        # Resolved, so that a link or `..` in either cannot hide the one inside the other.
+        weights = os.path.realpath(runs.resolve_from(init_from))
+        if weights.startswith(os.path.realpath(config.out) + os.sep):
             raise ValueError(
                 f"out={config.out!r} holds the model.init_from weights {weights!r}: the run "
                 "would overwrite them; pick another output folder."

@@ -3,6 +3,7 @@
 ```
 OUT/config.json             the run's configuration
 OUT/labels.txt              class names, one per line (when the data names its classes)
+OUT/skipped_files.txt       files of the data that could not be decoded (when there are any)
 OUT/model.keras             the final model
 OUT/checkpoints/epoch_NNNN.keras  each epoch's model (epoch_NNNN.orbax/: its shards, when the
                             weights are split over devices)
@@ -14,7 +15,9 @@ OUT/.lock                   held by the run writing the folder (`hold`)
 ```
 
 Every file is written atomically (`keras_vit.utils.files`). A run is *finished* once its
-`metrics.json` is written and its backup removed (`status`).
+`metrics.json` is written and its backup removed (`status`). A run starts only in a new
+folder or a run's (`check_run_folder`): one that holds these names without a run's
+`config.json` is someone else's.
 """
 
 import contextlib
@@ -120,6 +123,45 @@ def status(folder):
     ):
         return "finished"
     return "new"
+
+
+# What a run writes under these names (`clear` deletes them): a folder that holds any
+# without a run's config.json is no run of keras-vit's (`check_run_folder`).
+RUN_ENTRIES = (CONFIG, LABELS, MODEL, CHECKPOINTS, BACKUP, METRICS_CSV, METRICS_JSON, LOGS,
+               SKIPPED_FILES)
+
+
+def check_run_folder(folder):
+    """Raises `ValueError` naming what it holds when `folder` holds files under the names
+    a run writes (its checkpoints/, logs/, config.json, ...) but no keras-vit run's
+    `config.json`: a run there would write over them (and `--restart` delete them).
+
+    Example:
+
+    >>> folder = tempfile.mkdtemp()
+    >>> check_run_folder(folder)  # new: nothing to lose
+    >>> os.makedirs(os.path.join(folder, LOGS))
+    >>> check_run_folder(folder)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: ... is not a keras-vit run (no config.json) but holds logs, which a run writes: pass another --out.
+    """
+    held = [name for name in RUN_ENTRIES if tf.io.gfile.exists(os.path.join(folder, name))]
+    if not held:
+        return
+    config = os.path.join(folder, CONFIG)
+    why = "no config.json"
+    if tf.io.gfile.exists(config):
+        try:
+            with tf.io.gfile.GFile(config) as f:
+                TrainConfig.from_dict(json.load(f), where=config)
+            return
+        except (ValueError, TypeError):
+            why = "its config.json is not a run's"
+    raise ValueError(
+        f"{folder} is not a keras-vit run ({why}) but holds {', '.join(held)}, which a run "
+        "writes: pass another --out."
+    )
 
 
 def clear(folder):

@@ -6,7 +6,9 @@ their target (the same folder, so the rename is atomic; the name keeps its exten
 which `keras.Model.save` requires); a local one is created by `tempfile` (a name no other
 process can predict, opened exclusively), so that a file or link planted in a shared
 folder is never written through. A process killed while writing leaves one behind,
-which `remove_temporaries` deletes (a run does so when it takes its folder).
+which the next write to the same target deletes, once no live process writes in that
+folder (`_remove_stale`); `remove_temporaries` does so for every target in a run folder
+when a run takes it.
 
 Local paths are flushed to disk (`fsync`) before the rename; other paths (`gs://`, ...)
 go through `tf.io.gfile`.
@@ -21,11 +23,20 @@ has been written. It lets tests kill a real run in the middle of a real write
 import contextlib
 import ctypes
 import fnmatch
+import logging
 import os
+import re
 import secrets
 import shutil
 import signal
 import tempfile
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; killed writers' temporaries then stay.
+    fcntl = None
+
+logger = logging.getLogger("keras_vit")
 
 TEMP_PREFIX = ".tmp-"
 KILL_AT = "KERAS_VIT_TEST_KILL_AT"
@@ -78,6 +89,89 @@ def create_temporary(path, folder=False):
     os.close(descriptor)
     os.chmod(temporary, 0o666 & ~_umask())
     return temporary
+
+
+def _open_folder(folder):
+    """A descriptor of `folder` to `flock`, or None where there are no locks."""
+    if fcntl is None or _is_url(folder):
+        return None
+    try:
+        return os.open(folder, os.O_RDONLY)
+    except OSError:  # e.g. a folder one may write but not list
+        return None
+
+
+def _lock(descriptor, operation):
+    """`flock`; False where it cannot be taken (busy, or a file system without locks)."""
+    try:
+        fcntl.flock(descriptor, operation)
+        return True
+    except OSError:
+        return False
+
+
+def _remove_stale(descriptor, folder, name=None):
+    """Deletes the temporaries that killed writers left in `folder` (those
+    `create_temporary` made for a target `name`, or for any target) and returns them;
+    nothing unless `descriptor`, `folder`'s, can be locked exclusively.
+
+    Every writer holds a shared `flock` on the folder of its temporary while it writes
+    (`_writing`), and the system drops it when its process ends, however it ends: the
+    exclusive lock proves that no live process writes a temporary there, so that every
+    temporary left is a killed writer's. Where another writer holds the lock, they wait
+    for the next write. No live writer's file is ever taken for a stale one, as an age
+    limit would (a large export can run for many minutes before its temporary changes).
+    """
+    if descriptor is None or not _lock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB):
+        return []
+    # `tempfile`'s random part: 8 of [a-z0-9_]; `old-NAME`: `atomic_folder`'s aside copy.
+    target = ".+" if name is None else re.escape(name)
+    pattern = re.compile(rf"{re.escape(TEMP_PREFIX)}[a-z0-9_]{{8}}-(?:old-)?{target}")
+    removed = []
+    for entry in sorted(os.listdir(folder)):
+        if not pattern.fullmatch(entry):
+            continue
+        stale = os.path.join(folder, entry)
+        try:
+            if os.path.isdir(stale) and not os.path.islink(stale):
+                shutil.rmtree(stale)
+            else:
+                os.remove(stale)
+        except OSError:  # another user's, in a shared folder
+            continue
+        removed.append(stale)
+    return removed
+
+
+@contextlib.contextmanager
+def _writing(path):
+    """Holds `path`'s folder as a writer of temporaries (a shared `flock`) while the body
+    runs, after deleting those that killed writers of `path` left (`_remove_stale`).
+    URLs, and systems or file systems without `flock`, are neither locked nor cleared.
+
+    Example:
+
+    >>> import tempfile
+    >>> target = os.path.join(tempfile.mkdtemp(), "model.npz")
+    >>> _ = create_temporary(target)  # left by a killed write
+    >>> with _writing(target):
+    ...     os.listdir(os.path.dirname(target))
+    []
+    """
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    if not _is_url(path):
+        os.makedirs(folder, exist_ok=True)
+    descriptor = _open_folder(folder)
+    try:
+        for stale in _remove_stale(descriptor, folder, os.path.basename(path)):
+            logger.info("Removed %s, left by a write killed before it finished.", stale)
+        if descriptor is not None:
+            # Blocks only while another writer clears its target's temporaries.
+            _lock(descriptor, fcntl.LOCK_SH)
+        yield
+    finally:
+        if descriptor is not None:
+            os.close(descriptor)
 
 
 def _kill_if_asked(path, temporary):
@@ -137,13 +231,14 @@ def atomic_path(path):
     >>> open(target).read(), os.listdir(os.path.dirname(target))
     ('all or nothing', ['notes.txt'])
     """
-    temporary = create_temporary(path)
-    try:
-        yield temporary
-        _kill_if_asked(path, temporary)
-        _replace(temporary, path)
-    finally:
-        _remove(temporary)
+    with _writing(path):
+        temporary = create_temporary(path)
+        try:
+            yield temporary
+            _kill_if_asked(path, temporary)
+            _replace(temporary, path)
+        finally:
+            _remove(temporary)
 
 
 def atomic_write(path, data):
@@ -171,11 +266,12 @@ def atomic_write(path, data):
 
 
 def remove_temporaries(folder, skip=()):
-    """Deletes the temporary files that killed writers left under `folder`; returns them.
+    """Deletes the temporaries that killed writers left under `folder`; returns them.
 
-    Only safe while no other process writes there (a run calls it holding its folder's
-    lock, `keras_vit.training.runs.hold`); sub-folders whose names start with one of
-    `skip` are left alone (other processes' own folders).
+    As the next write to a target does for its own (`_remove_stale`: never a live
+    writer's), for every target under `folder`: a run does so when it takes its folder.
+    Sub-folders whose names start with one of `skip` are left alone (other processes'
+    own folders).
 
     Example:
 
@@ -188,13 +284,15 @@ def remove_temporaries(folder, skip=()):
     if _is_url(folder):
         return []
     removed = []
-    for root, folders, names in os.walk(folder):
-        folders[:] = [f for f in folders if not f.startswith(tuple(skip))]
-        for name in names:
-            if name.startswith(TEMP_PREFIX):
-                path = os.path.join(root, name)
-                os.remove(path)
-                removed.append(path)
+    for root, folders, _ in os.walk(folder):
+        descriptor = _open_folder(root)
+        try:
+            removed += _remove_stale(descriptor, root)
+        finally:
+            if descriptor is not None:
+                os.close(descriptor)
+        folders[:] = [f for f in folders if not f.startswith(tuple(skip))
+                      and os.path.isdir(os.path.join(root, f))]
     return removed
 
 
@@ -236,19 +334,21 @@ def atomic_folder(path):
         yield path
         return
     path = os.path.abspath(os.fspath(path))
-    temporary = create_temporary(path, folder=True)
-    try:
-        yield temporary
-        _kill_if_asked(path, temporary)
-        if not os.path.isdir(path):
-            os.replace(temporary, path)
-        elif not _exchange(temporary, path):
-            # A rename replaces the empty folder made for it.
-            aside = create_temporary(
-                os.path.join(os.path.dirname(path), "old-" + os.path.basename(path)), folder=True
-            )
-            os.replace(path, aside)
-            os.replace(temporary, path)
-            temporary = aside
-    finally:
-        shutil.rmtree(temporary, ignore_errors=True)
+    with _writing(path):
+        temporary = create_temporary(path, folder=True)
+        try:
+            yield temporary
+            _kill_if_asked(path, temporary)
+            if not os.path.isdir(path):
+                os.replace(temporary, path)
+            elif not _exchange(temporary, path):
+                # A rename replaces the empty folder made for it.
+                aside = create_temporary(
+                    os.path.join(os.path.dirname(path), "old-" + os.path.basename(path)),
+                    folder=True,
+                )
+                os.replace(path, aside)
+                os.replace(temporary, path)
+                temporary = aside
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)
