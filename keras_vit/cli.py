@@ -694,16 +694,22 @@ def _check_predict(args):
 @command("predict", "classify images with a pretrained checkpoint or a trained model",
          _predict_arguments, _check_predict)
 def predict(args):
-    import csv
     import json
 
     from keras_vit.inference import classify
     from keras_vit.training.runs import output_activation
-    from keras_vit.weights.pretrained import pretrained
+    from keras_vit.utils.csv_rows import write_rows
+    from keras_vit.weights.pretrained import NotFiniteWeights, pretrained
 
     labels = _labels(args)
     if args.weights:
-        model, config = pretrained(args.weights), None
+        try:
+            model, config = pretrained(args.weights), None
+        except NotFiniteWeights as error:  # its strict=False has no flag here
+            raise ValueError(
+                f"{error.problem}: the model would not give finite outputs, and keras-vit "
+                "predict does not load it; delete the file to download it again."
+            ) from None
     else:
         model, config = _load_run_model(args.source)
     activation = output_activation(config) if config is not None else None
@@ -720,12 +726,11 @@ def predict(args):
     if args.json:
         print(json.dumps(results, indent=2))
     elif args.csv:
-        writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(["image", "rank", "class", "label", "probability"])
-        for result in results:
-            for rank, top in enumerate(result["top_k"], 1):
-                writer.writerow([result["image"], rank, top["class"], top["label"],
-                                 f"{top['probability']:.6f}"])
+        write_rows(sys.stdout, [["image", "rank", "class", "label", "probability"]] + [
+            [result["image"], rank, top["class"], top["label"], f"{top['probability']:.6f}"]
+            for result in results
+            for rank, top in enumerate(result["top_k"], 1)
+        ])
     else:
         for result in results:
             print(result["image"])

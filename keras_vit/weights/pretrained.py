@@ -56,6 +56,15 @@ _DEFAULT_INTERPOLATION = {
 HEADS = ("head", "head_dist")
 
 
+class NotFiniteWeights(ValueError):
+    """A strict load refused a checkpoint holding NaN or infinite values; `problem` is
+    the line naming them (`not_finite_weights`), for callers that say what to do."""
+
+    def __init__(self, problem):
+        super().__init__(f"{problem}; pass strict=False to load it anyway.")
+        self.problem = problem
+
+
 @dataclasses.dataclass
 class LoadReport:
     """What `load_pretrained` did. Keys are in the official vit_jax `.npz` layout.
@@ -745,7 +754,7 @@ def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoin
     # A diverged run saves such weights: the model would answer NaN, silently.
     problem = not_finite_weights({**values, POS_KEY: table}, source)
     if problem and strict:
-        raise ValueError(f"{problem}; pass strict=False to load it anyway.")
+        raise NotFiniteWeights(problem)
     if problem:
         report._note(f"{problem}: the model will not give finite outputs.", logging.WARNING)
     layout.assign({**current, **values}, set(values))
