@@ -137,3 +137,46 @@ def test_predict_csv_neutralises_formula_cells(tmp_path, capsys, monkeypatch):
     assert {row[2]: row[3] for row in rows[1:]} == {"0": "'@SUM(1+1)", "1": "'+cmd|' /C calc'!A0"}
     assert sorted(row[1] for row in rows[1:]) == ["1", "1", "2", "2"]
     assert all(0 <= float(row[4]) <= 1 for row in rows[1:])
+
+
+# --- 9: a model that cannot fit the machine's memory ------------------------------------
+
+
+def test_a_run_whose_model_cannot_fit_is_refused_with_the_estimate(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = cli.main(["pretrain", "--recipe", "demo", "--out", str(out),
+                     "--set", "model.kwargs.num_layers=100000000"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    line = err.splitlines()[-1]
+    # The demo's model: width 64, MLP 128, 4x4 patches of 16x16 grey images (17 tokens):
+    # per block 4 width^2 + 2 width mlp + 9 width + mlp; the patch projection (16 + 1) x
+    # width, 17 positions and the class token, the final norm 2 x width (no head: the
+    # data decides its classes).
+    parameters = 100_000_000 * (4 * 64 * 64 + 2 * 64 * 128 + 9 * 64 + 128) + 17 * 64 + 18 * 64 + 2 * 64
+    assert line.startswith(f"keras-vit pretrain: error: Training this model ({parameters:,} "
+                           "parameters; "), line
+    assert " GB available: make the model smaller (model.kwargs.num_layers" in line
+    assert not out.exists()  # refused before anything was written or built
+
+
+def test_the_estimate_counts_the_parameters_keras_counts():
+    from keras_vit.models.size import parameter_count
+
+    for overrides in ({}, dict(num_classes=0, include_top=False), dict(image_size=48, channels=1)):
+        model = tiny_vit(**overrides)
+        height = model.input_shape[1]
+        assert parameter_count(
+            tokens=(height // 8) ** 2 + 1, patch_values=8 * 8 * model.input_shape[-1],
+            hidden_dim=32, mlp_dim=64, num_layers=2,
+            num_classes=model.output_shape[-1] if overrides.get("include_top", True) else 0,
+        ) == model.count_params(), overrides
+
+
+def test_a_vit_that_cannot_fit_is_refused_before_it_is_built():
+    # Per block 4 x 32^2 + 2 x 32 x 64 + 9 x 32 + 64 = 8544; embedding (8 x 8 x 3 + 1) x 32 +
+    # (16 + 1 + 1) x 32, final norm 64, head 33 x 10.
+    with pytest.raises(ValueError, match=r"^This ViT \(854,400,007,146 parameters\) needs at "
+                                         r"least 3,417\.6 GB, and this machine has [\d,.]+ GB "
+                                         r"available: make it smaller \(num_layers"):
+        tiny_vit(num_layers=100_000_000)
