@@ -683,8 +683,11 @@ def _check_predict(args):
     from keras_vit.utils.image_files import image_paths
     from keras_vit.weights import registry
 
-    if args.weights:
-        registry.get_weights(args.weights)
+    weights = args.weights
+    # pretrained() also takes hf: / timm: sources and HF model folders, as --from does.
+    if weights and not weights.startswith(("hf:", "timm:")) and not os.path.isdir(weights):
+        registry.get_weights(weights)
+    check_from(weights)
     _check_model_command(args)
     paths = image_paths(args.images)
     if all("://" not in path and not os.path.exists(path) for path in paths):
