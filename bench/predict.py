@@ -45,7 +45,7 @@ def write_checkpoint(folder, variant):
     import torch
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
-    from keras_vit.models.vit import SIZES
+    from keras_vit.models.variants import SIZES
 
     size, patch = variant.split("/")
     hidden_dim, mlp_dim, num_heads, num_layers = SIZES[size]

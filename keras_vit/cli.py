@@ -39,10 +39,17 @@ from pathlib import Path
 from keras_vit.utils import interrupts
 
 COMMANDS = {}
+CHECKS = {}
+WITHOUT_BACKEND = set()
 
 
-def command(name, help, arguments=None):
+def command(name, help, arguments=None, check=None, backend=True):
     """Registers `function(args) -> exit code` as the subcommand `name`.
+
+    `check(args)`, if given, runs before Keras and its backend start: it raises for what
+    can be found wrong without them (a missing file, an extra not installed), so that a
+    mistake is told at once rather than after the backend's import. `backend=False`: the
+    command runs without Keras (`keras-vit weights`).
 
     Example:
 
@@ -57,6 +64,10 @@ def command(name, help, arguments=None):
 
     def register(function):
         COMMANDS[name] = (help, arguments, function)
+        if check is not None:
+            CHECKS[name] = check
+        if not backend:
+            WITHOUT_BACKEND.add(name)
         return function
 
     return register
@@ -90,6 +101,42 @@ def add_data_argument(parser):
 def add_out_argument(parser, required=False):
     """`--out DIR`."""
     parser.add_argument("--out", metavar="DIR", required=required, help="output folder")
+
+
+# --- checks before the backend starts ----------------------------------------------
+
+
+def check_from(source):
+    """Raises, without Keras, what is wrong with a `--from` argument that a look at the
+    file system tells: a local path that does not exist, or `hf:` / `timm:` without
+    huggingface_hub. Registry names and URLs are left to `resolve_from`."""
+    from keras_vit.utils.extras import check_installed
+    from keras_vit.weights import registry
+
+    if source is None or registry.is_registered(source) or "://" in source:
+        return
+    if source.startswith(("hf:", "timm:")):
+        check_installed("huggingface_hub", "Loading hf: or timm: weights")
+    elif not os.path.exists(source):
+        raise FileNotFoundError(
+            f"--from {source!r} does not exist: pass a run's output folder, a .keras file, a "
+            "checkpoint file, a registry name (keras-vit weights), hf:ORG/NAME or timm:NAME."
+        )
+
+
+def check_files(flag, paths):
+    """Raises `FileNotFoundError` naming the first local file of `paths` (given with
+    `flag`) that does not exist."""
+    for path in paths:
+        if path is not None and "://" not in path and not os.path.isfile(path):
+            raise FileNotFoundError(f"No such file ({flag}): {path!r}.")
+
+
+def _check_model_command(args):
+    """`--from`, `--labels` and `--image` of the commands that load a model."""
+    check_from(args.source)
+    check_files("--labels", [getattr(args, "labels", None)])
+    check_files("--image", getattr(args, "image", None) or [])
 
 
 # --- recipes and overrides ---------------------------------------------------------
@@ -177,6 +224,11 @@ def _train_arguments(parser):
     )
 
 
+def _check_train(args, command_name):
+    find_recipe(args.recipe or command_name, command_name)
+    check_from(args.source)
+
+
 def _configure(args, command_name, default_recipe):
     from keras_vit.training.config import apply_overrides
     from keras_vit.training.runs import with_run_architecture
@@ -209,7 +261,8 @@ def _train(config, restart=False):
     return 0
 
 
-@command("pretrain", "train a ViT from scratch (recipe 'pretrain' by default)", _train_arguments)
+@command("pretrain", "train a ViT from scratch (recipe 'pretrain' by default)", _train_arguments,
+         lambda args: _check_train(args, "pretrain"))
 def pretrain(args):
     return _train(_configure(args, "pretrain", "pretrain"), args.restart)
 
@@ -218,6 +271,7 @@ def pretrain(args):
     "finetune",
     "fine-tune pretrained weights (recipe 'finetune' by default; needs --from)",
     _train_arguments,
+    lambda args: _check_train(args, "finetune"),
 )
 def finetune(args):
     config = _configure(args, "finetune", "finetune")
@@ -265,7 +319,13 @@ def _fewshot_arguments(parser):
     )
 
 
-@command("fewshot", "few-shot linear evaluation of a model's representation", _fewshot_arguments)
+def _check_fewshot(args):
+    find_recipe(args.recipe or "fewshot", "fewshot")
+    check_from(args.source)
+
+
+@command("fewshot", "few-shot linear evaluation of a model's representation", _fewshot_arguments,
+         _check_fewshot)
 def fewshot(args):
     from keras_vit.evaluation import fewshot as vit_fewshot
     from keras_vit.training.config import apply_overrides
@@ -312,6 +372,7 @@ def _demo_arguments(parser):
     "demo",
     "pretrain on digits 0-4, few-shot evaluate and fine-tune on 5-9 (a few minutes, no network)",
     _demo_arguments,
+    lambda args: find_recipe(args.recipe or "demo", "demo"),
 )
 def demo(args):
     from keras_vit.demo import run_demo
@@ -423,10 +484,23 @@ def _export_file(args, model, labels, metadata, crop_fraction):
           f"{difference:.2g}.")
 
 
+def _check_export(args):
+    from keras_vit.utils.allocator import keras_backend
+    from keras_vit.utils.extras import ONNX_EXPORTERS, check_installed
+
+    _check_model_command(args)
+    if args.format == "onnx":
+        check_installed("onnx", "ONNX export")
+        if keras_backend() in ONNX_EXPORTERS:
+            check_installed(ONNX_EXPORTERS[keras_backend()], "ONNX export")
+        check_installed("onnxruntime", "Checking an ONNX file")
+
+
 @command(
     "export",
     "export for serving: a SavedModel (images in, probabilities and top-k out), ONNX or TFLite",
     _export_arguments,
+    _check_export,
 )
 def export(args):
     from keras_vit.export.records import check_export_target
@@ -481,6 +555,7 @@ def _visualize_arguments(parser):
     "visualize",
     "draw attention maps and rollout, attention distance, position similarity and filters",
     _visualize_arguments,
+    _check_model_command,
 )
 def visualize(args):
     from keras_vit import figures
@@ -523,7 +598,8 @@ def _parse_fractions(flag, text):
 
 
 @command(
-    "probe", "robustness curves: accuracy as patches are occluded and shuffled", _probe_arguments
+    "probe", "robustness curves: accuracy as patches are occluded and shuffled", _probe_arguments,
+    _check_model_command,
 )
 def probe(args):
     from keras_vit import data
@@ -568,7 +644,7 @@ def _weights_arguments(parser):
 
 
 @command("weights", "list the registry of pretrained checkpoints (and which are cached)",
-         _weights_arguments)
+         _weights_arguments, backend=False)
 def weights(args):
     if args.verify:
         if args.pattern:
@@ -627,19 +703,40 @@ def _predict_arguments(parser):
     _add_crop_argument(parser)
 
 
+def _check_predict(args):
+    from keras_vit.utils.image_files import image_paths
+    from keras_vit.weights import registry
+
+    weights = args.weights
+    # pretrained() also takes hf: / timm: sources and HF model folders, as --from does.
+    if weights and not weights.startswith(("hf:", "timm:")) and not os.path.isdir(weights):
+        registry.get_weights(weights)
+    check_from(weights)
+    _check_model_command(args)
+    paths = image_paths(args.images)
+    if all("://" not in path and not os.path.exists(path) for path in paths):
+        raise FileNotFoundError(f"No such image file: {paths[0]!r}; nothing to classify.")
+
+
 @command("predict", "classify images with a pretrained checkpoint or a trained model",
-         _predict_arguments)
+         _predict_arguments, _check_predict)
 def predict(args):
-    import csv
     import json
 
     from keras_vit.inference import classify
     from keras_vit.training.runs import output_activation
-    from keras_vit.weights.pretrained import pretrained
+    from keras_vit.utils.csv_rows import write_rows
+    from keras_vit.weights.pretrained import NotFiniteWeights, pretrained
 
     labels = _labels(args)
     if args.weights:
-        model, config = pretrained(args.weights), None
+        try:
+            model, config = pretrained(args.weights), None
+        except NotFiniteWeights as error:  # its strict=False has no flag here
+            raise ValueError(
+                f"{error.problem}: the model would not give finite outputs, and keras-vit "
+                "predict does not load it; delete the file to download it again."
+            ) from None
     else:
         model, config = _load_run_model(args.source)
     activation = output_activation(config) if config is not None else None
@@ -656,12 +753,11 @@ def predict(args):
     if args.json:
         print(json.dumps(results, indent=2))
     elif args.csv:
-        writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(["image", "rank", "class", "label", "probability"])
-        for result in results:
-            for rank, top in enumerate(result["top_k"], 1):
-                writer.writerow([result["image"], rank, top["class"], top["label"],
-                                 f"{top['probability']:.6f}"])
+        write_rows(sys.stdout, [["image", "rank", "class", "label", "probability"]] + [
+            [result["image"], rank, top["class"], top["label"], f"{top['probability']:.6f}"]
+            for result in results
+            for rank, top in enumerate(result["top_k"], 1)
+        ])
     else:
         for result in results:
             print(result["image"])
@@ -709,11 +805,6 @@ def start_backend():
     """
     if "keras" in sys.modules:
         return
-    backend = os.environ.get("KERAS_BACKEND")
-    if backend in ("jax", "torch"):  # Keras would fail on import with a bare ImportError.
-        from keras_vit.utils.extras import optional_import
-
-        optional_import(backend, f"KERAS_BACKEND={backend}")
     if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
         import keras  # noqa: F401
         return
@@ -771,7 +862,15 @@ def main(argv=None):
 def _run_command(args, argv):
     """Runs `args.command`; returns its exit code, and says in one line why it failed."""
     try:
-        start_backend()
+        backend = os.environ.get("KERAS_BACKEND")
+        if backend in ("jax", "torch"):  # Keras would fail on import with a bare ImportError.
+            from keras_vit.utils.extras import check_installed
+
+            check_installed(backend, f"KERAS_BACKEND={backend}")
+        if args.command in CHECKS:
+            CHECKS[args.command](args)
+        if args.command not in WITHOUT_BACKEND:
+            start_backend()
         return COMMANDS[args.command][2](args)
     except KeyboardInterrupt as error:
         if os.environ.get("KERAS_VIT_DEBUG", "0") not in ("", "0"):

@@ -1,22 +1,23 @@
 """Classifying image files with a model: the top-k classes, named, with probabilities.
 
-Files, folders and glob patterns are expanded to image files (`image_paths`), decoded in
+Files, folders and glob patterns are expanded to image files
+(`keras_vit.utils.image_files.image_paths`), decoded in
 parallel threads a few batches ahead of the model, and classified a batch at a time
 (`classify`).
 """
 
 import collections
 import concurrent.futures
-import glob
 import logging
 import os
 
 import keras
 import numpy as np
 
-from keras_vit.data import IMAGE_EXTENSIONS, read_images
+from keras_vit.data import read_images
 from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.models.vit import default_image_size
+from keras_vit.utils.image_files import image_paths
 from keras_vit.weights import registry
 
 logger = logging.getLogger("keras_vit")
@@ -24,71 +25,6 @@ logger = logging.getLogger("keras_vit")
 # Decoding waits on TensorFlow's kernels, which release the GIL: threads overlap it with
 # the model's batch.
 DECODE_THREADS = max(2, os.cpu_count() or 1)
-GLOB_CHARACTERS = "*?["
-
-
-def image_paths(specs):
-    """The image files that `specs` name, in order: a file is itself, a folder gives every
-    image file below it (by extension, hidden entries left out, sorted), a glob pattern
-    (`*`, `?`, `[...]`, `**` for any depth) its matches, sorted. A folder named as an
-    image file (`x.jpg/`) is kept as a path, not walked: reading it fails, naming it.
-
-    Args:
-        specs: a path or pattern, or a list of them.
-
-    Returns:
-        A list of paths (duplicates removed, first occurrence kept).
-
-    Example:
-
-    >>> import tempfile
-    >>> folder = tempfile.mkdtemp()
-    >>> for name in ("b.png", "a.JPG", "notes.txt", ".hidden.png"):
-    ...     open(os.path.join(folder, name), "w").close()
-    >>> [os.path.basename(p) for p in image_paths(folder)]
-    ['a.JPG', 'b.png']
-    >>> [os.path.basename(p) for p in image_paths(os.path.join(folder, "*.png"))]
-    ['b.png']
-    """
-    specs = [specs] if isinstance(specs, (str, os.PathLike)) else list(specs)
-    paths = []
-    for spec in map(os.fspath, specs):
-        if os.path.isdir(spec) and not _image_name(spec):
-            found = []
-            for folder, folders, names in os.walk(spec, followlinks=False):
-                if _hidden(folder, spec):
-                    continue
-                # A folder named as an image file is not walked: it is named as a file
-                # that cannot be read, as it would be given alone.
-                files = [name for name in folders if _image_name(name)]
-                folders[:] = [name for name in folders if not _image_name(name)]
-                found.extend(os.path.join(folder, name) for name in files + names
-                             if _image_name(name))
-            if not found:
-                raise FileNotFoundError(
-                    f"Folder {spec!r} holds no image files ({'/'.join(IMAGE_EXTENSIONS)})."
-                )
-            paths.extend(sorted(found))
-        elif any(c in spec for c in GLOB_CHARACTERS) and not os.path.exists(spec):
-            found = sorted(p for p in glob.glob(spec, recursive=True)
-                           if os.path.isfile(p) or _image_name(p))
-            if not found:
-                raise FileNotFoundError(f"No file matches {spec!r}.")
-            paths.extend(found)
-        else:
-            paths.append(spec)
-    return list(dict.fromkeys(paths))
-
-
-def _image_name(path):
-    """Whether `path` is named as an image file (by extension, not hidden)."""
-    name = os.path.basename(os.path.normpath(path))
-    return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
-
-
-def _hidden(folder, root):
-    relative = os.path.relpath(folder, root)
-    return relative != "." and any(part.startswith(".") for part in relative.split(os.sep))
 
 
 def decoded_batches(paths, image_size, *, channels=3, crop_fraction=None, preprocessing=None,

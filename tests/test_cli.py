@@ -391,7 +391,7 @@ def test_a_failure_during_training_is_one_line_with_exit_code_1(tmp_path, capsys
 def test_missing_weights_are_one_line_before_anything_is_written(tmp_path, capsys):
     out = tmp_path / "run"
     _one_line_error(
-        capsys, 2, f"model.init_from (--from) {str(tmp_path / 'nowhere.npz')!r} does not exist.",
+        capsys, 2, f"--from {str(tmp_path / 'nowhere.npz')!r} does not exist: pass a run's",
         ["finetune", "--recipe", "demo", "--from", str(tmp_path / "nowhere.npz"), "--out", str(out)],
     )
     assert not out.exists()

@@ -23,10 +23,10 @@ import tensorflow as tf
 
 from keras_vit.data import headers
 from keras_vit.utils.files import atomic_write
+from keras_vit.utils.image_files import IMAGE_EXTENSIONS
 
 logger = logging.getLogger("keras_vit")
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
 # A remote file is judged from its first HEAD and last TAIL bytes (the end markers of
 # JPEG and PNG files, which a truncated download lacks; some writers pad after them).
 END_MARKERS = {"jpeg": b"\xff\xd9", "png": b"IEND"}

@@ -20,13 +20,11 @@ from keras_vit.export.records import (
     image_input_size,
 )
 from keras_vit.models.layers import tracing_for_export
-from keras_vit.utils.extras import optional_import
+from keras_vit.utils.extras import ONNX_EXPORTERS, optional_import
 from keras_vit.utils.files import atomic_path
 
 INPUT_NAME = "images"
 METADATA_KEY = "keras_vit"
-# The package Keras' `model.export(format="onnx")` exports with, by backend.
-EXPORTERS = {"tensorflow": "tf2onnx", "jax": "jax2onnx", "torch": "onnxscript"}
 
 
 def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, metadata=None,
@@ -64,8 +62,8 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
     ['batch', 32, 32, 3]
     """
     onnx = optional_import("onnx", "ONNX export")
-    optional_import(EXPORTERS[keras.backend.backend()], "ONNX export")
-    check_export_target(path, "onnx", overwrite=overwrite)
+    optional_import(ONNX_EXPORTERS[keras.backend.backend()], "ONNX export")
+    check_export_target(path, \"onnx\", overwrite=overwrite)
 
     record = export_record(
         model, "ONNX export", INPUT_NAME, crop_fraction=crop_fraction, labels=labels,

@@ -15,66 +15,15 @@ import keras
 from keras import ops
 
 from keras_vit.models import layers as vit_layers
-from keras_vit.models import posembed, resnet
+from keras_vit.models import posembed, resnet, size
 from keras_vit.models.preprocessing import check_preprocessing, normalize
+from keras_vit.models.variants import VARIANTS, parse_variant
 from keras_vit.utils import keras_compat
 from keras_vit.utils.checks import check_choice, check_in_range, check_positive_int
 from keras_vit.utils.serialization import serializable
 
-# name: (hidden_dim, mlp_dim, num_heads, num_layers), vit_jax configs/models.py.
-SIZES = {
-    "Ti": (192, 768, 3, 12),
-    "S": (384, 1536, 6, 12),
-    "B": (768, 3072, 12, 12),
-    "L": (1024, 4096, 16, 24),
-    "H": (1280, 5120, 16, 32),
-}
-PATCH_SIZES = (8, 14, 16, 32)
-# Hybrids, vit_jax configs/models.py: name -> (ResNet stage units, size, patch size
-# on the trunk's feature map). The names give the effective patch size.
-HYBRIDS = {
-    "R+Ti/16": ((), "Ti", 8),
-    "R26+S/32": ((2, 2, 2, 2), "S", 1),
-    "R26+B/32": ((2, 2, 2, 2), "B", 1),
-    "R50+B/16": ((3, 4, 9), "B", 1),
-    "R50+L/32": ((3, 4, 6, 3), "L", 1),
-}
 # The blocks' layer names: `.keras` files and the JAX layouts address their weights by them.
 BLOCK_NAME = "encoderblock_{index}"
-VARIANTS = tuple(f"{size}/{patch}" for size in SIZES for patch in PATCH_SIZES) + tuple(HYBRIDS)
-
-
-def parse_variant(variant):
-    """Returns the architecture of a variant name such as `"B/16"` as a dict.
-
-    Hybrid names (`"R50+B/16"`) also give `resnet_stages`, and their `patch_size`
-    applies to the ResNet feature map.
-
-    Example:
-
-    >>> parse_variant("Ti/16")["hidden_dim"]
-    192
-    >>> parse_variant("R50+B/16")["resnet_stages"]
-    (3, 4, 9)
-    """
-    if variant not in VARIANTS:
-        raise ValueError(
-            f"Unknown ViT variant {variant!r}: expected one of {', '.join(VARIANTS)}."
-        )
-    if variant in HYBRIDS:
-        resnet_stages, size, patch = HYBRIDS[variant]
-    else:
-        resnet_stages = None
-        size, patch = variant.split("/")
-    hidden_dim, mlp_dim, num_heads, num_layers = SIZES[size]
-    return dict(
-        patch_size=int(patch),
-        hidden_dim=hidden_dim,
-        mlp_dim=mlp_dim,
-        num_heads=num_heads,
-        num_layers=num_layers,
-        resnet_stages=resnet_stages,
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,6 +255,29 @@ def _pair(size, name):
     return pair
 
 
+def resolve_architecture(variant=None, resnet_stages=None, **sizes):
+    """The architecture `ViT(variant, resnet_stages=..., **sizes)` builds: the variant's
+    (`parse_variant`), with the `SIZE_ARGUMENTS` in `sizes` that are not None in place of
+    its own; a `ValueError` names those missing without a variant.
+
+    Example:
+
+    >>> resolve_architecture("B/16", num_layers=2)
+    {'patch_size': 16, 'hidden_dim': 768, 'mlp_dim': 3072, 'num_heads': 12, 'num_layers': 2, 'resnet_stages': None}
+    """
+    arch = parse_variant(variant) if variant is not None else {"resnet_stages": None}
+    arch.update({k: v for k, v in sizes.items() if v is not None})
+    if resnet_stages is not None:
+        arch["resnet_stages"] = tuple(resnet_stages)
+    missing = [k for k in SIZE_ARGUMENTS if k not in arch]
+    if missing:
+        raise ValueError(
+            f"Without a variant, ViT needs {', '.join(missing)}; or pass a variant, "
+            f"one of {', '.join(VARIANTS)}."
+        )
+    return arch
+
+
 def input_stride(patch_size, resnet_stages=None):
     """The input pixels per patch side: the patch size, times a hybrid trunk's stride.
 
@@ -500,19 +472,9 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
                 "channels_last (NHWC) images; transpose channels_first data with "
                 "keras.ops.transpose(images, (0, 2, 3, 1))."
             )
-        arch = parse_variant(variant) if variant is not None else {}
         sizes = (patch_size, hidden_dim, num_layers, num_heads, mlp_dim)
-        overrides = dict(zip(SIZE_ARGUMENTS, sizes))
-        arch.update({k: v for k, v in overrides.items() if v is not None})
-        if resnet_stages is not None:
-            arch["resnet_stages"] = tuple(resnet_stages)
-        stages = arch.pop("resnet_stages", None)
-        missing = [k for k in overrides if k not in arch]
-        if missing:
-            raise ValueError(
-                f"Without a variant, ViT needs {', '.join(missing)}; or pass a variant, "
-                f"one of {', '.join(VARIANTS)}."
-            )
+        arch = resolve_architecture(variant, resnet_stages, **dict(zip(SIZE_ARGUMENTS, sizes)))
+        stages = arch.pop("resnet_stages")
         check_arguments(
             dict(arch, dropout_rate=dropout_rate, attention_dropout_rate=attention_dropout_rate,
                  drop_path_rate=drop_path_rate, remat=remat)
@@ -541,6 +503,18 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         if name is None:
             name = "vit" if variant is None else f"vit-{variant.replace('/', '_')}"
         policy = keras.dtype_policies.get(dtype)
+        # Before any layer is made: a model too large would grow until the system stops it.
+        parameters = size.parameter_count(
+            tokens=(height // stride) * (width // stride) + 1,
+            patch_values=0 if stages else arch["patch_size"] ** 2 * channels,
+            hidden_dim=arch["hidden_dim"], mlp_dim=arch["mlp_dim"],
+            num_layers=arch["num_layers"], num_classes=num_classes if include_top else 0,
+        )
+        size.check_fits(
+            parameters * (2 if "16" in policy.variable_dtype else 4),
+            f"This ViT ({parameters:,} parameters)",
+            "make it smaller (num_layers, hidden_dim, mlp_dim, image_size).",
+        )
         arguments = dict(
             variant=variant,
             image_size=(height, width),

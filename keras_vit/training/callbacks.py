@@ -17,6 +17,7 @@ import tensorflow as tf
 from keras_vit.training.multiworker import chief_writes, is_chief, model_strategy
 from keras_vit.utils import interrupts, keras_compat, model_files
 from keras_vit.utils.checks import check_positive_int
+from keras_vit.utils.csv_rows import write_rows
 from keras_vit.utils.files import atomic_path, atomic_write
 
 logger = logging.getLogger("keras_vit")
@@ -415,10 +416,9 @@ class EpochLog(keras.callbacks.Callback):
         self.rows = [row for row in self.rows if row["epoch"] < epoch] + [dict(epoch=epoch, **values)]
         keys = sorted({key for row in self.rows for key in row} - {"epoch"})
         text = io.StringIO()
-        writer = csv.writer(text, lineterminator="\n")
-        writer.writerow(["epoch", *keys])
-        for row in self.rows:
-            writer.writerow([row["epoch"], *(repr(row[k]) if k in row else "" for k in keys)])
+        write_rows(text, [["epoch", *keys]] + [
+            [row["epoch"], *(row.get(k, "") for k in keys)] for row in self.rows
+        ])
         atomic_write(self.csv_path, text.getvalue())
         if self.logs_dir:
             splits = dict(

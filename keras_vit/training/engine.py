@@ -22,7 +22,8 @@ import tensorflow as tf
 
 from keras_vit import data as vit_data
 from keras_vit.models import mpp as vit_mpp
-from keras_vit.models.vit import ViT, vit_parts
+from keras_vit.models import size
+from keras_vit.models.vit import SIZE_ARGUMENTS, ViT, input_stride, resolve_architecture, vit_parts
 from keras_vit.training import distribute, multiworker, runs
 from keras_vit.training.callbacks import (
     EpochCheckpoints,
@@ -186,6 +187,7 @@ class Plan:
 def check_run(config):
     """Validates `config` for a run on this backend; raises `ValueError` naming what is wrong."""
     config.validate()
+    check_memory(config)
     if keras.backend.backend() not in ("tensorflow", "jax"):
         raise RuntimeError(
             "keras_vit.train runs on the TensorFlow or the JAX backend; set "
@@ -204,6 +206,46 @@ def check_run(config):
                 f"out={config.out!r} holds the model.init_from weights {weights!r}: the run "
                 "would overwrite them; pick another output folder."
             )
+
+
+# Optimizer state per weight (Adam's two moments, SGD's momentum).
+OPTIMIZER_SLOTS = {"adam": 2, "adamw": 2, "sgd": 1}
+
+
+def check_memory(config):
+    """Raises `ValueError` with the estimate when the run's model cannot be trained in the
+    machine's memory (`keras_vit.models.size`: its weights, their gradients and optimizer
+    state, a micro-batch's activations; the head, whose classes the data decides, left
+    out), before any of it is built."""
+    model, optimization = config.model, config.optimization
+    arch = resolve_architecture(
+        None if model.variant == "custom" else model.variant,
+        **{k: model.kwargs.get(k) for k in (*SIZE_ARGUMENTS, "resnet_stages")},
+    )
+    stride = input_stride(arch["patch_size"], arch["resnet_stages"])
+    tokens = (model.image_size // stride) ** 2 + 1
+    shape = dict(hidden_dim=arch["hidden_dim"], mlp_dim=arch["mlp_dim"], num_layers=arch["num_layers"])
+    parameters = size.parameter_count(
+        tokens=tokens, num_classes=0, **shape,
+        patch_values=0 if arch["resnet_stages"] else arch["patch_size"] ** 2 * model.channels,
+    )
+    slots = OPTIMIZER_SLOTS.get(optimization.optimizer, 0)
+    if optimization.optimizer == "sgd" and not optimization.momentum:
+        slots = 0
+    weights = parameters * 4 * (2 + slots)  # float32 weights and gradients, and the slots
+    activations = config.micro_batch_size * size.activation_values(
+        tokens=tokens, num_heads=arch["num_heads"], remat=model.kwargs.get("remat") is True, **shape
+    ) * (4 if config.distribution.precision == "float32" else 2)
+    size.check_fits(
+        weights + activations,
+        f"Training this model ({parameters:,} parameters; {weights / size.GB:,.1f} GB for "
+        f"them, their gradients and {optimization.optimizer} state, "
+        f"{activations / size.GB:,.1f} GB for a micro-batch of {config.micro_batch_size} "
+        "images' activations)",
+        "make the model smaller (model.kwargs.num_layers, hidden_dim, mlp_dim, "
+        "model.image_size) or the micro-batch (data.batch_size, "
+        "optimization.micro_batches_per_update), or set model.kwargs.remat=true.",
+    )
 
 
 # Settings a resumed run may change: where it runs and what it logs, not what it computes.

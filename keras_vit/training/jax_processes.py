@@ -27,11 +27,17 @@ import numpy as np
 JOIN_PORT_OFFSET = 1
 # Settings each process has its own value of.
 PER_PROCESS = ("distribution.process_id",)
+# How process 0's answer to a process that cannot join begins.
+RUN_PROCESSES = "The run's processes did not start together:"
 
 
 class JoinError(RuntimeError):
     """The processes of a run could not start together (one never joined, or their
     settings differ); the message names the processes and what to do."""
+
+
+class PortTaken(JoinError):
+    """Process 0 cannot listen on the coordinator's port + 1."""
 
 
 def process_settings(distribution):
@@ -87,13 +93,21 @@ def handshake(coordinator, num_processes, process_id, timeout):
     host, port = coordinator.rsplit(":", 1)
     address = (host, int(port) + JOIN_PORT_OFFSET)
     deadline = time.monotonic() + timeout
+    taken = None
     if process_id == 0:
-        return _gather(address, num_processes, deadline, timeout)
+        try:
+            return _gather(address, num_processes, deadline, timeout)
+        except PortTaken as error:
+            # Another process 0 may hold it: joined as the others do, it answers that two
+            # processes have process_id 0. Anything else there is another program.
+            taken = error
     while True:
         try:
             connection = socket.create_connection(address, timeout=1)
             break
         except OSError:
+            if taken is not None:
+                raise taken from None
             if time.monotonic() > deadline:
                 raise JoinError(
                     f"Process {process_id}: process 0 (the coordinator, {coordinator}) did not "
@@ -109,6 +123,8 @@ def handshake(coordinator, num_processes, process_id, timeout):
             answer = stream.readline().strip()
         except OSError:
             answer = ""
+    if taken is not None and not answer.startswith(RUN_PROCESSES):
+        raise taken
     if answer != "ok":
         raise JoinError(answer or f"Process {process_id}: process 0 ({coordinator}) stopped answering.")
 
@@ -121,11 +137,11 @@ def _gather(address, num_processes, deadline, timeout):
         server.bind(("", address[1]))
     except OSError as error:
         server.close()
-        raise JoinError(
+        raise PortTaken(
             f"Process 0 cannot listen on port {address[1]} (the coordinator's port + "
             f"{JOIN_PORT_OFFSET}): {error.strerror}; pick another coordinator port."
         ) from None
-    joined, problems = {}, []
+    joined, twice, problems = {}, [], []
     with server:
         server.listen(num_processes)
         while len(joined) < num_processes - 1 and time.monotonic() < deadline:
@@ -144,8 +160,14 @@ def _gather(address, num_processes, deadline, timeout):
                 problems.append(
                     f"process {index} has num_processes {count}, process 0 has {num_processes}"
                 )
-            elif index in joined or not 0 < index < num_processes:
-                problems.append(f"process_id {index} came twice or is out of range")
+            elif index in joined or index == 0:
+                problems.append(
+                    f"two processes have process_id {index} (each needs its own process_id)"
+                )
+                twice.append(connection)
+                continue
+            elif not 0 < index < num_processes:
+                problems.append(f"process_id {index} is out of range")
             joined.setdefault(index, connection)
         missing = [i for i in range(1, num_processes) if i not in joined]
         if missing:
@@ -156,11 +178,11 @@ def _gather(address, num_processes, deadline, timeout):
         answer = "ok"
         if problems:
             answer = (
-                f"The run's processes did not start together: {'; '.join(problems)}. Start one "
+                f"{RUN_PROCESSES} {'; '.join(problems)}. Start one "
                 "process per id 0..num_processes-1, all with the same coordinator and "
                 "num_processes (distribution.join_timeout waits longer)."
             )
-        for connection in joined.values():
+        for connection in [*joined.values(), *twice]:
             with connection:
                 try:
                     connection.sendall((answer + "\n").encode())

@@ -44,7 +44,12 @@ from keras_vit.utils.model_files import SHARDED, DamagedModel, is_model, read_ke
 from keras_vit.weights.download import resolve_weights
 from keras_vit.weights import registry
 from keras_vit.weights.formats import holds_safetensors
-from keras_vit.weights.pretrained import load_pretrained, pretrained, source_arguments
+from keras_vit.weights.pretrained import (
+    NotFiniteWeights,
+    load_pretrained,
+    pretrained,
+    source_arguments,
+)
 from keras_vit.weights.pretrained import source_preprocessing as pretrained_preprocessing
 
 logger = logging.getLogger(__name__)
@@ -342,9 +347,22 @@ def class_names(source):
 
 
 def read_labels(path):
-    """Class names from a text file, one per line in class order (blank lines ignored)."""
-    with tf.io.gfile.GFile(path) as f:
-        return [line.strip() for line in f if line.strip()]
+    """Class names from a text file, one per line in class order (blank lines ignored);
+    a file that is not UTF-8 text is a `ValueError` naming it."""
+    with tf.io.gfile.GFile(path, "rb") as f:
+        payload = f.read()
+    try:
+        text = payload.decode("utf-8-sig")
+        if "\x00" in text:
+            raise ValueError("it holds NUL bytes")
+    except ValueError as error:  # UnicodeDecodeError too
+        problem = (f"byte {error.start} is not UTF-8" if isinstance(error, UnicodeDecodeError)
+                   else error)
+        raise ValueError(
+            f"Labels file {path!r} is not a text file ({problem}); pass class names, one per "
+            "line in class order, as UTF-8 text."
+        ) from None
+    return [line.strip() for line in text.split("\n") if line.strip()]
 
 
 def _run_file(source, name):
@@ -509,5 +527,13 @@ def load_weights(model, source, *, interpolation=None):
             for key, variable in mine.items():
                 variable.assign(theirs[key].value)
             return f"copied {len(mine)} weights from {path}"
-    report = load_pretrained(model, path, interpolation=interpolation)
+    try:
+        report = load_pretrained(model, path, interpolation=interpolation)
+    except NotFiniteWeights as error:  # its strict=False is no way to start a run
+        raise _diverged(error.problem) from None
     return " ".join([f"loaded {source}:", *report.messages])
+
+
+def _diverged(problem):
+    return ValueError(f"{problem}: a run cannot start from it (a diverged run saves such "
+                      "weights); pick an earlier checkpoint.")

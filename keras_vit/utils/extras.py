@@ -7,6 +7,7 @@ command that installs it.
 """
 
 import importlib
+import importlib.util
 
 DISTRIBUTION = "keras3-vit"
 
@@ -24,6 +25,8 @@ EXTRAS = {
     "huggingface_hub": "hf",
     "keras_cv": "keras-cv",
 }
+# Keras backend -> the package Keras' `model.export(format="onnx")` exports with.
+ONNX_EXPORTERS = {"tensorflow": "tf2onnx", "jax": "jax2onnx", "torch": "onnxscript"}
 
 
 class MissingExtra(ImportError):
@@ -64,6 +67,21 @@ def optional_import(module, purpose):
         # dependency of its own) is not fixed by installing the extra: let that through.
         if error.name is not None and error.name.partition(".")[0] != top:
             raise
-        raise MissingExtra(
-            f"{purpose} needs {top}, which is not installed: {install_hint(top)}."
-        ) from None
+        raise _missing(top, purpose) from None
+
+
+def check_installed(module, purpose):
+    """Raises `MissingExtra` as `optional_import` does when the optional `module` is not
+    installed, without importing it (the command line checks before Keras starts).
+
+    Example:
+
+    >>> check_installed("onnx", "ONNX export")
+    """
+    top = module.partition(".")[0]
+    if importlib.util.find_spec(top) is None:
+        raise _missing(top, purpose)
+
+
+def _missing(top, purpose):
+    return MissingExtra(f"{purpose} needs {top}, which is not installed: {install_hint(top)}.")

@@ -28,8 +28,6 @@ import tempfile
 import urllib.parse
 import zipfile
 
-import keras
-
 from keras_vit.utils.extras import optional_import
 from keras_vit.utils.files import atomic_path
 from keras_vit.weights import cache, registry
@@ -176,6 +174,8 @@ def fetch(url, *, sha256=None, size=None):
     origin = download_url(url)
     check_transport(origin, sha256)
     where = f"a copy placed at {final} is used without downloading"
+    import keras  # here: listing and finding cached files (keras-vit weights) runs without Keras
+
     with atomic_path(final) as partial:
         try:
             # The progress bar goes to stderr, as pip's and huggingface_hub's do: stdout

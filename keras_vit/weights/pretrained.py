@@ -56,6 +56,15 @@ _DEFAULT_INTERPOLATION = {
 HEADS = ("head", "head_dist")
 
 
+class NotFiniteWeights(ValueError):
+    """A strict load refused a checkpoint holding NaN or infinite values; `problem` is
+    the line naming them (`keras_vit.utils.model_files.weight_problems`), for callers that say what to do."""
+
+    def __init__(self, problem):
+        super().__init__(f"{problem}; pass strict=False to load it anyway.")
+        self.problem = problem
+
+
 @dataclasses.dataclass
 class LoadReport:
     """What `load_pretrained` did. Keys are in the official vit_jax `.npz` layout.
@@ -730,7 +739,7 @@ def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoin
     if not_float:
         raise ValueError(f"{not_float}; save them as float32.")
     if not_finite and strict:
-        raise ValueError(f"{not_finite}; pass strict=False to load it anyway.")
+        raise NotFiniteWeights(not_finite)
     if not_finite:
         report._note(f"{not_finite}: the model will not give finite outputs.", logging.WARNING)
     layout.assign({**current, **values}, set(values))

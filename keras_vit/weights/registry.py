@@ -53,7 +53,7 @@ from keras_vit.models.preprocessing import (
     OPENAI_CLIP_STD,
     check_preprocessing,
 )
-from keras_vit.models.vit import parse_variant
+from keras_vit.models.variants import parse_variant
 
 OFFICIAL_BASE = "https://storage.googleapis.com/vit_models/"
 IMAGENET21K_CLASSES = 21843  # Google's ImageNet-21k ("goog" order, timm's imagenet21k_goog)
