@@ -492,6 +492,8 @@ def visualize(args):
 def _probe_arguments(parser):
     add_from_argument(parser, required=True)
     add_data_argument(parser)
+    parser.add_argument("--classes", metavar="SPEC",
+                        help="use only these classes, e.g. 0-4 (default: the run's own)")
     add_out_argument(parser, required=True)
     parser.add_argument("--drop", metavar="F,F,...", default="0,0.1,0.25,0.5,0.75,0.9",
                         help="fractions of patches occluded")
@@ -525,7 +527,7 @@ def probe(args):
     drop = _parse_fractions("--drop", args.drop)
     grids = parse_int_list("--grids", args.grids)
     model, config = _load_run_model(args.source)
-    spec, source = eval_source(config, args.data)
+    spec, source = eval_source(config, args.data, args.classes)
     dataset = data.eval_dataset(
         source, default_image_size(model), args.batch_size, channels=model.input_shape[-1],
         crop_fraction=_crop_fraction(args, config, model),
@@ -533,7 +535,8 @@ def probe(args):
     )
     results = probes.robustness_probes(model, dataset, drop_fractions=drop, shuffle_grids=grids)
     numbers, plot = probes.save_results(results, args.out, data=spec)
-    print(f"{spec}: {results['examples']} images, clean accuracy {results['accuracy']:.4f}")
+    print(f"{spec}, {source.num_classes} classes: {results['examples']} images, "
+          f"clean accuracy {results['accuracy']:.4f}")
     for fraction, accuracy in results["occlusion"].items():
         print(f"  {fraction:4.0%} of patches dropped: {accuracy:.4f}")
     for grid, accuracy in results["shuffle"].items():

@@ -118,24 +118,6 @@ def test_allocator_benchmark_times_each_setting_in_its_own_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_pause_benchmark_times_both_calls_back_to_back_and_after_the_pause(tmp_path):
-    out = tmp_path / "pause.json"
-    stdout = run_bench("pause.py", "--image-size", "32", "--batch", "2", "--batches", "2",
-                       "--pause", "0.2", "--rounds", "2", "--out", str(out))
-    result = json.loads(out.read_text())
-    assert result["backend"] == "tensorflow"
-    assert [row["pause_s"] for row in result["rows"]] == [0.0, 0.2]
-    for row in result["rows"]:
-        for call in ("keras-api", "whole-tensor", "harness"):
-            assert len(row["seconds"][call]) == len(row["minor_faults"][call]) == 2
-            assert row["median_s"][call] == pytest.approx(sum(row["seconds"][call]) / 2)
-        for call in ("keras-api", "whole-tensor"):
-            assert row["over_predict_on_batch"][call] == (
-                row["median_s"][call] / row["median_s"]["harness"])
-    assert "pause 0 s: 2 x predict_on_batch" in stdout
-
-
-@pytest.mark.slow
 def test_memory_benchmark_separates_fixed_and_per_image_memory(tmp_path):
     out = tmp_path / "memory.json"
     stdout = run_bench("memory.py", "--variant", "Ti/16", "--image-size", "32",
