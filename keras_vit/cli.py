@@ -322,7 +322,7 @@ def demo(args):
     minutes = sum(summary["seconds"].values()) / 60
     print(summary["table"])
     print(f"{minutes:.1f} minutes. Tables, plots and runs: {out}/ (table.txt, fewshot.png, "
-          "training.png, pretrain/, finetune/)")
+          "training.png, pretrain/, finetune/; digit.png, a test digit to try visualize on)")
     return 0
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -218,3 +219,32 @@ def test_remat_keeps_fewer_residuals_and_the_same_gradients(tmp_path):
     assert report["remat"]["residual_bytes"] < report["without"]["residual_bytes"] / 10
     assert report["gradient_max_difference"] <= 1e-6 * report["gradient_max_abs"]
     assert "gradients: max difference" in stdout
+
+
+def test_the_bench_map_lists_every_script_and_result_and_nothing_else():
+    """bench/README.md names every script of bench/ and every file of bench/results/, and
+    every result it names exists; result files are named SCRIPT_MACHINE_DATE after a
+    script that is there."""
+    readme = (ROOT / "bench" / "README.md").read_text()
+    scripts = {p.name for p in (ROOT / "bench").iterdir() if p.suffix in (".py", ".sh")}
+    named = set(re.findall(r"`([a-z_]+\.(?:py|sh))", readme))
+    assert scripts - {"__init__.py"} <= named, scripts - named
+    results = {p.name for p in (ROOT / "bench" / "results").iterdir()}
+    named_results = set(re.findall(r"`([\w.-]+\.(?:json|log))`", readme))
+    assert results == named_results, (results ^ named_results)
+    for name in results:
+        script, machine, date = re.fullmatch(
+            r"([a-z_]+?)_([a-z0-9-]+)_(\d{4}-\d{2}-\d{2}(?:T\d{4})?)(?:_\w+)?\.(?:json|log)", name).groups()
+        assert f"{script}.py" in scripts, name
+
+
+def test_results_are_named_by_machine_and_time():
+    sys.path.insert(0, str(ROOT))
+    from bench.models import machine_name, results_path
+
+    assert machine_name(dict(cpu="Intel(R) Xeon(R) Processor", cpu_flags=["avx2", "amx_bf16"])) == "xeon-amx"
+    assert machine_name(dict(cpu="AMD EPYC 7B13 64-Core Processor", cpu_flags=["avx2"])) == "epyc-7b13-64-core"
+    assert machine_name(dict(cpu="x", cpu_flags=["amx_bf16"]), device="NVIDIA H200") == "h200"
+    path = Path(results_path("memory"))
+    assert path.parent == ROOT / "bench" / "results"
+    assert re.fullmatch(rf"memory_{machine_name()}_\d{{4}}-\d\d-\d\dT\d{{4}}\.json", path.name)
