@@ -246,7 +246,7 @@ def _user_files(folder):
     tf.io.write_file(str(folder / "cat.jpg"), tf.io.encode_jpeg(photo))
     for label, tint in (("cat", 0), ("dog", 2)):
         (folder / "photos" / label).mkdir(parents=True)
-        for index in range(20):  # more than the docs command's batch of 32
+        for index in range(12):  # three of the docs command's batches of 8
             image = rng.integers(0, 128, (240, 320, 3), dtype=np.uint8)
             image[..., tint] += 120
             tf.io.write_file(str(folder / "photos" / label / f"{index}.jpg"), tf.io.encode_jpeg(image))
