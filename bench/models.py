@@ -233,7 +233,7 @@ def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo,
             # One untimed round first, the timed rounds' calls in their order: a call's
             # first run at the timed length can grow the process's heap (JAX's `fit` of
             # the timed steps after a warm-up `fit` of one), and faulting that memory in
-            # is a one-off cost (README, Performance).
+            # is a one-off cost (docs/performance.md).
             for key in keys:
                 workers[key[:2]].ask(op="round", steps=plan["steps"][mode], interface=key[2])
             rounds = {key: [] for key in keys}

@@ -428,7 +428,7 @@ def export(args):
 
     if args.quantize and args.format != "tflite":
         print(f"--quantize {args.quantize} applies to --format tflite only; for an int8 "
-              "Keras model, use model.quantize('int8') (see README, Exports).", file=sys.stderr)
+              "Keras model, use model.quantize('int8') (see docs/export.md).", file=sys.stderr)
         return 2
     if args.native_resolution and args.format != "saved_model":
         print(f"--native-resolution applies to --format saved_model only; {args.format} "
