@@ -317,3 +317,22 @@ def test_the_docs_as_a_user_types_them(bucket, tmp_path):
     for entry in entries:
         assert (home / ".keras" / "models" / "keras_vit" / entry.relative_path).is_file()
     assert not failures, "\n".join(failures)
+
+
+def test_shown_outputs_are_compared_with_the_demos(tmp_path):
+    """The checks of `SHOWN` accept what the demo's own figures make, and name a mismatch."""
+    import json
+
+    demo = tmp_path / "runs" / "demo"
+    demo.mkdir(parents=True)
+    (demo / "table.txt").write_text(
+        "shots | pretrained  | random init\n------+-------------+------------\n"
+        "    1 | 33.1 ± 4.1% | 25.7 ± 4.5%\n    5 | 48.9 ± 3.3% | 40.2 ± 5.3%\n"
+        "  pretrain (classes 0-4, 8 px) | 94.4%       | -\n")
+    (demo / "summary.json").write_text(json.dumps({"pretrain_accuracy": 0.94444}))
+    fewshot = "shots | pretrain    | l2\n------+----\n    1 | 33.1 ± 4.1% | 2^6\n    5 | 48.9 ± 3.3% | 2^2\n"
+    assert _shown_fewshot(fewshot, tmp_path) is True
+    assert "48.7" in _shown_fewshot(fewshot.replace("48.9", "48.7"), tmp_path)
+    probe = "digits, 5 classes: 180 images, clean accuracy 0.9444\n"
+    assert _shown_probe(probe, tmp_path) is True
+    assert _shown_probe(probe.replace("5 classes: 180", "10 classes: 360"), tmp_path) is not True
