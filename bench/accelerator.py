@@ -10,7 +10,7 @@ inference images/s, and the model FLOP utilisation (MFU): FLOPs per image
 the GPU's published dense bfloat16 peak, looked up by device name (`--peak-tflops`
 overrides). Workers and rounds are those of `bench/models.py`: one process per
 contender, rounds alternating between them, medians over rounds. Writes
-`bench/accelerator.json` (or `--out`).
+`bench/results/accelerator_GPU_DATE.json` (or `--out`).
 """
 
 import argparse
@@ -31,7 +31,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 from bench.contenders import CONTENDERS  # noqa: E402
-from bench.models import chosen, machine, run_group, summarise  # noqa: E402
+from bench.models import chosen, machine, results_path, run_group, summarise  # noqa: E402
 
 # Dense (no sparsity) bfloat16 tensor-core peaks in TFLOP/s from NVIDIA's data sheets,
 # matched against the device name in this order (the first match wins).
@@ -99,7 +99,7 @@ def format_table(entries):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="a tiny model, on any machine")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "accelerator.json"))
+    parser.add_argument("--out", help="default: bench/results/accelerator_GPU_DATE.json")
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--peak-tflops", type=float, help="the device's bfloat16 peak")
     args = parser.parse_args(argv)
@@ -137,8 +137,9 @@ def main(argv=None):
         entries=entries,
         table=table,
     )
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    echo(f"wrote {args.out}")
+    out = args.out or results_path("accelerator", device=entries[0]["device"])
+    Path(out).write_text(json.dumps(result, indent=1))
+    echo(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ precision, task and setting, in that order, a fresh process builds the model thr
 `bench/contenders.py`'s Keras worker, runs two untimed steps, then times `--steps` steps
 (its harness: `predict_on_batch` / `train_on_batch`, AdamW with global-norm clipping) and
 counts its minor page faults. Rounds alternate the settings.
-Writes `bench/allocator.json` (or `--out`): each step's seconds, the median, page faults
+Writes `bench/results/allocator_CPU_DATE.json` (or `--out`): each step's seconds, the median, page faults
 per step and the peak RSS.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.models import machine, worker_environment  # noqa: E402
+from bench.models import machine, worker_environment, results_path  # noqa: E402
 
 SETTINGS = ("system", "keep")
 # One process's measurement, through the benchmark's own Keras worker; prints a JSON line.
@@ -69,7 +69,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--precisions", default="float32,bfloat16")
     parser.add_argument("--tasks", default="infer,train")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "allocator.json"))
+    parser.add_argument("--out", default=results_path("allocator"))
     args = parser.parse_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc)
     rows = []

@@ -14,7 +14,7 @@ The folders hold hard links to `--distinct` ImageNet-sized JPEGs (375x500, writt
 here), spread over 1000 class folders like ImageNet's: every file is its own directory
 entry, so listing and checking cost what they cost on real files, but the data stays
 small and sits in the page cache (a warm start; a cold disk adds its read latency to
-both the check and the decode). Results go to stdout and `bench/folder_startup.json`.
+both the check and the decode). Results go to stdout and `bench/results/folder_startup_CPU_DATE.json`.
 
     python bench/folder_startup.py [--sizes 1000 4000 16000 64000 200000]
 """
@@ -36,6 +36,9 @@ import tensorflow as tf  # noqa: E402
 
 import keras_vit  # noqa: E402
 from keras_vit import data  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.models import results_path  # noqa: E402  (after keras: it presets KERAS_BACKEND)
 
 CLASSES = 1000
 
@@ -87,7 +90,7 @@ def main():
     parser.add_argument("--distinct", type=int, default=500, help="distinct JPEGs written")
     parser.add_argument("--decode-limit", type=int, default=16000)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "folder_startup.json"))
+    parser.add_argument("--out", help="default: bench/results/folder_startup_CPU_DATE.json")
     args = parser.parse_args()
 
     model = keras_vit.ViT(image_size=224, patch_size=32, hidden_dim=64, num_layers=2,
@@ -132,7 +135,7 @@ def main():
         distinct_jpegs=args.distinct, jpeg_kib=round(jpeg_kib, 1), classes=CLASSES,
         batch=args.batch, rows=rows,
     )
-    with open(args.out, "w") as f:
+    with open(args.out or results_path("folder_startup"), "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
 

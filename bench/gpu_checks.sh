@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks of a machine with a GPU, in one go (README, Development):
+# The checks of a machine with a GPU, in one go (docs/development.md):
 #   1. bench/accelerator.py: ViT-B/16 in bfloat16 against HF, on each installed backend;
 #   2. the GPU test subset (tests marked `gpu`) once per installed Keras backend;
 #   3. beside them, bench/digits_fit.py in mixed_bfloat16 on each backend: a training run

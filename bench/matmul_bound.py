@@ -14,7 +14,7 @@ products leave idle.) The sum is set beside keras-vit's whole step and HF transf
 step, timed by `bench/contenders.py` workers in the same run, rounds alternating as in
 `bench/models.py`. The table says how much of the step is matrix products, at what
 fraction of the machine's matmul peak each runs, and the best ratio to HF that XLA's
-products allow. Writes `bench/matmul_bound.json`.
+products allow. Writes `bench/results/matmul_bound_CPU_DATE.json`.
 """
 
 import argparse
@@ -34,7 +34,7 @@ os.environ["KERAS_BACKEND"] = "tensorflow"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from bench.contenders import timed, matmul_gflops  # noqa: E402
-from bench.models import BATCH, REFERENCE, Worker, machine  # noqa: E402
+from bench.models import BATCH, REFERENCE, Worker, machine, results_path  # noqa: E402
 
 CONTENDER = "keras-tensorflow"
 REPEATS = 5
@@ -234,7 +234,7 @@ def main(argv=None):
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--modes", default="infer,train")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "matmul_bound.json"))
+    parser.add_argument("--out", default=results_path("matmul_bound"))
     args = parser.parse_args(argv)
     modes = args.modes.split(",")
     unknown = [m for m in modes if m not in ("infer", "train")]

@@ -10,7 +10,7 @@ process of its own; the resident-set high-water marks after each phase separate 
 framework's fixed cost (its import, the model, the optimizer, compiled programs) from
 what every further image adds (the activations kept for the backward pass):
 `per image = (train peak at the large batch - at the small one) / (batch difference)`.
-Writes `bench/memory.json`.
+Writes `bench/results/memory_CPU_DATE.json`.
 """
 
 import argparse
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.contenders import CONTENDERS  # noqa: E402
-from bench.models import BATCH, Worker, chosen, machine  # noqa: E402
+from bench.models import BATCH, Worker, chosen, machine, results_path  # noqa: E402
 
 SMALL_BATCH = 2
 
@@ -48,7 +48,7 @@ def main(argv=None):
     parser.add_argument("--variant", default="S/16")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
-    parser.add_argument("--out", default=str(ROOT / "bench" / "memory.json"))
+    parser.add_argument("--out", default=results_path("memory"))
     args = parser.parse_args(argv)
     contenders = chosen(parser, "contenders", args.contenders, CONTENDERS)
     from keras_vit.models.vit import parse_variant

@@ -5,7 +5,7 @@ in one run.
     python bench/models.py --quick    # a smoke run: Ti/16 at 224, 2 short rounds
     python bench/models.py --overhead # Ti/16 at 32 px, batch 1: Python and dispatch per step
     python bench/models.py --models dinov2-s14,siglip-b16  # only those rows
-    python bench/models.py --out bench/results.json --contenders keras-tensorflow,hf-torch
+    python bench/models.py --out /tmp/models.json --contenders keras-tensorflow,hf-torch
     python bench/models.py --keras-api  # also through Keras' predict and fit (rows "keras-api")
 
 The DINOv2-S/14 and SigLIP-B/16 rows (224 px) time HF's `Dinov2Model` and
@@ -233,7 +233,7 @@ def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo,
             # One untimed round first, the timed rounds' calls in their order: a call's
             # first run at the timed length can grow the process's heap (JAX's `fit` of
             # the timed steps after a warm-up `fit` of one), and faulting that memory in
-            # is a one-off cost (README, Performance).
+            # is a one-off cost (docs/performance.md).
             for key in keys:
                 workers[key[:2]].ask(op="round", steps=plan["steps"][mode], interface=key[2])
             rounds = {key: [] for key in keys}
@@ -384,6 +384,26 @@ def machine():
     )
 
 
+def machine_name(info=None, device=None):
+    """A short name for the machine a result came from, for its file name: the GPU's
+    (`device`, e.g. "NVIDIA H200" -> "h200") or the CPU's, with "-amx" where it has AMX
+    ("Intel(R) Xeon(R) Processor" -> "xeon-amx", "AMD EPYC 7B13" -> "epyc-7b13")."""
+    info = info or machine()
+    name = device or info["cpu"]
+    for noise in ("(R)", "(TM)", "Processor", "CPU", "Intel", "AMD", "NVIDIA"):
+        name = name.replace(noise, " ")
+    name = "-".join(name.split("@")[0].lower().split()) or "unknown"
+    return name + ("-amx" if device is None and "amx_bf16" in info["cpu_flags"] else "")
+
+
+def results_path(script, device=None):
+    """Where `bench/SCRIPT.py` writes its result by default (bench/README.md lists them):
+    `bench/results/SCRIPT_MACHINE_YYYY-MM-DDTHHMM.json`, MACHINE `machine_name`'s, the
+    time the run started (UTC)."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%M")
+    return str(ROOT / "bench" / "results" / f"{script}_{machine_name(device=device)}_{stamp}.json")
+
+
 def format_table(entries, growth, peaks):
     def other_batch(e):  # a group timed at another batch than the header's
         return "" if e["batch"] == entries[0]["batch"] else f" (batch {e['batch']})"
@@ -456,7 +476,7 @@ def main(argv=None):
         "--keras-api", action="store_true",
         help="also time Keras' predict and fit (and HF under inference_mode) beside the harness",
     )
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
+    parser.add_argument("--out", default=results_path("models"))
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--rounds", type=int, help="override the plan's rounds")
     parser.add_argument(

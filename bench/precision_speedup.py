@@ -8,7 +8,7 @@ ViT-Ti/16 at 224 px twice with the same weights, in float32 and under Keras'
 training step at batch 32. Times are CPU seconds per step (all threads), the best of
 the rounds: on a shared machine they are steadier than wall time, and on an idle one
 they are the wall time times the cores used. Also reports how often the two models'
-top-1 predictions agree. Writes `bench/precision_speedup.json`.
+top-1 predictions agree. Writes `bench/results/precision_speedup_CPU_DATE.json`.
 """
 
 import json
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.models import machine  # noqa: E402
+from bench.models import machine, results_path  # noqa: E402
 
 BACKENDS = ("tensorflow", "jax")
 ROUNDS = 3
@@ -92,7 +92,7 @@ def main():
         print(f"| {backend} | top-1 agreement | {row['top1_agreement']:.3f} | | |")
     result = dict(command="python bench/precision_speedup.py", machine=info,
                   load_average=os.getloadavg(), rounds=ROUNDS, rows=rows)
-    (ROOT / "bench" / "precision_speedup.json").write_text(json.dumps(result, indent=1))
+    Path(results_path("precision_speedup")).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ bilinear filter antialiases a downscale, TensorFlow's does not).
 
     python bench/predict.py [--images 1000] [--variant Ti/16] [--batch 32]
                             [--contenders keras-tensorflow,keras-jax,keras-torch,hf-pipeline]
-                            [--out bench/predict.json]
+                            [--out FILE]
 """
 
 import argparse
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.models import machine  # noqa: E402
+from bench.models import machine, results_path  # noqa: E402
 
 CONTENDERS = ("keras-tensorflow", "keras-jax", "keras-torch", "hf-pipeline")
 IMAGE_SIZE = 224
@@ -129,7 +129,7 @@ def main(argv=None):
     parser.add_argument("--variant", default="Ti/16")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
-    parser.add_argument("--out", default=str(ROOT / "bench" / "predict.json"))
+    parser.add_argument("--out", default=results_path("predict"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
     parser.add_argument("--image-folder", help=argparse.SUPPRESS)
@@ -160,18 +160,24 @@ def main(argv=None):
             ) / args.images
         rows.append(row)
     report = dict(machine=machine(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                  rows=rows)
+                  rows=rows, table=format_table(rows))
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"{report['machine']['cpu']} ({', '.join(report['machine']['cpu_flags'])}), "
           f"{report['machine']['cores']} cores; {args.variant} at {IMAGE_SIZE} px, "
           f"{args.images} JPEGs, batch {args.batch}")
-    print("| contender | start-up s | images/s | x HF pipeline | top-1 agreement |")
-    print("|---|---|---|---|---|")
-    for row in rows:
-        print(f"| {row['contender']} | {row['startup_s']:.1f} | {row['images_per_s']:.1f} | "
-              f"{row.get('x_hf_pipeline', float('nan')):.2f} | "
-              f"{row.get('top1_agreement', float('nan')):.3f} |")
+    print(report["table"])
     return 0
+
+
+def format_table(rows):
+    """The result rows as a Markdown table (printed, and kept in the result file)."""
+    lines = ["| contender | start-up s | images/s | x HF pipeline | top-1 agreement |",
+             "|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['contender']} | {row['startup_s']:.1f} | {row['images_per_s']:.1f} | "
+                     f"{row.get('x_hf_pipeline', float('nan')):.2f} | "
+                     f"{row.get('top1_agreement', float('nan')):.3f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

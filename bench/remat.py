@@ -12,7 +12,7 @@ For the gradient of a training-mode forward pass, with and without `remat`:
   machine's backend (`compiled.memory_analysis().temp_size_in_bytes`), which also
   depends on how XLA schedules the recomputation.
 
-Writes `bench/remat.json`.
+Writes `bench/results/remat_CPU_DATE.json` (or `--out`).
 """
 
 import argparse
@@ -31,7 +31,7 @@ import jax  # noqa: E402
 import keras  # noqa: E402
 
 import keras_vit  # noqa: E402
-from bench.models import machine  # noqa: E402
+from bench.models import machine, results_path  # noqa: E402
 
 
 def measure(remat, variant, image_size, batch):
@@ -66,7 +66,7 @@ def main(argv=None):
     parser.add_argument("--variant", default="Ti/16")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "remat.json"))
+    parser.add_argument("--out", default=results_path("remat"))
     args = parser.parse_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc)
     rows, gradients = {}, {}

@@ -383,7 +383,7 @@ def demo(args):
     minutes = sum(summary["seconds"].values()) / 60
     print(summary["table"])
     print(f"{minutes:.1f} minutes. Tables, plots and runs: {out}/ (table.txt, fewshot.png, "
-          "training.png, pretrain/, finetune/)")
+          "training.png, pretrain/, finetune/; digit.png, a test digit to try visualize on)")
     return 0
 
 
@@ -509,7 +509,7 @@ def export(args):
 
     if args.quantize and args.format != "tflite":
         print(f"--quantize {args.quantize} applies to --format tflite only; for an int8 "
-              "Keras model, use model.quantize('int8') (see README, Exports).", file=sys.stderr)
+              "Keras model, use model.quantize('int8') (see docs/export.md).", file=sys.stderr)
         return 2
     if args.native_resolution and args.format != "saved_model":
         print(f"--native-resolution applies to --format saved_model only; {args.format} "
@@ -577,6 +577,8 @@ def visualize(args):
 def _probe_arguments(parser):
     add_from_argument(parser, required=True)
     add_data_argument(parser)
+    parser.add_argument("--classes", metavar="SPEC",
+                        help="use only these classes, e.g. 0-4 (default: the run's own)")
     add_out_argument(parser, required=True)
     parser.add_argument("--drop", metavar="F,F,...", default="0,0.1,0.25,0.5,0.75,0.9",
                         help="fractions of patches occluded")
@@ -611,7 +613,7 @@ def probe(args):
     drop = _parse_fractions("--drop", args.drop)
     grids = parse_int_list("--grids", args.grids)
     model, config = _load_run_model(args.source)
-    spec, source = eval_source(config, args.data)
+    spec, source = eval_source(config, args.data, args.classes)
     dataset = data.eval_dataset(
         source, default_image_size(model), args.batch_size, channels=model.input_shape[-1],
         crop_fraction=_crop_fraction(args, config, model),
@@ -619,7 +621,8 @@ def probe(args):
     )
     results = probes.robustness_probes(model, dataset, drop_fractions=drop, shuffle_grids=grids)
     numbers, plot = probes.save_results(results, args.out, data=spec)
-    print(f"{spec}: {results['examples']} images, clean accuracy {results['accuracy']:.4f}")
+    print(f"{spec}, {source.num_classes} classes: {results['examples']} images, "
+          f"clean accuracy {results['accuracy']:.4f}")
     for fraction, accuracy in results["occlusion"].items():
         print(f"  {fraction:4.0%} of patches dropped: {accuracy:.4f}")
     for grid, accuracy in results["shuffle"].items():

@@ -16,6 +16,7 @@ OUT/finetune/               the fine-tuning run
 OUT/fewshot.json|txt|png    few-shot results, pretrained and random init
 OUT/training.png            test accuracy per epoch of both runs
 OUT/summary.json, OUT/table.txt
+OUT/digit.png               a test digit (a 3, 8x8 grey) to try `visualize` and `predict` on
 ```
 """
 
@@ -39,6 +40,30 @@ from keras_vit.utils.files import atomic_write
 logger = logging.getLogger("keras_vit")
 
 ENCODER = "encoder.npz"
+SAMPLE_DIGIT = "digit.png"
+
+
+def write_sample_digit(path):
+    """Writes the first 3 of the digits' test split as an 8x8 grey PNG: an image file the
+    docs' `keras-vit visualize` and `predict` examples read.
+
+    Example:
+
+    >>> import tempfile, keras
+    >>> from keras_vit.digits import digits_arrays
+    >>> path = os.path.join(tempfile.mkdtemp(), "digit.png")
+    >>> write_sample_digit(path)
+    >>> pixels = keras.utils.img_to_array(keras.utils.load_img(path, color_mode="grayscale"))
+    >>> images, labels = digits_arrays("test")
+    >>> bool((pixels == images[labels == 3][0]).all())
+    True
+    """
+    import keras
+
+    from keras_vit.digits import digits_arrays
+
+    images, labels = digits_arrays("test")
+    keras.utils.save_img(path, images[np.flatnonzero(labels == 3)[0]], scale=False)
 
 
 @dataclasses.dataclass
@@ -202,6 +227,7 @@ def run_demo(config, *, out=None, verbose="auto"):
     )
     with open(os.path.join(out, "table.txt"), "w") as f:
         f.write(table + "\n")
+    write_sample_digit(os.path.join(out, SAMPLE_DIGIT))
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=float)
     return summary

@@ -185,6 +185,24 @@ def bucket_model(seed=1):
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def doc_pages():
+    """The documentation as a user reads it: README.md, then the site's pages in the
+    order of `nav` in mkdocs.yml, as `(path relative to ROOT, text)` pairs."""
+    import yaml
+
+    def flatten(entries):
+        for entry in entries:
+            value = entry if isinstance(entry, str) else next(iter(entry.values()))
+            if isinstance(value, list):
+                yield from flatten(value)
+            else:
+                yield value
+
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    paths = ["README.md", *(f"docs/{page}" for page in flatten(nav))]
+    return [(path, (ROOT / path).read_text()) for path in paths]
+
+
 def clean_environment(**extra):
     """The environment of a user's shell: no PYTHONPATH (it would import this checkout)
     and no KERAS_VIT_* setting."""

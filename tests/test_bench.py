@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,24 +119,6 @@ def test_allocator_benchmark_times_each_setting_in_its_own_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_pause_benchmark_times_both_calls_back_to_back_and_after_the_pause(tmp_path):
-    out = tmp_path / "pause.json"
-    stdout = run_bench("pause.py", "--image-size", "32", "--batch", "2", "--batches", "2",
-                       "--pause", "0.2", "--rounds", "2", "--out", str(out))
-    result = json.loads(out.read_text())
-    assert result["backend"] == "tensorflow"
-    assert [row["pause_s"] for row in result["rows"]] == [0.0, 0.2]
-    for row in result["rows"]:
-        for call in ("keras-api", "whole-tensor", "harness"):
-            assert len(row["seconds"][call]) == len(row["minor_faults"][call]) == 2
-            assert row["median_s"][call] == pytest.approx(sum(row["seconds"][call]) / 2)
-        for call in ("keras-api", "whole-tensor"):
-            assert row["over_predict_on_batch"][call] == (
-                row["median_s"][call] / row["median_s"]["harness"])
-    assert "pause 0 s: 2 x predict_on_batch" in stdout
-
-
-@pytest.mark.slow
 def test_memory_benchmark_separates_fixed_and_per_image_memory(tmp_path):
     out = tmp_path / "memory.json"
     stdout = run_bench("memory.py", "--variant", "Ti/16", "--image-size", "32",
@@ -236,3 +219,32 @@ def test_remat_keeps_fewer_residuals_and_the_same_gradients(tmp_path):
     assert report["remat"]["residual_bytes"] < report["without"]["residual_bytes"] / 10
     assert report["gradient_max_difference"] <= 1e-6 * report["gradient_max_abs"]
     assert "gradients: max difference" in stdout
+
+
+def test_the_bench_map_lists_every_script_and_result_and_nothing_else():
+    """bench/README.md names every script of bench/ and every file of bench/results/, and
+    every result it names exists; result files are named SCRIPT_MACHINE_DATE after a
+    script that is there."""
+    readme = (ROOT / "bench" / "README.md").read_text()
+    scripts = {p.name for p in (ROOT / "bench").iterdir() if p.suffix in (".py", ".sh")}
+    named = set(re.findall(r"`([a-z_]+\.(?:py|sh))", readme))
+    assert scripts - {"__init__.py"} <= named, scripts - named
+    results = {p.name for p in (ROOT / "bench" / "results").iterdir()}
+    named_results = set(re.findall(r"`([\w.-]+\.(?:json|log))`", readme))
+    assert results == named_results, (results ^ named_results)
+    for name in results:
+        script, machine, date = re.fullmatch(
+            r"([a-z_]+?)_([a-z0-9-]+)_(\d{4}-\d{2}-\d{2}(?:T\d{4})?)(?:_\w+)?\.(?:json|log)", name).groups()
+        assert f"{script}.py" in scripts, name
+
+
+def test_results_are_named_by_machine_and_time():
+    sys.path.insert(0, str(ROOT))
+    from bench.models import machine_name, results_path
+
+    assert machine_name(dict(cpu="Intel(R) Xeon(R) Processor", cpu_flags=["avx2", "amx_bf16"])) == "xeon-amx"
+    assert machine_name(dict(cpu="AMD EPYC 7B13 64-Core Processor", cpu_flags=["avx2"])) == "epyc-7b13-64-core"
+    assert machine_name(dict(cpu="x", cpu_flags=["amx_bf16"]), device="NVIDIA H200") == "h200"
+    path = Path(results_path("memory"))
+    assert path.parent == ROOT / "bench" / "results"
+    assert re.fullmatch(rf"memory_{machine_name()}_\d{{4}}-\d\d-\d\dT\d{{4}}\.json", path.name)

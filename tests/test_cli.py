@@ -288,6 +288,12 @@ def test_demo_command_runs_all_stages_and_reports_them(tmp_path, capsys, caplog)
                   "position embedding resampled"):
         assert stage in caplog.text
 
+    # The sample digit the docs' visualize and predict examples read.
+    from keras_vit.demo import write_sample_digit
+
+    write_sample_digit(str(tmp_path / "digit.png"))
+    assert (out / "digit.png").read_bytes() == (tmp_path / "digit.png").read_bytes()
+
     demo = cli.load_recipe("demo", attribute="DEMO")
     summary = json.loads((out / "summary.json").read_text())
     final = {

@@ -173,3 +173,16 @@ def test_a_version_0_1_run_exports_and_probes_as_it_was_trained(tmp_path):
     reported = json.loads((FIXTURE_RUN / "metrics.json").read_text())
     assert results["examples"] == reported["eval_examples"] == 180  # digits 0-4 only
     assert results["accuracy"] == pytest.approx(reported["final"]["top1"], abs=1e-6)
+
+
+def test_probe_command_scores_the_class_range_it_is_given(tmp_path, capsys):
+    """`--data digits --classes 0-4` scores a run trained on digits 0-4 on those digits
+    (what the run reported), not on all ten; the printed line names the class count."""
+    probes = tmp_path / "probes"
+    assert cli.main(["probe", "--from", str(FIXTURE_RUN), "--data", "digits", "--classes", "0-4",
+                     "--out", str(probes), "--drop", "0", "--grids", "2"]) == 0
+    results = json.loads((probes / "probes.json").read_text())
+    reported = json.loads((FIXTURE_RUN / "metrics.json").read_text())
+    assert results["examples"] == reported["eval_examples"] == 180
+    assert results["accuracy"] == pytest.approx(reported["final"]["top1"], abs=1e-6)
+    assert "digits, 5 classes: 180 images" in capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""Several JAX processes through `keras-vit pretrain`: the README's two-process command
+"""Several JAX processes through `keras-vit pretrain`: the docs' two-process command
+(docs/distributed.md)
 trains as one process does, killed and restarted it resumes exactly, and processes that
 cannot start together say which."""
 
@@ -20,8 +21,8 @@ pytest.importorskip("jax")
 pytestmark = pytest.mark.slow  # several processes per test
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
-# The README's two-process CPU snippet, run as written (its port made free, and the
+README = (ROOT / "docs" / "distributed.md").read_text()
+# The docs' two-process CPU snippet, run as written (its port made free, and the
 # `keras-vit` command this checkout's).
 (TWO_PROCESSES,) = [
     block for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S)

@@ -111,7 +111,7 @@ def test_tflite_float_matches_keras_and_dynamic_int8_agrees(demo_run, tmp_path, 
     # The rest, the same in both files, is the float32 tensors (13 KB), the graph
     # (~25 KB: 102 ops, 160 tensors, their names and shapes) and 11.5 KB of scales and
     # zero points, which the demo model's 70k parameters do not outweigh: 0.383 here
-    # (README, Exports); 0.430 before the export forms of Dense, softmax and GELU.
+    # (docs/export.md); 0.430 before the export forms of Dense, softmax and GELU.
     assert ratio < 0.4
     ops_used = {op["op_name"] for op in interpreter._get_ops_details()}
     assert {"FULLY_CONNECTED", "SOFTMAX", "GELU"} <= ops_used and "GATHER" not in ops_used

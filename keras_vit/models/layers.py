@@ -220,7 +220,7 @@ class LayerNormalization(keras.layers.LayerNormalization):
 
     When training under JAX its gradient is the closed form, computed from the inputs
     and each row's statistics, which XLA keeps instead of three tensors of the
-    inputs' size (README, Performance: the memory of a training step).
+    inputs' size (docs/performance.md: the memory of a training step).
 
     When `is_tracing_for_export()` it normalises with means, a subtraction and a
     reciprocal square root, in float32 as Keras does. On PyTorch Keras calls the fused
@@ -252,7 +252,7 @@ class LayerNormalization(keras.layers.LayerNormalization):
         if (
             training  # at inference XLA keeps more buffers around the custom gradient
             # TensorFlow's XLA step and PyTorch's fused kernel need no more memory with
-            # Keras' formula (README, Performance).
+            # Keras' formula (docs/performance.md).
             and keras.backend.backend() == "jax"
             and last_axis_only
             and self.scale
@@ -845,12 +845,12 @@ def mlp_activation(y, approximate=False, quick=False):
     if keras.backend.backend() == "torch":
         return keras.activations.gelu(y, approximate=approximate)
     # In float32, rounded once to a 16-bit compute dtype: XLA:CPU computes a chain
-    # of 16-bit ops by rounding after each (README, Performance).
+    # of 16-bit ops by rounding after each (docs/performance.md).
     x = ops.cast(y, "float32")
     if approximate:
         return ops.cast(keras.activations.gelu(x, approximate=True), y.dtype)
     # Under XLA the erf form beats tf.nn.gelu's and jax.nn.gelu's erfc form
-    # (README, Performance). `erf` is built from basic ops because
+    # (docs/performance.md). `erf` is built from basic ops because
     # JAX lowers lax.erf to a StableHLO composite that TensorFlow cannot load,
     # which would break SavedModel export of JAX-built models (jax2tf). Exports
     # from TensorFlow take its own erf, which the LiteRT converter fuses into one

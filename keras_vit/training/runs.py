@@ -405,27 +405,29 @@ def eval_crop_fraction(config, model=None):
     return None if model is None else model_preprocessing(model)["crop_fraction"]
 
 
-def eval_source(config, spec=None):
+def eval_source(config, spec=None, classes=None):
     """The labelled images to score a run's model on, as `(spec, source)`.
 
     `spec` if given (a `keras_vit.data.load_source` specification), else the run's
-    `evaluation.source` or its `data.source`, restricted to the classes (and label ids)
-    the run was trained on; `digits` without a run. Always the `test` split.
+    `evaluation.source` or its `data.source`; `digits` without a run. Always the `test`
+    split, restricted to `classes` (e.g. `"0-4"`, relabelled in order) if given, else,
+    for the run's own source, to the classes (and label ids) the run was trained on.
 
     Example:
 
     >>> spec, source = eval_source(TrainConfig(data=dict(source="digits", classes="0-4")))
     >>> spec, source.num_classes
     ('digits', 5)
+    >>> eval_source(None, "digits", classes="5-9")[1].num_classes
+    5
     """
-    if spec is not None or config is None:
-        spec = spec or "digits"
-        return spec, vit_data.load_source(spec, "test")
-    spec = config.evaluation.source or config.data.source
-    source = vit_data.load_source(spec, "test")
-    if config.data.classes:
-        source = vit_data.select_classes(source, config.data.classes)
-    return spec, source
+    if spec is None and config is not None:
+        spec = config.evaluation.source or config.data.source
+        classes = classes or config.data.classes
+    source = vit_data.load_source(spec or "digits", "test")
+    if classes:
+        source = vit_data.select_classes(source, classes)
+    return spec or "digits", source
 
 
 def load_model(source):

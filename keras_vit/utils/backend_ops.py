@@ -307,7 +307,7 @@ def dot_product_attention(query, key, value):
         torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value))
     ):
         # On a CPU, PyTorch's 16-bit fused attention computes its gradients slower than
-        # its float32 one (README, Performance), so training takes the float32 kernel
+        # its float32 one (docs/performance.md), so training takes the float32 kernel
         # and rounds its output once; inference keeps the faster 16-bit forward.
         query, key, value = (x.float() for x in (query, key, value))
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value)

@@ -2,7 +2,7 @@
 
 Python raises a signal's `KeyboardInterrupt` wherever the main thread happens to be, and
 library code that clears Python errors can lose it: a Ctrl-C during TensorFlow
-training could go unnoticed and the run finish with status 0 (README, "Stopped by
+training could go unnoticed and the run finish with status 0 (docs/training.md, "Stopped by
 Ctrl-C or SIGTERM"). `catching_signals`
 remembers each signal, so that a training callback (`StopOnSignal`) raises it again at the
 next batch.
