@@ -10,6 +10,7 @@ in its metadata (key `keras_vit`).
 
 import json
 import os
+import warnings
 
 import keras
 
@@ -82,7 +83,10 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
                            name=INPUT_NAME)
     # Written under a temporary name, renamed into place whole (a kill leaves the old file).
     with atomic_path(path) as temporary:
-        with tracing_for_export():
+        with tracing_for_export(), warnings.catch_warnings():
+            # Keras' tf2onnx path probes `np.object`, which NumPy answers with a warning
+            # meant for Keras' developers, not for the user.
+            warnings.filterwarnings("ignore", r"In the future `np\.object`", FutureWarning)
             model.export(temporary, format="onnx", verbose=False, input_signature=[spec],
                          opset_version=opset)
         proto = onnx.load(temporary)

@@ -1,0 +1,108 @@
+"""Commands print their own lines only: no TensorFlow log line, cuInit note or warning
+meant for developers, on any backend, for a user who set no TF_CPP_MIN_LOG_LEVEL."""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT, clean_environment, tiny_vit
+
+# TensorFlow's C++ log records (severity and date), their notes, and Python warnings.
+NOISE = re.compile(
+    r"^[IWEF]\d{4} |absl::InitializeLog|To enable the following instructions|oneDNN"
+    r"|cuInit|cuda drivers|DeprecationWarning|FutureWarning|deprecated"
+)
+
+
+def _command(*args, backend="tensorflow"):
+    """`keras-vit ARGS` in a fresh process on `backend`, as a user's shell starts it."""
+    env = clean_environment(KERAS_BACKEND=backend, PYTHONPATH=str(ROOT))
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # tests/conftest.py sets it for this process only
+    process = subprocess.run([sys.executable, "-m", "keras_vit", *args], env=env,
+                             capture_output=True, text=True, timeout=900)
+    assert process.returncode == 0, process.stderr
+    return process
+
+
+def _noise(process):
+    return [line for line in (process.stdout + process.stderr).splitlines()
+            if NOISE.search(line)]
+
+
+@pytest.fixture(scope="module")
+def model_and_image(tmp_path_factory):
+    from PIL import Image
+
+    folder = tmp_path_factory.mktemp("quiet")
+    tiny_vit().save(folder / "tiny.keras")
+    pixels = np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(folder / "img.png")
+    return folder / "tiny.keras", folder / "img.png"
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
+def test_predict_prints_no_tensorflow_log_line(model_and_image, backend):
+    model, image = model_and_image
+    process = _command("predict", "--from", str(model), str(image), "--top-k", "2",
+                       backend=backend)
+    assert process.stdout.splitlines()[0] == str(image)  # it did classify the image
+    assert _noise(process) == []
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
+def test_weights_prints_no_tensorflow_log_line(backend):
+    process = _command("weights", "vit_base_patch16_224*", backend=backend)
+    assert "vit_base_patch16_224" in process.stdout
+    assert _noise(process) == []
+
+
+def test_onnx_export_prints_no_warning(model_and_image, tmp_path):
+    model, _ = model_and_image
+    process = _command("export", "--from", str(model), "--format", "onnx",
+                       "--out", str(tmp_path / "vit.onnx"))
+    assert (tmp_path / "vit.onnx").is_file()
+    assert _noise(process) == []
+
+
+def test_lines_around_tensorflows_are_passed_on_whole():
+    """What else the process writes to its standard error, from Python or from C, comes
+    through in order while TensorFlow starts in the middle."""
+    code = (
+        "import os, sys\n"
+        "from keras_vit.cli import tensorflow_log_dropped\n"
+        "with tensorflow_log_dropped():\n"
+        "    print('before', file=sys.stderr, flush=True)\n"
+        "    import tensorflow as tf\n"
+        "    tf.constant(1.0) + 1\n"
+        "    os.write(2, b'from C, no newline')\n"
+        "print('after', file=sys.stderr)\n"
+    )
+    env = clean_environment(PYTHONPATH=str(ROOT))
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    process = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert process.returncode == 0, process.stderr
+    assert process.stderr == "before\nfrom C, no newlineafter\n"
+
+
+@pytest.mark.slow  # three training stages, cut to a few steps each
+def test_demo_prints_no_tensorflow_log_line(tmp_path):
+    recipe = tmp_path / "tiny_demo.py"
+    recipe.write_text(
+        "import dataclasses\n"
+        "from keras_vit.cli import load_recipe\n"
+        "demo = load_recipe('demo', attribute='DEMO')\n"
+        "tiny = dict(schedule=dict(epochs=1, micro_batches_per_epoch=2, warmup_updates=0),\n"
+        "            distribution=dict(jit_compile='off'))\n"
+        "DEMO = dataclasses.replace(\n"
+        "    demo, pretrain=demo.pretrain.replace(**tiny),\n"
+        "    fewshot=dataclasses.replace(demo.fewshot, shots=(1, 5), seeds=2),\n"
+        "    finetune=demo.finetune.replace(**tiny))\n"
+    )
+    process = _command("demo", "--recipe", str(recipe), "--out", str(tmp_path / "demo"))
+    assert "Stage 3/3" in process.stderr
+    assert _noise(process) == []
+    assert os.path.isfile(tmp_path / "demo" / "summary.json")
