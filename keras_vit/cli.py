@@ -22,23 +22,21 @@ the subcommands; `--set key=value` is `keras_vit.training.config.apply_overrides
 Command bodies hold argument handling only; what they run lives in the package. This
 module imports nothing heavy at the top, so `--help` and argument errors are answered
 before Keras and TensorFlow start (`start_backend` starts them for a command; the
-log lines TensorFlow prints are dropped, `tensorflow_log_dropped`).
+log lines TensorFlow prints are dropped: `keras_vit.utils.tensorflow_log`).
 """
 
 import argparse
-import contextlib
 import dataclasses
 import importlib.util
 import logging
 import os
-import re
 import shlex
 import signal
 import sys
-import threading
 from pathlib import Path
 
 from keras_vit.utils import interrupts
+from keras_vit.utils.tensorflow_log import tensorflow_log_dropped
 
 COMMANDS = {}
 CHECKS = {}
@@ -791,66 +789,9 @@ def build_parser():
     return parser
 
 
-# What TensorFlow's C++ libraries print: absl/glog lines (severity I, W or E, then the
-# date; `failed call to cuInit` among them) and the notes around them. TensorFlow prints
-# them at each import of its two libraries and when it first looks for devices, and
-# TF_CPP_MIN_LOG_LEVEL no longer holds them back (tensorflow/tensorflow#100442).
-_STARTUP_LINE = re.compile(
-    rb"^(?:[IWE]\d{4} |WARNING: All log messages before absl::InitializeLog"
-    rb"|To enable the following instructions)"
-)
-
-
 def start_backend():
     """Imports Keras and its backend, as every command but a few needs them."""
     import keras  # noqa: F401
-
-
-@contextlib.contextmanager
-def tensorflow_log_dropped():
-    """Drops TensorFlow's C++ log lines (`_STARTUP_LINE`) from the process's standard
-    error while the block runs, whenever TensorFlow starts in it; everything else
-    written there is passed on as it comes.
-
-    It acts only where the user did not set `TF_CPP_MIN_LOG_LEVEL` (which is then set
-    to 3: TensorFlow's errors reach the user as Python exceptions); a user who set it
-    sees what TensorFlow prints at that level.
-    """
-    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
-        yield
-        return
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    sys.stderr.flush()
-    stderr = os.dup(2)
-    read_end, write_end = os.pipe()
-    os.dup2(write_end, 2)
-    os.close(write_end)
-    # The C++ libraries write to file descriptor 2 itself: a thread reads it through a pipe.
-    passing = threading.Thread(target=_pass_on, args=(read_end, os.dup(stderr)), daemon=True)
-    passing.start()
-    try:
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(stderr, 2)  # closes the pipe, so the thread reads to its end and stops
-        os.close(stderr)
-        # A process the command started and left running may hold the pipe open.
-        passing.join(timeout=10)
-
-
-def _pass_on(read_end, target):
-    """Copies what comes through `read_end` to `target`, less TensorFlow's log lines."""
-    with open(read_end, "rb", buffering=0) as source, open(target, "wb") as out:
-        pending = b""
-        while chunk := source.read(1 << 16):
-            *lines, pending = (pending + chunk).split(b"\n")
-            out.write(b"".join(x + b"\n" for x in lines if not _STARTUP_LINE.match(x)))
-            if pending and not _STARTUP_LINE.match(pending):  # a prompt, a progress bar
-                out.write(pending)
-                pending = b""
-            out.flush()
-        if not _STARTUP_LINE.match(pending):
-            out.write(pending)
 
 
 class _StderrHandler(logging.StreamHandler):

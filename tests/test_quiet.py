@@ -72,7 +72,7 @@ def test_lines_around_tensorflows_are_passed_on_whole():
     through in order while TensorFlow starts in the middle."""
     code = (
         "import os, sys\n"
-        "from keras_vit.cli import tensorflow_log_dropped\n"
+        "from keras_vit.utils.tensorflow_log import tensorflow_log_dropped\n"
         "with tensorflow_log_dropped():\n"
         "    print('before', file=sys.stderr, flush=True)\n"
         "    import tensorflow as tf\n"
