@@ -66,6 +66,23 @@ def tiny_vit(**overrides):
     return keras_vit.ViT(**kwargs)
 
 
+def tiny_demo_recipe(folder):
+    """A recipe file in `folder` with the demo cut to a few steps per stage (its code path)."""
+    recipe = folder / "tiny_demo.py"
+    recipe.write_text(
+        "import dataclasses\n"
+        "from keras_vit.cli import load_recipe\n"
+        "demo = load_recipe('demo', attribute='DEMO')\n"
+        "tiny = dict(schedule=dict(epochs=1, micro_batches_per_epoch=2, warmup_updates=0),\n"
+        "            distribution=dict(jit_compile='off'))\n"
+        "DEMO = dataclasses.replace(\n"
+        "    demo, pretrain=demo.pretrain.replace(**tiny),\n"
+        "    fewshot=dataclasses.replace(demo.fewshot, shots=(1, 5), seeds=2),\n"
+        "    finetune=demo.finetune.replace(**tiny))\n"
+    )
+    return recipe
+
+
 def randomise_weights(model, seed, scale=0.2):
     """Non-default weights, so that a lost or misplaced tensor shows in the outputs."""
     import numpy as np

@@ -12,7 +12,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from conftest import tiny_vit
+from conftest import tiny_demo_recipe, tiny_vit
 
 from keras_vit import cli
 from keras_vit.training import runs
@@ -268,18 +268,7 @@ def test_demo_recipe_trains_to_95_percent_on_digits(tmp_path, capsys):
 @pytest.mark.slow  # runs the demo's three training stages
 def test_demo_command_runs_all_stages_and_reports_them(tmp_path, capsys, caplog):
     """The demo recipe's pipeline, cut to a few steps per stage (same code path)."""
-    recipe = tmp_path / "tiny_demo.py"
-    recipe.write_text(
-        "import dataclasses\n"
-        "from keras_vit.cli import load_recipe\n"
-        "demo = load_recipe('demo', attribute='DEMO')\n"
-        "tiny = dict(schedule=dict(epochs=1, micro_batches_per_epoch=2, warmup_updates=0),\n"
-        "            distribution=dict(jit_compile='off'))\n"
-        "DEMO = dataclasses.replace(\n"
-        "    demo, pretrain=demo.pretrain.replace(**tiny),\n"
-        "    fewshot=dataclasses.replace(demo.fewshot, shots=(1, 5), seeds=2),\n"
-        "    finetune=demo.finetune.replace(**tiny))\n"
-    )
+    recipe = tiny_demo_recipe(tmp_path)
     out = tmp_path / "demo"
     with caplog.at_level("INFO", logger="keras_vit"):
         assert cli.main(["demo", "--recipe", str(recipe), "--out", str(out)]) == 0

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, clean_environment, tiny_vit
+from conftest import ROOT, clean_environment, tiny_demo_recipe, tiny_vit
 
 # TensorFlow's C++ log records (severity and date), their notes, and Python warnings.
 NOISE = re.compile(
@@ -90,18 +90,7 @@ def test_lines_around_tensorflows_are_passed_on_whole():
 
 @pytest.mark.slow  # three training stages, cut to a few steps each
 def test_demo_prints_no_tensorflow_log_line(tmp_path):
-    recipe = tmp_path / "tiny_demo.py"
-    recipe.write_text(
-        "import dataclasses\n"
-        "from keras_vit.cli import load_recipe\n"
-        "demo = load_recipe('demo', attribute='DEMO')\n"
-        "tiny = dict(schedule=dict(epochs=1, micro_batches_per_epoch=2, warmup_updates=0),\n"
-        "            distribution=dict(jit_compile='off'))\n"
-        "DEMO = dataclasses.replace(\n"
-        "    demo, pretrain=demo.pretrain.replace(**tiny),\n"
-        "    fewshot=dataclasses.replace(demo.fewshot, shots=(1, 5), seeds=2),\n"
-        "    finetune=demo.finetune.replace(**tiny))\n"
-    )
+    recipe = tiny_demo_recipe(tmp_path)
     process = _command("demo", "--recipe", str(recipe), "--out", str(tmp_path / "demo"))
     assert "Stage 3/3" in process.stderr
     assert _noise(process) == []
