@@ -89,9 +89,11 @@ def test_lines_around_tensorflows_are_passed_on_whole():
 
 
 @pytest.mark.slow  # three training stages, cut to a few steps each
-def test_demo_prints_no_tensorflow_log_line(tmp_path):
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])  # JAX: tf.data starts TensorFlow
+def test_demo_prints_no_tensorflow_log_line(tmp_path, backend):
     recipe = tiny_demo_recipe(tmp_path)
-    process = _command("demo", "--recipe", str(recipe), "--out", str(tmp_path / "demo"))
+    process = _command("demo", "--recipe", str(recipe), "--out", str(tmp_path / "demo"),
+                       backend=backend)
     assert "Stage 3/3" in process.stderr
     assert _noise(process) == []
     assert os.path.isfile(tmp_path / "demo" / "summary.json")
