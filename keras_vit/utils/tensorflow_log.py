@@ -18,7 +18,8 @@ import threading
 # TF_CPP_MIN_LOG_LEVEL no longer holds them back (tensorflow/tensorflow#100442).
 _STARTUP_LINE = re.compile(
     rb"^(?:[IWE]\d{4} |WARNING: All log messages before absl::InitializeLog"
-    rb"|To enable the following instructions)"
+    rb"|To enable the following instructions"
+    rb"|INFO: Created TensorFlow Lite)"  # the LiteRT interpreter's delegate, at each start
 )
 
 
