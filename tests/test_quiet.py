@@ -92,6 +92,26 @@ def test_lines_around_tensorflows_are_passed_on_whole():
     assert process.stderr == "before\nfrom C, no newlineafter\n"
 
 
+def test_a_log_line_written_in_pieces_is_dropped_whole():
+    """C's stderr is unbuffered: LiteRT writes `INFO: `, its message and the newline
+    in three writes."""
+    code = (
+        "import os, time\n"
+        "from keras_vit.utils.tensorflow_log import tensorflow_log_dropped\n"
+        "with tensorflow_log_dropped():\n"
+        "    for piece in (b'INFO: ', b'Created TensorFlow Lite XNNPACK delegate for CPU.',\n"
+        "                  b'\\n', b'I', b'nput: 3 images\\n'):\n"
+        "        os.write(2, piece)\n"
+        "        time.sleep(0.2)\n"
+    )
+    env = clean_environment(PYTHONPATH=str(ROOT))
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    process = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert process.returncode == 0, process.stderr
+    assert process.stderr == "Input: 3 images\n"
+
+
 @pytest.mark.slow  # three training stages, cut to a few steps each
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])  # JAX: tf.data starts TensorFlow
 def test_demo_prints_no_tensorflow_log_line(tmp_path, backend):

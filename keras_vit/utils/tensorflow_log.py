@@ -16,11 +16,20 @@ import threading
 # date; `failed call to cuInit` among them) and the notes around them. TensorFlow prints
 # them at each import of its two libraries and when it first looks for devices, and
 # TF_CPP_MIN_LOG_LEVEL no longer holds them back (tensorflow/tensorflow#100442).
-_STARTUP_LINE = re.compile(
-    rb"^(?:[IWE]\d{4} |WARNING: All log messages before absl::InitializeLog"
-    rb"|To enable the following instructions"
-    rb"|INFO: Created TensorFlow Lite)"  # the LiteRT interpreter's delegate, at each start
+_NOTES = (
+    b"WARNING: All log messages before absl::InitializeLog",
+    b"To enable the following instructions",
+    b"INFO: Created TensorFlow Lite",  # the LiteRT interpreter's delegate, at each start
 )
+_STARTUP_LINE = re.compile(rb"^(?:[IWE]\d{4} |" + b"|".join(map(re.escape, _NOTES)) + rb")")
+_RECORD_START = re.compile(rb"[IWE]\d{0,4}\Z")
+
+
+def _may_be_log_line(start):
+    """Whether a line that begins with `start` may be one `_STARTUP_LINE` matches: C's
+    stderr is unbuffered, so a line may come in several writes."""
+    return bool(_STARTUP_LINE.match(start) or _RECORD_START.match(start)
+                or any(note.startswith(start) for note in _NOTES))
 
 
 @contextlib.contextmanager
@@ -70,7 +79,7 @@ def _pass_on(read_end, target):
         while chunk := source.read(1 << 16):
             *lines, pending = (pending + chunk).split(b"\n")
             out.write(b"".join(x + b"\n" for x in lines if not _STARTUP_LINE.match(x)))
-            if pending and not _STARTUP_LINE.match(pending):  # a prompt, a progress bar
+            if pending and not _may_be_log_line(pending):  # a prompt, a progress bar
                 out.write(pending)
                 pending = b""
             out.flush()
