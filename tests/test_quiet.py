@@ -17,14 +17,19 @@ NOISE = re.compile(
 )
 
 
-def _command(*args, backend="tensorflow"):
-    """`keras-vit ARGS` in a fresh process on `backend`, as a user's shell starts it."""
+def _python(*args, backend="tensorflow"):
+    """`python ARGS` in a fresh process on `backend`, as a user's shell starts it."""
     env = clean_environment(KERAS_BACKEND=backend, PYTHONPATH=str(ROOT))
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # tests/conftest.py sets it for this process only
-    process = subprocess.run([sys.executable, "-m", "keras_vit", *args], env=env,
-                             capture_output=True, text=True, timeout=900)
+    process = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
+                             timeout=900)
     assert process.returncode == 0, process.stderr
     return process
+
+
+def _command(*args, backend="tensorflow"):
+    """`keras-vit ARGS` in a fresh process on `backend`."""
+    return _python("-m", "keras_vit", *args, backend=backend)
 
 
 def _noise(process):
@@ -84,11 +89,7 @@ def test_lines_around_tensorflows_are_passed_on_whole():
         "    os.write(2, b'from C, no newline')\n"
         "print('after', file=sys.stderr)\n"
     )
-    env = clean_environment(PYTHONPATH=str(ROOT))
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    process = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                             text=True, timeout=300)
-    assert process.returncode == 0, process.stderr
+    process = _python("-c", code)
     assert process.stderr == "before\nfrom C, no newlineafter\n"
 
 
@@ -104,11 +105,7 @@ def test_a_log_line_written_in_pieces_is_dropped_whole():
         "        os.write(2, piece)\n"
         "        time.sleep(0.2)\n"
     )
-    env = clean_environment(PYTHONPATH=str(ROOT))
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    process = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                             text=True, timeout=60)
-    assert process.returncode == 0, process.stderr
+    process = _python("-c", code)
     assert process.stderr == "Input: 3 images\n"
 
 
