@@ -63,7 +63,7 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
     """
     onnx = optional_import("onnx", "ONNX export")
     optional_import(ONNX_EXPORTERS[keras.backend.backend()], "ONNX export")
-    check_export_target(path, \"onnx\", overwrite=overwrite)
+    check_export_target(path, "onnx", overwrite=overwrite)
 
     record = export_record(
         model, "ONNX export", INPUT_NAME, crop_fraction=crop_fraction, labels=labels,
