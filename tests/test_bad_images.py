@@ -12,6 +12,7 @@ import re
 import shutil
 import socket
 import tempfile
+import threading
 import tomllib
 from pathlib import Path
 
@@ -86,6 +87,19 @@ def image_folder(root, extra=None):
     return root
 
 
+def predict_folder(root, monkeypatch, files):
+    """`(model, images)`: a tiny model saved in `root` and `root/images` holding `files`
+    (`{name: bytes}`), with an empty HOME."""
+    monkeypatch.setenv("HOME", str(root / "home"))
+    model = root / "model.keras"
+    tiny_vit(image_size=16, patch_size=8).save(model)
+    images = root / "images"
+    images.mkdir()
+    for name, payload in files.items():
+        (images / name).write_bytes(payload)
+    return model, images
+
+
 def pretrain(tmp_path, monkeypatch, data_spec, out):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # an empty HOME: no listing cache
     return cli.main(["pretrain", "--recipe", "demo", "--data", str(data_spec), "--out",
@@ -126,6 +140,8 @@ def test_a_jpeg_decoding_with_a_libjpeg_warning_is_kept_named_and_listed(
     assert len(named) == 1, log
     warning = named[0]
     assert log.count("Kept ") == 1
+    # The check stopped with the training.
+    assert "libjpeg check" not in [thread.name for thread in threading.enumerate()]
     # Kept: trained on; the run folder lists it apart from the skipped files.
     summary = json.loads((out / runs.METRICS_JSON).read_text())
     assert summary["train_examples"] == 9 and summary["skipped_files"] == []
@@ -140,13 +156,8 @@ def test_a_jpeg_decoding_with_a_libjpeg_warning_is_kept_named_and_listed(
 
 
 def test_predict_names_a_jpeg_decoding_with_a_libjpeg_warning(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # an empty HOME
-    model = tmp_path / "model.keras"
-    tiny_vit(image_size=16, patch_size=8).save(model)
-    images = tmp_path / "images"
-    images.mkdir()
-    (images / "clean.jpg").write_bytes(jpeg(0))
-    (images / "noisy.jpg").write_bytes(garbled_without_ff(jpeg(98)))
+    model, images = predict_folder(
+        tmp_path, monkeypatch, {"clean.jpg": jpeg(0), "noisy.jpg": garbled_without_ff(jpeg(98))})
     assert cli.main(["predict", "--from", str(model), str(images), "--json"]) == 0
     captured = capsys.readouterr()
     # Both classified; the noisy one named once on stderr, the clean one not.
@@ -241,14 +252,8 @@ def shared_folder():
 
 
 def test_predict_skips_and_names_a_file_it_may_not_read(shared_folder, monkeypatch, capsys):
-    monkeypatch.setenv("HOME", str(shared_folder / "home"))  # an empty HOME
-    model = shared_folder / "model.keras"
-
-    tiny_vit(image_size=16, patch_size=8).save(model)
-    images = shared_folder / "images"
-    images.mkdir()
-    for i in range(3):
-        (images / f"{i}.jpg").write_bytes(jpeg(i))
+    model, images = predict_folder(
+        shared_folder, monkeypatch, {f"{i}.jpg": jpeg(i) for i in range(3)})
     locked = images / "1.jpg"
     for path in (shared_folder, images, model, *images.iterdir()):
         path.chmod(0o755 if path.is_dir() else 0o644)
@@ -269,15 +274,10 @@ def test_predict_skips_and_names_a_file_it_may_not_read(shared_folder, monkeypat
 
 
 def test_predict_names_a_folder_named_as_an_image_file(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # an empty HOME
-    tiny_vit_path = tmp_path / "model.keras"
-
-    tiny_vit(image_size=16, patch_size=8).save(tiny_vit_path)
-    images = tmp_path / "images"
-    (images / "x.jpg").mkdir(parents=True)
+    model, images = predict_folder(tmp_path, monkeypatch, {"a.jpg": jpeg(0)})
+    (images / "x.jpg").mkdir()
     (images / "x.jpg" / "inside.jpg").write_bytes(jpeg(1))
-    (images / "a.jpg").write_bytes(jpeg(0))
-    assert cli.main(["predict", "--from", str(tiny_vit_path), str(images), "--json"]) == 0
+    assert cli.main(["predict", "--from", str(model), str(images), "--json"]) == 0
     captured = capsys.readouterr()
     assert [r["image"] for r in json.loads(captured.out)] == [str(images / "a.jpg")]
     assert (f"Skipped an unreadable file: {str(images / 'x.jpg')!r} is a folder, not an "
