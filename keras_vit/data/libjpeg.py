@@ -3,8 +3,8 @@
 libjpeg decodes such a file (many whole photos carry a warning; one whose entropy data
 is garbage decodes as noise) and TensorFlow prints the warning as it does, without the
 file's name. `warning` decodes a JPEG at 1/8 scale with libjpeg-turbo (`simplejpeg`,
-which reports warnings) and returns it. That costs 5-10 times the start-up check of a
-file (`keras_vit.data.folders`), so a training run checks its folder's JPEGs off the
+which reports warnings) and returns it. That costs several times the start-up check of
+a file (`keras_vit.data.folders`; bench/folder_startup.py), so a training run checks its folder's JPEGs off the
 start-up path, in a daemon thread (`BackgroundCheck`) that logs each warned file as it
 finds it, records the results in the folder's listing cache (each file is checked once
 across runs) and never changes what is trained.
