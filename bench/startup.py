@@ -5,7 +5,8 @@ checkout's code), and the median wall time is recorded, beside that of `import k
 alone (what every command paid first before the checks came ahead of the backend's
 start). The commands: `keras-vit weights`; `predict` and `finetune` with a `--from`
 folder that does not exist; `predict` of an image that does not exist; `visualize` of
-a missing image; `--help`. Writes `bench/startup.json` with the CPU model.
+a missing image; `--help`. Writes `bench/results/startup_MACHINE_DATE.json` (`--out`)
+with the CPU model.
 
     python bench/startup.py [--runs 5]    # about a minute on 2 cores
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.models import machine  # noqa: E402
+from bench.models import machine, results_path  # noqa: E402
 
 
 def timed(command, env):
@@ -37,6 +38,7 @@ def timed(command, env):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--out", default=results_path("startup"))
     args = parser.parse_args()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "tensorflow"}
     cli = [sys.executable, "-m", "keras_vit"]
@@ -78,7 +80,7 @@ def main():
                   for name, command in commands.items()},
         results=results,
     )
-    (ROOT / "bench" / "startup.json").write_text(json.dumps(record, indent=2) + "\n")
+    Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":

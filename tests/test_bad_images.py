@@ -1,6 +1,6 @@
 """Image files and datasets that go wrong only once they are read, as users meet them
 (issue 48, round 3): a JPEG that passes the start-up check but fails to decode while
-training, a CMYK JPEG for a 1-channel model, a file `predict` may not read, a folder
+training, one that decodes with libjpeg's warning (kept, named), a CMYK JPEG for a 1-channel model, a file `predict` may not read, a folder
 named as an image file, and a TFDS dataset to prepare on a fresh install offline."""
 
 import contextlib
@@ -8,9 +8,11 @@ import io
 import json
 import os
 import pwd
+import re
 import shutil
 import socket
 import tempfile
+import threading
 import tomllib
 from pathlib import Path
 
@@ -56,6 +58,26 @@ def bad_sos(payload):
     return bytes(damaged)
 
 
+def garbled_without_ff(payload, seed=0):
+    """`payload` with the middle of its entropy-coded data replaced by random bytes
+    without 0xFF (no marker in them): libjpeg decodes noise there, with a warning."""
+    damaged = bytearray(payload)
+    sos = damaged.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(damaged[sos + 2:sos + 4], "big")
+    end = len(damaged) - 2
+    quarter = (end - start) // 4
+    noise = np.random.default_rng(seed).integers(0, 255, 2 * quarter, np.uint8).tobytes()
+    damaged[start + quarter:start + 3 * quarter] = noise
+    return bytes(damaged)
+
+
+# The line naming a file kept that decodes with libjpeg's warning, for `path`.
+def kept_pattern(path):
+    return (re.escape(f"Kept {path}: libjpeg warns \"") + r"(Corrupt JPEG data: [^\"]+)\""
+            + re.escape(" on decoding it (the file is used; TensorFlow prints that warning "
+                        "without the file name)."))
+
+
 def image_folder(root, extra=None):
     """Two classes of four JPEGs, plus `extra` `{relative path: bytes}`."""
     files = {f"{label}/{i}.jpg": jpeg(10 * (label == "b") + i) for label in "ab" for i in range(4)}
@@ -63,6 +85,19 @@ def image_folder(root, extra=None):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(payload)
     return root
+
+
+def predict_folder(root, monkeypatch, files):
+    """`(model, images)`: a tiny model saved in `root` and `root/images` holding `files`
+    (`{name: bytes}`), with an empty HOME."""
+    monkeypatch.setenv("HOME", str(root / "home"))
+    model = root / "model.keras"
+    tiny_vit(image_size=16, patch_size=8).save(model)
+    images = root / "images"
+    images.mkdir()
+    for name, payload in files.items():
+        (images / name).write_bytes(payload)
+    return model, images
 
 
 def pretrain(tmp_path, monkeypatch, data_spec, out):
@@ -86,6 +121,50 @@ def test_a_jpeg_failing_to_decode_while_training_is_skipped_named_and_listed(
     # The run's summary counts it.
     assert json.loads((out / runs.METRICS_JSON).read_text())["skipped_files"] == [str(bad)]
     assert (out / runs.SKIPPED_FILES).read_text() == f"{bad}\n"
+
+
+def test_a_jpeg_decoding_with_a_libjpeg_warning_is_kept_named_and_listed(
+        tmp_path, monkeypatch, capsys):
+    noisy_bytes = garbled_without_ff(jpeg(98))
+    entropy = noisy_bytes[noisy_bytes.index(b"\xff\xda") + 14:-2]
+    # As found: no marker inside, the start-up check passes it, TensorFlow decodes it.
+    assert b"\xff" not in entropy
+    assert headers.image_problem(noisy_bytes) is None and decodes(noisy_bytes)
+    root = image_folder(tmp_path / "photos", {"b/noisy.jpg": noisy_bytes})
+    noisy = root / "b" / "noisy.jpg"
+    out = tmp_path / "run"
+    assert pretrain(tmp_path, monkeypatch, root, out) == 0, capsys.readouterr().err
+    log = capsys.readouterr().err
+    # Named in one line with libjpeg's warning; the clean files are not named.
+    named = re.findall(kept_pattern(noisy), log)
+    assert len(named) == 1, log
+    warning = named[0]
+    assert log.count("Kept ") == 1
+    # The check stopped with the training.
+    assert "libjpeg check" not in [thread.name for thread in threading.enumerate()]
+    # Kept: trained on; the run folder lists it apart from the skipped files.
+    summary = json.loads((out / runs.METRICS_JSON).read_text())
+    assert summary["train_examples"] == 9 and summary["skipped_files"] == []
+    assert summary["kept_with_warnings"] == {str(noisy): warning}
+    assert (out / runs.KEPT_WITH_WARNINGS).read_text() == f"{noisy}\t{warning}\n"
+    assert not (out / runs.SKIPPED_FILES).exists()
+    # Checked once: the folder's listing cache holds each file's result.
+    listing = data.load_listing(str(root))
+    assert listing.cached
+    assert dict(zip(listing.paths, listing.libjpeg)) == {
+        path: warning if path == str(noisy) else "" for path in listing.paths}
+
+
+def test_predict_names_a_jpeg_decoding_with_a_libjpeg_warning(tmp_path, monkeypatch, capsys):
+    model, images = predict_folder(
+        tmp_path, monkeypatch, {"clean.jpg": jpeg(0), "noisy.jpg": garbled_without_ff(jpeg(98))})
+    assert cli.main(["predict", "--from", str(model), str(images), "--json"]) == 0
+    captured = capsys.readouterr()
+    # Both classified; the noisy one named once on stderr, the clean one not.
+    assert [r["image"] for r in json.loads(captured.out)] == [
+        str(images / "clean.jpg"), str(images / "noisy.jpg")]
+    assert len(re.findall(kept_pattern(images / "noisy.jpg"), captured.err)) == 1
+    assert captured.err.count("Kept ") == 1
 
 
 def test_the_stream_keeps_its_positions_around_a_file_that_fails_to_decode(tmp_path):
@@ -173,14 +252,8 @@ def shared_folder():
 
 
 def test_predict_skips_and_names_a_file_it_may_not_read(shared_folder, monkeypatch, capsys):
-    monkeypatch.setenv("HOME", str(shared_folder / "home"))  # an empty HOME
-    model = shared_folder / "model.keras"
-
-    tiny_vit(image_size=16, patch_size=8).save(model)
-    images = shared_folder / "images"
-    images.mkdir()
-    for i in range(3):
-        (images / f"{i}.jpg").write_bytes(jpeg(i))
+    model, images = predict_folder(
+        shared_folder, monkeypatch, {f"{i}.jpg": jpeg(i) for i in range(3)})
     locked = images / "1.jpg"
     for path in (shared_folder, images, model, *images.iterdir()):
         path.chmod(0o755 if path.is_dir() else 0o644)
@@ -201,15 +274,10 @@ def test_predict_skips_and_names_a_file_it_may_not_read(shared_folder, monkeypat
 
 
 def test_predict_names_a_folder_named_as_an_image_file(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # an empty HOME
-    tiny_vit_path = tmp_path / "model.keras"
-
-    tiny_vit(image_size=16, patch_size=8).save(tiny_vit_path)
-    images = tmp_path / "images"
-    (images / "x.jpg").mkdir(parents=True)
+    model, images = predict_folder(tmp_path, monkeypatch, {"a.jpg": jpeg(0)})
+    (images / "x.jpg").mkdir()
     (images / "x.jpg" / "inside.jpg").write_bytes(jpeg(1))
-    (images / "a.jpg").write_bytes(jpeg(0))
-    assert cli.main(["predict", "--from", str(tiny_vit_path), str(images), "--json"]) == 0
+    assert cli.main(["predict", "--from", str(model), str(images), "--json"]) == 0
     captured = capsys.readouterr()
     assert [r["image"] for r in json.loads(captured.out)] == [str(images / "a.jpg")]
     assert (f"Skipped an unreadable file: {str(images / 'x.jpg')!r} is a folder, not an "

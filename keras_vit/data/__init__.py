@@ -3,6 +3,7 @@
 - `sources`: where labelled images come from (digits, TFDS, image folders) as a `Source`.
 - `folders`: image folders listed and checked without decoding, the listing cached.
 - `headers`: image files judged from their bytes (format, structure, pixel count).
+- `libjpeg`: JPEGs that decode with a libjpeg warning, checked off the start-up path.
 - `decode`: files to pixels, crop windows, the eval resize, `read_images`.
 - `augment`: AugReg levels and Keras preprocessing layers seeded by stream position.
 - `pipelines`: `train_dataset` (endless, seeded, resumable), `eval_dataset` (one pass),

@@ -6,15 +6,18 @@ decodes a payload inside a crop window (JPEGs only inside it), the
 the model's size as evaluation does. `read_images` reads files as one batch of inputs.
 """
 
+import logging
 import os
 
 import keras
 import tensorflow as tf
 
-from keras_vit.data import headers
+from keras_vit.data import headers, libjpeg
 from keras_vit.models.preprocessing import DEFAULT, INTERPOLATIONS, check_preprocessing
 from keras_vit.models.vit import preprocess
 from keras_vit.utils.checks import check_choice, check_in_range
+
+logger = logging.getLogger("keras_vit")
 
 
 def to_channels(image, channels):
@@ -316,7 +319,8 @@ def read_images(paths, image_size, *, channels=3, crop_fraction=None, preprocess
     `image_size` by `eval_resize` (the whole image, or a run's central crop) with the
     interpolation of `preprocessing` (a model's: `model_preprocessing`) and normalised
     by it (`keras_vit.preprocess`; None: scaled to [-1, 1]). A missing, unreadable (no
-    permission, a folder), damaged or oversize file is an error naming it.
+    permission, a folder), damaged or oversize file is an error naming it; a JPEG that
+    decodes with a libjpeg warning is used, named in one logged line (`libjpeg.kept_line`).
 
     Example:
 
@@ -341,6 +345,9 @@ def read_images(paths, image_size, *, channels=3, crop_fraction=None, preprocess
         problem = headers.image_problem(payload.numpy())
         if problem:
             raise ValueError(f"{path!r} is not a readable image: {problem}.")
+        warning = libjpeg.warning(payload.numpy())  # cheap for the files of a call
+        if warning:
+            logger.warning(libjpeg.kept_line(path, warning))
         try:
             image = decode_crop(payload, True, channels, full_window)
         except tf.errors.InvalidArgumentError as error:

@@ -7,7 +7,8 @@ limit. Class folders left without an image are not classes. The result is cached
 the folder's path and the modification times of its class folders (which change when a
 file is added, removed or renamed), with each file's size and modification time, so a
 resume or another worker on the host reads one small file and checks again only the
-files changed in place.
+files changed in place. The cache also keeps what `keras_vit.data.libjpeg` found on
+decoding each JPEG, which a training run checks off the start-up path.
 """
 
 import collections
@@ -59,7 +60,10 @@ class Listing:
             nested folders, loose files and other file types (by extension).
         damaged: `{path: reason}` of image files left out by the check.
         stamps: `[size, mtime_ns]` of each of `files` (local) before it was checked.
+        libjpeg: libjpeg's warning on decoding each of `files` ("" none; None, or missing
+            at the end: not checked yet; see `keras_vit.data.libjpeg`).
         cached: whether this listing was read from the cache.
+        cache_path: where the listing is cached (None: nowhere).
         classes: the class folders holding at least one kept image (labels are their
             indices); `empty` says why each other class folder was left out.
         paths: image files kept, in class then name order.
@@ -72,7 +76,9 @@ class Listing:
     ignored: dict
     damaged: dict
     stamps: list
+    libjpeg: list = dataclasses.field(default_factory=list)
     cached: bool = False
+    cache_path: Optional[str] = dataclasses.field(default=None, compare=False)
     classes: list = dataclasses.field(init=False)
     paths: list = dataclasses.field(init=False)
     labels: list = dataclasses.field(init=False)
@@ -118,7 +124,7 @@ class Listing:
     def saved(self):
         """What the listing cache keeps: the fields the others are derived from."""
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
-                if field.init and field.name != "cached"}
+                if field.init and field.name not in ("cached", "cache_path")}
 
 
 def is_remote(path):
@@ -287,15 +293,15 @@ def recheck(listing):
     damaged.update(find_damaged(changed))
     order = {path: i for i, path in enumerate(paths)}
     damaged = dict(sorted(damaged.items(), key=lambda item: order[item[0]]))
-    return dataclasses.replace(listing, damaged=damaged, stamps=stamps)
+    libjpeg = [None if path in again else result for path, result in zip(paths, listing.libjpeg)]
+    return dataclasses.replace(listing, damaged=damaged, stamps=stamps, libjpeg=libjpeg)
 
 
 def load_listing(folder, cache_dir: Optional[str] = None):
     """`list_folder(folder)`, read from the listing cache when the folder is unchanged.
 
     The files of a cached listing whose size or modification time changed are checked
-    again. Writing the cache is best effort: an unwritable cache folder only costs the
-    next start-up a new listing.
+    again. Writing the cache is best effort (`save_listing`).
     """
     key = folder_key(folder)
     path = key and os.path.join(cache_dir or cache_folder(), "listings", f"{key}.json")
@@ -309,14 +315,23 @@ def load_listing(folder, cache_dir: Optional[str] = None):
     if listing is not None:
         updated = recheck(listing)
         if updated is None:
+            listing.cache_path = path
             return listing
         listing = updated
     else:
         listing = list_folder(folder)
-    if path:
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            atomic_write(path, json.dumps(listing.saved()))
-        except OSError as error:
-            logger.info("Listing of %s not cached (%s).", folder, error)
+    listing.cache_path = path
+    save_listing(listing)
     return listing
+
+
+def save_listing(listing):
+    """Writes `listing` to its `cache_path` (where it has one), best effort: an
+    unwritable cache folder only costs the next start-up a new listing."""
+    if not listing.cache_path:
+        return
+    try:
+        os.makedirs(os.path.dirname(listing.cache_path), exist_ok=True)
+        atomic_write(listing.cache_path, json.dumps(listing.saved()))
+    except OSError as error:
+        logger.info("Listing not cached in %s (%s).", listing.cache_path, error)

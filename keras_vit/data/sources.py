@@ -17,7 +17,8 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.data.folders import IMAGE_EXTENSIONS, load_listing
+from keras_vit.data.folders import IMAGE_EXTENSIONS, is_remote, load_listing
+from keras_vit.data.libjpeg import BackgroundCheck
 from keras_vit.digits import SPLITS, digits_arrays
 
 logger = logging.getLogger("keras_vit")
@@ -50,6 +51,9 @@ class Source:
             failed to decode while a pipeline read them (left out of the stream, see
             `keras_vit.data.pipelines`), filled as the pipelines meet them.
         strict: such a failure is an error naming the file, not skipped.
+        libjpeg: a local folder's `keras_vit.data.libjpeg.BackgroundCheck` (not
+            started: a training run starts it), which names the files kept that decode
+            with a libjpeg warning; None for other sources.
     """
 
     name: str
@@ -62,6 +66,7 @@ class Source:
     skipped: list = dataclasses.field(default_factory=list)
     undecodable: dict = dataclasses.field(default_factory=dict)
     strict: bool = False
+    libjpeg: Optional[BackgroundCheck] = None
 
 
 def load_source(spec, split="train", *, strict=False, data_dir=None):
@@ -441,4 +446,5 @@ def _folder(root, split, *, strict):
         class_names=classes,
         skipped=skipped,
         strict=strict,
+        libjpeg=None if is_remote(folder) else BackgroundCheck(listing),
     )

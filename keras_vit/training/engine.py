@@ -166,11 +166,13 @@ class TrainResult:
 
 @dataclasses.dataclass
 class Sources:
-    """The run's data sources: `train`, `eval` (None without evaluation), `skipped` files."""
+    """The run's data sources: `train`, `eval` (None without evaluation), `skipped` files
+    and those kept that decode with a libjpeg warning (`warned`, `{path: warning}`)."""
 
     train: object
     eval: object
     skipped: list
+    warned: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -401,7 +403,8 @@ def _eval_source(config):
 def load_sources(config, written):
     """The train and eval sources (with `data.classes` selected); writes the class names
     in `labels.txt` and lists undecodable files in `skipped_files.txt` (keeping those a
-    resumed run's earlier sessions met while training)."""
+    resumed run's earlier sessions met while training, as the files kept with a libjpeg
+    warning they named: `record_files`)."""
     data = config.data
     train_source = vit_data.load_source(
         data.source, "train", strict=data.strict, data_dir=data.data_dir
@@ -422,18 +425,46 @@ def load_sources(config, written):
             skipped = list(dict.fromkeys(skipped + f.read().splitlines()))
     if skipped:
         atomic_write(written(runs.SKIPPED_FILES), "\n".join(skipped) + "\n")
-    return Sources(train=train_source, eval=eval_source, skipped=skipped)
+    warned = {}
+    earlier = written(runs.KEPT_WITH_WARNINGS)
+    if tf.io.gfile.exists(earlier):
+        with tf.io.gfile.GFile(earlier) as f:
+            warned = dict(line.split("\t", 1) for line in f.read().splitlines() if "\t" in line)
+    return Sources(train=train_source, eval=eval_source, skipped=skipped, warned=warned)
 
 
-def record_undecodable(sources, written):
+def record_files(sources, written):
     """Adds the files the pipelines failed to decode so far (`Source.undecodable`) to
-    `sources.skipped`, rewriting `skipped_files.txt` when there are new ones."""
-    met = [name for source in (sources.train, sources.eval) if source
-           for name in list(source.undecodable)]
+    `sources.skipped`, and those the libjpeg checks named (`Source.libjpeg`) to
+    `sources.warned`, rewriting `skipped_files.txt` / `kept_with_warnings.txt` when there
+    are new ones."""
+    chosen = [source for source in (sources.train, sources.eval) if source]
+    met = [name for source in chosen for name in list(source.undecodable)]
     new = [name for name in dict.fromkeys(met) if name not in sources.skipped]
     if new:
         sources.skipped.extend(new)
         atomic_write(written(runs.SKIPPED_FILES), "\n".join(sources.skipped) + "\n")
+    warned = {path: message for source in chosen if source.libjpeg
+              for path, message in list(source.libjpeg.warned.items())}
+    if any(path not in sources.warned for path in warned):
+        sources.warned.update(warned)
+        atomic_write(written(runs.KEPT_WITH_WARNINGS), "".join(
+            f"{path}\t{message}\n" for path, message in sources.warned.items()))
+
+
+@contextlib.contextmanager
+def libjpeg_checks(sources):
+    """Runs the sources' `keras_vit.data.libjpeg.BackgroundCheck`s (local image folders)
+    while the block runs: off the start-up path, they only name files."""
+    checks = [source.libjpeg for source in (sources.train, sources.eval)
+              if source and source.libjpeg]
+    for check in checks:
+        check.start()
+    try:
+        yield
+    finally:
+        for check in checks:
+            check.stop()
 
 
 def plan_run(config, train_source):
@@ -806,36 +837,39 @@ def _run(config, strategy, written, callbacks, verbose):
     write_config(config, written)
     policy, jit = precision_and_xla(config, strategy)
     sources = load_sources(config, written)
-    plan = plan_run(config, sources.train)
-    pipelines = make_pipelines(config, sources, plan, strategy, position)
-    vit, model = build_and_compile(config, sources.train.num_classes, plan, strategy, policy, jit)
-    engine_callbacks = make_callbacks(config, vit, written, initial_epoch=position[0])
-    # Files that fail to decode while training are listed at each epoch's end.
-    undecodable = keras.callbacks.LambdaCallback(
-        on_epoch_end=lambda epoch, logs: record_undecodable(sources, written)
-    )
-    history, seconds = fit(
-        config, model, pipelines, plan, position[0],
-        [undecodable] + engine_callbacks + list(callbacks), verbose,
-    )
-    record_undecodable(sources, written)
-    final = write_results(
-        config, model, vit, pipelines[1], written,
-        dict(
-            history=history,
-            epochs=plan.epochs,
-            steps_per_epoch=plan.micro_batches_per_epoch,
-            optimizer_updates=plan.updates,
-            warmup_updates=plan.warmup_updates,
-            train_examples=sources.train.size,
-            eval_examples=sources.eval.size if sources.eval else 0,
-            skipped_files=sources.skipped,
-            seconds=seconds,
-            strategy=describe_strategy(strategy),
-            precision=policy,
-            jit_compile=jit,
-        ),
-    )
-    if not multiworker.is_chief(strategy):  # Its copies of the run's files were temporary.
-        tf.io.gfile.rmtree(os.path.dirname(written(runs.MODEL)))
-    return TrainResult(model=vit, history=history, metrics=final, out=config.out)
+    with libjpeg_checks(sources):
+        plan = plan_run(config, sources.train)
+        pipelines = make_pipelines(config, sources, plan, strategy, position)
+        vit, model = build_and_compile(config, sources.train.num_classes, plan, strategy, policy, jit)
+        engine_callbacks = make_callbacks(config, vit, written, initial_epoch=position[0])
+        # Files that fail to decode while training, and those the libjpeg checks name, are
+        # listed at each epoch's end.
+        files = keras.callbacks.LambdaCallback(
+            on_epoch_end=lambda epoch, logs: record_files(sources, written)
+        )
+        history, seconds = fit(
+            config, model, pipelines, plan, position[0],
+            [files] + engine_callbacks + list(callbacks), verbose,
+        )
+        record_files(sources, written)
+        final = write_results(
+            config, model, vit, pipelines[1], written,
+            dict(
+                history=history,
+                epochs=plan.epochs,
+                steps_per_epoch=plan.micro_batches_per_epoch,
+                optimizer_updates=plan.updates,
+                warmup_updates=plan.warmup_updates,
+                train_examples=sources.train.size,
+                eval_examples=sources.eval.size if sources.eval else 0,
+                skipped_files=sources.skipped,
+                kept_with_warnings=sources.warned,
+                seconds=seconds,
+                strategy=describe_strategy(strategy),
+                precision=policy,
+                jit_compile=jit,
+            ),
+        )
+        if not multiworker.is_chief(strategy):  # Its copies of the run's files were temporary.
+            tf.io.gfile.rmtree(os.path.dirname(written(runs.MODEL)))
+        return TrainResult(model=vit, history=history, metrics=final, out=config.out)

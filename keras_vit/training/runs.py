@@ -4,6 +4,8 @@
 OUT/config.json             the run's configuration
 OUT/labels.txt              class names, one per line (when the data names its classes)
 OUT/skipped_files.txt       files of the data that could not be decoded (when there are any)
+OUT/kept_with_warnings.txt  files of the data kept that decode with a libjpeg warning, each
+                            `path<TAB>warning` (when there are any)
 OUT/model.keras             the final model
 OUT/checkpoints/epoch_NNNN.keras  each epoch's model (epoch_NNNN.orbax/: its shards, when the
                             weights are split over devices)
@@ -64,6 +66,7 @@ LOGS = "logs"
 LOCK = ".lock"
 LABELS = "labels.txt"
 SKIPPED_FILES = "skipped_files.txt"
+KEPT_WITH_WARNINGS = "kept_with_warnings.txt"
 # Folders keras-vit writes that hold no model of their own (`check_not_a_results_folder`).
 DEMO_STAGES = {"finetune": "the fine-tuned model", "pretrain": "the pretrained one"}
 FEWSHOT_RESULTS = "fewshot.json"
@@ -133,7 +136,7 @@ def status(folder):
 # What a run writes under these names (`clear` deletes them): a folder that holds any
 # without a run's config.json is no run of keras-vit's (`check_run_folder`).
 RUN_ENTRIES = (CONFIG, LABELS, MODEL, CHECKPOINTS, BACKUP, METRICS_CSV, METRICS_JSON, LOGS,
-               SKIPPED_FILES)
+               SKIPPED_FILES, KEPT_WITH_WARNINGS)
 
 
 def check_run_folder(folder):
@@ -176,7 +179,7 @@ def clear(folder):
     folder that reads as new or as finished, never as a run to resume.
     """
     for name in (os.path.join(BACKUP, TrainingBackup.FILE), METRICS_JSON, MODEL, METRICS_CSV,
-                 CONFIG, LABELS, SKIPPED_FILES):
+                 CONFIG, LABELS, SKIPPED_FILES, KEPT_WITH_WARNINGS):
         path = os.path.join(folder, name)
         if tf.io.gfile.exists(path):
             tf.io.gfile.remove(path)

@@ -9,7 +9,7 @@ pinned file (`verify_cache`). The index also records each file's modification ti
 so that an unchanged file is used without reading it again.
 
 The index is written atomically (`keras_vit.utils.files.atomic_write`) while holding an
-advisory lock on the cache folder, so two processes downloading at once keep both their
+advisory lock (a lock file in the cache folder), so two processes downloading at once keep both their
 pins; systems without `fcntl` (Windows) are not locked, and a pin lost there is made
 again on the file's next use. This module imports neither Keras nor the registry.
 """
@@ -28,6 +28,7 @@ from keras_vit.utils.files import atomic_write
 
 CACHE_ENV = "KERAS_VIT_CACHE"
 INDEX = "index.json"
+INDEX_LOCK = ".index.lock"
 
 
 def cache_dir():
@@ -76,11 +77,16 @@ def _read():
 
 @contextlib.contextmanager
 def _locked(folder):
-    """Holds an exclusive `flock` on `folder` (released when the process ends, however)."""
+    """Holds an exclusive `flock` on `folder`'s index lock file (released when the
+    process ends, however).
+
+    Not on the folder itself: every crash-safe write holds a shared lock on the folder
+    it writes in (`keras_vit.utils.files`), and the index's own write would wait on ours.
+    """
     if fcntl is None:
         yield
         return
-    descriptor = os.open(folder, os.O_RDONLY)
+    descriptor = os.open(os.path.join(folder, INDEX_LOCK), os.O_RDONLY | os.O_CREAT, 0o666)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX)
         yield

@@ -952,6 +952,8 @@ def pretrained(name, **kwargs):
     model = ViT(**arguments, **kwargs)
     try:
         load_pretrained(model, source)
+    except NotFiniteWeights:  # the entry's checkpoint, diverged: not a wrong download
+        raise
     except ValueError as err:
         # The model is the entry's own: a file that does not fit is a wrong download.
         refused = refuse_cached(entry, kwargs) if source == name else None
