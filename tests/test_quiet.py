@@ -109,6 +109,23 @@ def test_a_log_line_written_in_pieces_is_dropped_whole():
     assert process.stderr == "Input: 3 images\n"
 
 
+def test_the_lines_continuing_a_dropped_record_are_dropped_with_it():
+    """Issue 48, item 15: a stray `[[{{node MultiDeviceIteratorGetNextFromShard}}]]`
+    line ended successful runs: the tab-indented rest of a TensorFlow status logged as a
+    warning. A tab-indented line after another program's line is passed on."""
+    code = (
+        "import os\n"
+        "from keras_vit.utils.tensorflow_log import tensorflow_log_dropped\n"
+        "with tensorflow_log_dropped():\n"
+        "    os.write(2, b'W0000 00:00:1796448031.455878    1196 local_rendezvous.cc:404] '\n"
+        "                b'Local rendezvous is aborting with status: OUT_OF_RANGE: End of '\n"
+        "                b'sequence\\n\\t [[{{node MultiDeviceIteratorGetNextFromShard}}]]\\n')\n"
+        "    os.write(2, b'Evaluation: accuracy 0.9\\n\\tkept\\n')\n"
+    )
+    process = _python("-c", code)
+    assert process.stderr == "Evaluation: accuracy 0.9\n\tkept\n"
+
+
 @pytest.mark.slow  # three training stages, cut to a few steps each
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])  # JAX: tf.data starts TensorFlow
 def test_demo_prints_no_tensorflow_log_line(tmp_path, backend):

@@ -72,13 +72,29 @@ def tensorflow_log_dropped():
         passing.join(timeout=10)
 
 
+class _Records:
+    """Tells, line by line, whether a line is TensorFlow's: a log line, or one of the
+    lines that continue its record (a status's `\\t [[{{node NAME}}]]` and the like,
+    indented by a tab)."""
+
+    def __init__(self):
+        self.dropping = False
+
+    def dropped(self, line):
+        self.dropping = bool(_STARTUP_LINE.match(line)) or (
+            self.dropping and line.startswith(b"\t")
+        )
+        return self.dropping
+
+
 def _pass_on(read_end, target):
     """Copies what comes through `read_end` to `target`, less TensorFlow's log lines."""
+    records = _Records()
     with open(read_end, "rb", buffering=0) as source, open(target, "wb") as out:
         pending = b""
         while chunk := source.read(1 << 16):
             *lines, pending = (pending + chunk).split(b"\n")
-            out.write(b"".join(x + b"\n" for x in lines if not _STARTUP_LINE.match(x)))
+            out.write(b"".join(x + b"\n" for x in lines if not records.dropped(x)))
             if pending and not _may_be_log_line(pending):  # a prompt, a progress bar
                 out.write(pending)
                 pending = b""
