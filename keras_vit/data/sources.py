@@ -324,7 +324,10 @@ def check_downloads_reachable(builder, timeout=10):
     reasons = []
     for url in urls.values():
         try:
-            urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout)
+            # An opener of its own: `urlopen`'s is built once per process, keeping the
+            # proxy settings of its first call for every later download.
+            opener = urllib.request.build_opener()
+            opener.open(urllib.request.Request(url, method="HEAD"), timeout=timeout)
             return
         except urllib.error.HTTPError:  # the server answered
             return
