@@ -11,7 +11,6 @@ import sys
 
 import pytest
 
-from keras_vit import cli
 from tests.conftest import ROOT, clean_environment, tiny_vit
 
 BACKENDS = ("keras", "tensorflow", "jax", "torch")
