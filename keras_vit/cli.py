@@ -224,7 +224,8 @@ def _train_arguments(parser):
     )
 
 
-def _check_train(args, command_name):
+def _check_recipe_command(args, command_name):
+    """`--recipe` (or the command's default) and `--from` of a command that runs a recipe."""
     find_recipe(args.recipe or command_name, command_name)
     check_from(args.source)
 
@@ -262,7 +263,7 @@ def _train(config, restart=False):
 
 
 @command("pretrain", "train a ViT from scratch (recipe 'pretrain' by default)", _train_arguments,
-         lambda args: _check_train(args, "pretrain"))
+         lambda args: _check_recipe_command(args, "pretrain"))
 def pretrain(args):
     return _train(_configure(args, "pretrain", "pretrain"), args.restart)
 
@@ -271,7 +272,7 @@ def pretrain(args):
     "finetune",
     "fine-tune pretrained weights (recipe 'finetune' by default; needs --from)",
     _train_arguments,
-    lambda args: _check_train(args, "finetune"),
+    lambda args: _check_recipe_command(args, "finetune"),
 )
 def finetune(args):
     config = _configure(args, "finetune", "finetune")
@@ -319,13 +320,8 @@ def _fewshot_arguments(parser):
     )
 
 
-def _check_fewshot(args):
-    find_recipe(args.recipe or "fewshot", "fewshot")
-    check_from(args.source)
-
-
 @command("fewshot", "few-shot linear evaluation of a model's representation", _fewshot_arguments,
-         _check_fewshot)
+         lambda args: _check_recipe_command(args, "fewshot"))
 def fewshot(args):
     from keras_vit.evaluation import fewshot as vit_fewshot
     from keras_vit.training.config import apply_overrides
