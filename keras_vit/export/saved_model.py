@@ -72,7 +72,7 @@ def _check_labels(labels, num_classes):
     return labels
 
 
-def _to_model_size(images, height, width, crop_fraction, interpolation):
+def _to_model_size(images, height, width, crop_fraction, interpolation, antialias):
     """Float32 pixels in [0, 255] at (height, width) (`eval_resize`); images already at
     that size are only cast."""
     shape = tf.shape(images)
@@ -80,7 +80,7 @@ def _to_model_size(images, height, width, crop_fraction, interpolation):
     return tf.cond(
         same_size,
         lambda: tf.cast(images, tf.float32),
-        lambda: eval_resize(images, (height, width), crop_fraction, interpolation),
+        lambda: eval_resize(images, (height, width), crop_fraction, interpolation, antialias),
     )
 
 
@@ -145,7 +145,7 @@ def _serving_functions(
         if native:
             return _at_own_size(images, multiple, pad, zero_pixel)
         return _to_model_size(images, height, width, crop_fraction,
-                              preprocessing["interpolation"])
+                              preprocessing["interpolation"], preprocessing["antialias"])
 
     def predictions(pixels):
         if not native:
