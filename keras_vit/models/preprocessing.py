@@ -127,9 +127,12 @@ def model_preprocessing(model):
     >>> model_preprocessing(model)["interpolation"]
     'bilinear'
     """
-    get_config = getattr(model, "get_config", None)
-    config = get_config() if callable(get_config) else {}
-    return check_preprocessing((config or {}).get("preprocessing") or DEFAULT)
+    recorded = getattr(model, "preprocessing", None)  # a keras_vit.ViT's, without get_config
+    if recorded is None:  # (Keras' serialisation imports TensorFlow where it is installed)
+        get_config = getattr(model, "get_config", None)
+        config = get_config() if callable(get_config) else {}
+        recorded = (config or {}).get("preprocessing")
+    return check_preprocessing(recorded or DEFAULT)
 
 
 def normalize(pixels, preprocessing=None):
