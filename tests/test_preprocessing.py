@@ -6,6 +6,7 @@ image processors, PIL as timm's transforms call it), and `read_images`' TensorFl
 decoding and resizing against the `tf.data` path's, bit for bit.
 """
 
+import io
 import json
 import os
 
@@ -388,20 +389,37 @@ def test_read_images_resizes_as_tensorflow_does_bit_for_bit(interpolation, antia
             data.eval_resize(pixels, (224, 224), crop_fraction, interpolation, antialias).numpy())
 
 
+def encoded(image, fmt, **options):
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
 @pytest.mark.parametrize("channels", [1, 3])
-def test_jpegs_decode_to_the_same_bytes_with_pil_and_tensorflow(channels, real_photos, tmp_path):
+def test_files_decode_to_the_same_bytes_with_pil_and_tensorflow(channels, real_photos):
     """TensorFlow decodes JPEGs with libjpeg's accurate IDCT (`DCT_METHOD`), PIL's: the
-    real photos (colour, 4:2:0), a grey JPEG and a CMYK one decode to equal bytes in
-    `read_images`' decoder and the pipelines' (whole and inside a crop window)."""
-    grey, cmyk = (tmp_path / "grey.jpg"), (tmp_path / "cmyk.jpg")
-    Image.open(real_photos["square"][0]).convert("L").save(grey, quality=90)
-    Image.open(real_photos["square"][1]).convert("CMYK").save(cmyk, quality=90)
-    for path in [*real_photos["whole"], str(grey), str(cmyk)]:
-        payload = open(path, "rb").read()
+    real photos (colour, 4:2:0) and JPEGs of them (4:4:4, progressive, grey, CMYK), and
+    the colour photo in every other format (PNG with and without its ICC profile, with
+    alpha, with a palette; GIF, BMP, WebP lossy and lossless), decode to equal bytes in
+    `read_images`' decoder and the evaluation pipeline's and the SavedModel's, to 1
+    channel (each format's own conversion) and 3."""
+    photo = Image.open(real_photos["whole"][1]).resize((160, 120))
+    plain = Image.fromarray(np.asarray(photo))  # without the JPEG's ICC profile
+    rgba = Image.fromarray(np.dstack([np.asarray(photo), np.asarray(photo)[..., :1]]))
+    payloads = [open(path, "rb").read() for path in real_photos["whole"]] + [
+        encoded(photo, "JPEG", quality=90, subsampling=0),
+        encoded(photo, "JPEG", quality=90, progressive=True),
+        encoded(photo.convert("L"), "JPEG", quality=90),
+        encoded(photo.convert("CMYK"), "JPEG", quality=90),
+        encoded(photo, "PNG"), encoded(plain, "PNG"), encoded(rgba, "PNG"),
+        encoded(plain.convert("P", palette=Image.Palette.ADAPTIVE), "PNG"),
+        encoded(plain.convert("P", palette=Image.Palette.ADAPTIVE), "GIF"),
+        encoded(plain, "BMP"), encoded(plain, "WEBP", quality=80),
+        encoded(plain, "WEBP", lossless=True),
+    ]
+    for payload in payloads:
         ours = images.decode_file(payload, channels)
+        tensor = tf.constant(payload)
         np.testing.assert_array_equal(
-            ours, decode.decode_crop(tf.constant(payload), True, channels, decode.full_window))
-        np.testing.assert_array_equal(ours, decode.decode_pixels(tf.constant(payload), channels))
-        window = decode.decode_crop(tf.constant(payload), True, channels,
-                                    lambda shape: ([10, 20, 0], [100, 200, -1]))
-        np.testing.assert_array_equal(ours[10:110, 20:220], window)
+            ours, decode.decode_crop(tensor, True, channels, decode.full_window))
+        np.testing.assert_array_equal(ours, decode.decode_pixels(tensor, channels))

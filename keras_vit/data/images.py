@@ -25,15 +25,19 @@ logger = logging.getLogger("keras_vit")
 
 # tf.image.rgb_to_grayscale's weights (ITU-R 601), for the decoders that give no grey.
 GREY_WEIGHTS = np.array([0.2989, 0.5870, 0.1140], np.float32)
-# libpng's default rgb_to_gray coefficients (out of 2^15), used by TensorFlow's PNG
-# decoder for a grey result.
-PNG_GREY_WEIGHTS = (6968, 23434, 2366)
+# libpng's rgb_to_gray weights (out of 2^15, truncated) for TensorFlow's 0.299 and 0.587:
+# its PNG decoder's grey of a colour PNG.
+PNG_GREY_WEIGHTS = (9797, 19234, 3737)
+# PNG chunks (as PIL names them in `info`) declaring a colour space, with which libpng's grey
+# conversion is gamma-corrected.
+COLOUR_SPACE_CHUNKS = {"icc_profile", "gamma", "srgb", "chromaticity"}
 
 
 def decode_file(payload, channels):
     """uint8 pixels `(height, width, channels)` of an encoded JPEG, PNG, GIF, BMP or WebP
     file (an animation's first frame), equal to `keras_vit.data.decode.decode_crop`'s
-    of the whole image.
+    of the whole image. Only a colour PNG declaring its colour space, read as grey, is
+    decoded by TensorFlow (libpng's gamma-corrected conversion).
 
     Args:
         payload: the file's bytes.
@@ -75,10 +79,17 @@ def decode_file(payload, channels):
         return pixels
     if channels == 3:
         return np.repeat(pixels, 3, axis=-1)
-    if image.format == "PNG" and image.mode != "P":  # libpng's conversion (its weights)
+    if image.format == "PNG" and COLOUR_SPACE_CHUNKS & set(image.info):
+        # libpng converts in linear light with the file's gamma: as TensorFlow, with it
+        import tensorflow as tf
+
+        return tf.io.decode_image(payload, channels=1, expand_animations=False).numpy()
+    if image.format == "PNG":  # libpng's conversion: its weights, grey pixels kept as they are
         red, green, blue = (pixels[..., i].astype(np.int64) for i in range(3))
         r, g, b = PNG_GREY_WEIGHTS
-        return ((r * red + g * green + b * blue + 2**14) >> 15).astype(np.uint8)[..., None]
+        grey = np.where((red == green) & (green == blue), red,
+                        (r * red + g * green + b * blue) >> 15)
+        return grey.astype(np.uint8)[..., None]
     return rgb_to_grey(pixels)
 
 
@@ -92,7 +103,9 @@ def cmyk_to_rgb(cmyk):
 def rgb_to_grey(pixels):
     """uint8 grey `(..., 1)` of uint8 RGB `pixels`, as `tf.image.rgb_to_grayscale`
     computes it (in float32, the result scaled by 255.5 and truncated)."""
-    grey = (pixels.astype(np.float32) * np.float32(1 / 255)) @ GREY_WEIGHTS
+    red, green, blue = np.moveaxis(pixels.astype(np.float32) * np.float32(1 / 255), -1, 0)
+    weights = GREY_WEIGHTS
+    grey = red * weights[0] + green * weights[1] + blue * weights[2]  # in TF's order, no FMA
     return np.clip(grey * np.float32(255.5), 0, 255).astype(np.uint8)[..., None]
 
 
