@@ -195,11 +195,11 @@ def _spans(in_size, out_size, interpolation):
 def _gather(pixels, spans, axis):
     """`pixels` resampled along `axis` by `spans`, each sum taken in span order."""
     start, weights = spans
-    pixels = np.moveaxis(pixels, axis, 0)
+    pixels = np.ascontiguousarray(np.moveaxis(pixels, axis, 0))  # whole rows to gather
     out = np.zeros((len(start), *pixels.shape[1:]), np.float32)
     last = pixels.shape[0] - 1
     for k in range(weights.shape[1]):
-        out = out + pixels[np.minimum(start + k, last)] * weights[:, k, None, None]
+        out += pixels[np.minimum(start + k, last)] * weights[:, k, None, None]
     return np.moveaxis(out, 0, axis)
 
 
