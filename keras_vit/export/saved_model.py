@@ -21,6 +21,7 @@ from keras_vit.models.preprocessing import (
     check_preprocessing,
     describe,
     model_preprocessing,
+    resize_name,
     shift_and_scale,
 )
 from keras_vit.models.vit import preprocess, vit_parts
@@ -346,9 +347,9 @@ def export_saved_model(
                else f" (height and width multiples of {multiple})")
             + f", then {describe(preprocessing)}"
         ) if native_resolution else (
-            f"{preprocessing['interpolation']} resize of the whole image"
+            f"{resize_name(preprocessing)} resize of the whole image"
             if crop_fraction is None
-            else f"{preprocessing['interpolation']} resize of the short side to image_size "
+            else f"{resize_name(preprocessing)} resize of the short side to image_size "
             f"/ {crop_fraction}, central image_size crop"
         ) + f" unless already image_size, then {describe(preprocessing)}",
         "preprocessing_config": preprocessing,

@@ -176,6 +176,18 @@ def shift_and_scale(preprocessing=None):
     )
 
 
+def resize_name(preprocessing=None):
+    """The resize filter of `preprocessing` in words, for the records exports write.
+
+    Example:
+
+    >>> resize_name(), resize_name({"interpolation": "bicubic"})
+    ('bilinear', 'antialiased bicubic')
+    """
+    preprocessing = check_preprocessing(preprocessing or DEFAULT)
+    return "antialiased " * preprocessing["antialias"] + preprocessing["interpolation"]
+
+
 def describe(preprocessing=None):
     """`normalize` in words, for the records exports write.
 
