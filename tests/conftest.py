@@ -4,7 +4,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import types
 from pathlib import Path
@@ -227,27 +226,6 @@ def clean_environment(**extra):
            if k != "PYTHONPATH" and not k.startswith("KERAS_VIT_")}
     env.update(extra)
     return env
-
-
-def on_other_backends(test):
-    """Marks a `test(backend)` that runs a module on JAX and PyTorch: slow, started from
-    the TensorFlow run only."""
-    test = pytest.mark.parametrize("backend", ["jax", "torch"])(test)
-    test = pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
-                              reason="started from the TensorFlow run")(test)
-    return pytest.mark.slow(test)
-
-
-def assert_module_passes_on(test_file, backend):
-    """Runs the quick tests of `test_file` (relative to the checkout) on another Keras
-    `backend` in a new process (Keras picks its backend once per process); they must pass."""
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
-         test_file],
-        cwd=ROOT, env={**os.environ, "KERAS_BACKEND": backend}, capture_output=True, text=True,
-    )
-    assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
-    assert " passed" in result.stdout and "failed" not in result.stdout
 
 
 def build_wheel(folder):

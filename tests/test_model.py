@@ -226,6 +226,7 @@ def test_wrong_channel_count_at_call_time_is_a_clear_error():
 
 
 @pytest.mark.slow  # trains to an accuracy
+@pytest.mark.every_backend
 def test_tiny_vit_learns_digits():
     digits = load_digits()
     images = digits.images[..., None].astype("float32") / 8.0 - 1.0  # [0, 16] -> [-1, 1]
