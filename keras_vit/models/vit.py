@@ -14,7 +14,9 @@ import inspect
 import keras
 from keras import ops
 
-from keras_vit.models import layers as vit_layers
+from keras_vit import layers as vit_layers
+from keras_vit.layers.embedding import POSITION_EMBEDDINGS
+from keras_vit.layers.mlp import MLPS
 from keras_vit.models import posembed, resnet, size
 from keras_vit.models.preprocessing import check_preprocessing, normalize
 from keras_vit.models.variants import VARIANTS, parse_variant
@@ -379,7 +381,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             model outputs CLIP's `image_embeds`.
         rope: EVA-02's 2-D rotary position embedding in every attention, on the
             patch tokens' queries and keys, besides the position table (timm's
-            `use_rot_pos_emb=True`; `keras_vit.models.layers.RotaryEmbedding`).
+            `use_rot_pos_emb=True`; `keras_vit.layers.rope.RotaryEmbedding`).
         rope_reference_grid: with `rope`, the `(rows, cols)` patch grid the rotary
             positions are scaled to at every image size (timm's `ref_feat_shape`;
             EVA-02: `(16, 16)`), or None for the grid's own indices.
@@ -480,7 +482,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
                  drop_path_rate=drop_path_rate, remat=remat)
         )
         check_choice("classifier", classifier, CLASSIFIERS)
-        check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
+        check_choice("pos_embedding", pos_embedding, POSITION_EMBEDDINGS)
         check_choice("pos_interpolation", pos_interpolation, posembed.INTERPOLATIONS)
         family = _check_family(classifier, **{name: given[name] for name in FAMILY_SWITCHES})
         if quick_gelu and gelu_approximate:
@@ -746,7 +748,7 @@ def _check_family(classifier, **family):
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
         raise ValueError(f"layer_norm_epsilon must be a positive number, got {epsilon!r}.")
     _check_registers(classifier, family["num_registers"])
-    check_choice("mlp", family["mlp"], vit_layers.MLPS)
+    check_choice("mlp", family["mlp"], MLPS)
     if family["rope_reference_grid"] is not None:
         if not family["rope"]:
             raise ValueError(
