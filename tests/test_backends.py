@@ -15,6 +15,7 @@ import pytest
 MULTI_BACKEND_TESTS = [
     "tests/test_layers.py", "tests/test_model.py", "tests/test_resnet.py",
     "tests/test_mixed_precision.py", "tests/test_backend_ops.py", "tests/test_dynamic_size.py",
+    "tests/test_saved_families.py",
 ]
 ROOT = Path(__file__).resolve().parents[1]
 
