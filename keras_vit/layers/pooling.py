@@ -8,7 +8,7 @@ from keras import ops
 
 from keras_vit.backend import products
 from keras_vit.layers.dense import Dense, dense_dtypes_entry
-from keras_vit.layers.mlp import mlp_activation
+from keras_vit.layers.mlp import MLP
 from keras_vit.layers.normalization import LayerNormalization
 from keras_vit.utils.checks import check_choice, check_positive_int
 from keras_vit.utils.serialization import serializable
@@ -64,7 +64,7 @@ class TokenPooling(keras.layers.Layer):
 class MAPHead(keras.layers.Layer):
     """Multi-head attention pooling (big_vision's `MAPHead`, SigLIP's pooling).
 
-    A learned probe token attends over all the tokens, then a residual MLP on its
+    A learned probe token attends over all the tokens, then a residual `MLP` on its
     LayerNorm: `x = Attention(probe, tokens)`, `x = x + MLP(LN(x))`, and `x[:, 0]` is
     returned, as HF's `SiglipMultiheadAttentionPoolingHead` and timm's
     `AttentionPoolLatent` compute it.
@@ -73,7 +73,8 @@ class MAPHead(keras.layers.Layer):
         num_heads: attention heads; must divide the width.
         mlp_dim: hidden width of the MLP.
         layer_norm_epsilon: epsilon of the LayerNorm.
-        gelu_approximate, quick_gelu: the MLP's activation (see `mlp_activation`).
+        gelu_approximate, quick_gelu: the MLP's activation (see
+            `keras_vit.layers.mlp.mlp_activation`).
         dense_dtypes: policies of the quantized Dense sublayers by name (written
             by `get_config` after `model.quantize`).
 
@@ -110,15 +111,23 @@ class MAPHead(keras.layers.Layer):
         )
         # The probe's query, and the tokens' keys and values (k | v, heads contiguous).
         for name, units in (("query", width), ("key_value", 2 * width),
-                            ("attention_output", width), ("mlp_fc1", self.mlp_dim),
-                            ("mlp_fc2", width)):
+                            ("attention_output", width)):
             setattr(self, name, Dense(units, name=name, dtype=self.dense_dtypes.get(name)))
+        mlp = MLP(
+            self.mlp_dim, gelu_approximate=self.gelu_approximate, quick_gelu=self.quick_gelu,
+            dense_dtypes={k: v for k, v in self.dense_dtypes.items() if k in MLP.DENSE_LAYERS},
+            name="mlp",
+        )
         token_shape = tuple(input_shape)
         probe_shape = (token_shape[0], 1, width)
         self.key_value.build(token_shape)
-        for layer in (self.query, self.attention_output, self.norm, self.mlp_fc1):
+        for layer in (self.query, self.attention_output, self.norm, mlp):
             layer.build(probe_shape)
-        self.mlp_fc2.build((token_shape[0], 1, self.mlp_dim))
+        # The MLP's Dense layers are the head's attributes under their names of always,
+        # set after it (as in `TransformerBlock`): a `.keras` file stores each variable
+        # under the first public attribute path that reaches it.
+        self._mlp = mlp
+        self.mlp_fc1, self.mlp_fc2 = mlp.mlp_fc1, mlp.mlp_fc2
 
     def projections(self):
         """The head's `Dense` layers (`DENSE_LAYERS` order)."""
@@ -144,8 +153,7 @@ class MAPHead(keras.layers.Layer):
         out = ops.reshape(ops.transpose(products.matmul(weights, value), (0, 2, 1, 3)),
                           (-1, 1, width))
         x = self.attention_output(out)
-        y = mlp_activation(self.mlp_fc1(self.norm(x)), self.gelu_approximate, self.quick_gelu)
-        pooled = (x + self.mlp_fc2(y))[:, 0]
+        pooled = (x + self._mlp(self.norm(x)))[:, 0]
         if return_attention:
             return pooled, ops.cast(attention[:, :, 0], "float32")
         return pooled
