@@ -256,7 +256,25 @@ LAYERS = {
         lambda: L.TransformerBlock(2, 32, 0.1, 0.1, 0.1, gelu_approximate=True),
         (2, 4, 16),
     ),
+    "Attention": (lambda: L.Attention(2, dropout_rate=0.1), (2, 4, 16)),
+    "MLP": (lambda: L.MLP(32, kind="swiglu", norm_epsilon=1e-5, dropout_rate=0.1), (2, 4, 16)),
 }
+
+
+def test_block_variables_keep_the_paths_and_order_of_one_flat_layer():
+    """The block's attention and MLP add no name to its variables' paths, and its
+    variables are listed in the order of the block that held its Dense layers itself
+    (what `.keras` files, optimizer states and run backups are read by)."""
+    block = L.TransformerBlock(2, 32, 0.1, 0.1, 0.1, layer_scale_init=1e-6, mlp_norm=True,
+                               name="block")
+    block.build((2, 4, 16))
+    layers = ["mlp_norm", "norm1", "norm2", "mlp_fc1", "qkv", "attention_output", "mlp_fc2"]
+    own = {"mlp_norm": ("gamma", "beta"), "norm1": ("gamma", "beta"), "norm2": ("gamma", "beta")}
+    expected = ["block/layer_scale_attention", "block/layer_scale_mlp"] + [
+        f"block/{layer}/{name}" for layer in layers for name in own.get(layer, ("kernel", "bias"))
+    ]
+    assert [v.path for v in block.weights] == expected
+    assert [layer.name for layer in block.projections()] == list(L.TransformerBlock.DENSE_LAYERS)
 
 
 @pytest.mark.parametrize("name", sorted(LAYERS))
