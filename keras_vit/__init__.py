@@ -24,7 +24,7 @@ configure_for_backend()
 # Public name -> the module defining it. Every module of the first group is imported on
 # the first use of any name (they hold the Keras-registered classes).
 _EXPORTS = {
-    "keras_vit.models.layers": (
+    "keras_vit.layers": (
         "ClassToken", "DropPath", "LayerNormalization", "PadToMultiple", "PatchEncoder",
         "Patches", "TokenPooling", "TransformerBlock",
     ),

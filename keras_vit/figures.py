@@ -13,7 +13,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from keras_vit.evaluation import analysis
-from keras_vit.models.layers import MAPHead
+from keras_vit.layers.pooling import MAPHead
 from keras_vit.models.vit import vit_parts
 
 

@@ -376,7 +376,7 @@ def test_fewshot_takes_timms_pre_logits_and_scores_their_ridge(timm_files):
 @pytest.mark.parametrize("arguments, message", [
     (dict(rope_reference_grid=(16, 16)), "rope_reference_grid .* needs rope=True"),
     (dict(rope=True, num_heads=16), "multiple of 4, got 2"),
-    (dict(rope="yes"), "rope must be True or False, got 'yes'"),
+    (dict(rope="yes"), "rope must be True, False or a rotary embedding layer's config .*got 'yes'"),
     (dict(rope=True, rope_reference_grid=(0, 16)), "rope_reference_grid must be a positive int"),
 ])
 def test_bad_switches_are_named(arguments, message):

@@ -507,7 +507,7 @@ def test_engine_fine_tunes_a_siglip_directory_with_a_new_head(siglip, tmp_path, 
         result = train(config, verbose=0)
     assert "the checkpoint has no head: the head is reset to zeros." in caplog.text
     parts = keras_vit.vit_parts(result.model)
-    assert isinstance(parts.pool, keras_vit.models.layers.MAPHead)
+    assert isinstance(parts.pool, keras_vit.layers.MAPHead)
     assert parts.head.kernel.shape == (WIDTH, 5)
     assert result.model.get_config()["preprocessing"]["interpolation"] == "bicubic"
 

@@ -3,7 +3,7 @@
 Every backend goes through Keras' own `model.export(format="onnx")`: tf2onnx under
 TensorFlow, jax2onnx under JAX, and under PyTorch the TorchScript exporter, which
 Keras uses for a variable batch size (it traces batch 1). The layers trace under
-`keras_vit.models.layers.tracing_for_export()` (PyTorch's fused layer norm, for one,
+`keras_vit.backend.export.tracing_for_export()` (PyTorch's fused layer norm, for one,
 does not export with a variable batch), and the file carries the eval preprocessing
 in its metadata (key `keras_vit`).
 """
@@ -20,7 +20,7 @@ from keras_vit.export.records import (
     export_record,
     image_input_size,
 )
-from keras_vit.models.layers import tracing_for_export
+from keras_vit.backend.export import tracing_for_export
 from keras_vit.utils.extras import ONNX_EXPORTERS, optional_import
 from keras_vit.utils.files import atomic_path
 

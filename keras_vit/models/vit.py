@@ -14,7 +14,9 @@ import inspect
 import keras
 from keras import ops
 
-from keras_vit.models import layers as vit_layers
+from keras_vit import layers as vit_layers
+from keras_vit.layers.embedding import POSITION_EMBEDDINGS
+from keras_vit.layers.mlp import MLPS
 from keras_vit.models import posembed, resnet, size
 from keras_vit.models.preprocessing import check_preprocessing, normalize
 from keras_vit.models.variants import VARIANTS, parse_variant
@@ -59,8 +61,9 @@ class ViTParts:
         pre_norm: the `LayerNormalization` before the blocks (CLIP's), or None.
         projection: the bias-free `Dense` from the pooled features to a shared
             image-text embedding (CLIP's `visual_projection`), or None.
-        rope: the `RotaryEmbedding` whose table every block's attention applies
-            (EVA-02's), or None.
+        rope: the rotary embedding layer whose table every block's attention applies
+            (EVA-02's `RotaryEmbedding`, or the layer that the `rope` argument names),
+            or None.
 
     Example:
 
@@ -86,7 +89,7 @@ class ViTParts:
     registers: Optional[vit_layers.ClassToken] = None
     pre_norm: Optional[keras.layers.LayerNormalization] = None
     projection: Optional[keras.layers.Dense] = None
-    rope: Optional[vit_layers.RotaryEmbedding] = None
+    rope: Optional[keras.layers.Layer] = None
 
     @property
     def patch_embedding(self):
@@ -377,9 +380,14 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         projection_dim: None, or the width of a bias-free `Dense` after the pooling
             and `pre_logits` (CLIP's `visual_projection`): with `include_top=False` the
             model outputs CLIP's `image_embeds`.
-        rope: EVA-02's 2-D rotary position embedding in every attention, on the
-            patch tokens' queries and keys, besides the position table (timm's
-            `use_rot_pos_emb=True`; `keras_vit.models.layers.RotaryEmbedding`).
+        rope: a 2-D rotary position embedding in every attention, on the patch
+            tokens' queries and keys, besides the position table. True is EVA-02's
+            (timm's `use_rot_pos_emb=True`; `keras_vit.layers.rope.RotaryEmbedding`);
+            a layer config, `keras.saving.serialize_keras_object(layer)`, names
+            another: a registered layer whose constructor takes `head_dim`,
+            `grid_size` and `num_prefix_tokens` (the model fills them in, with its
+            name) and whose `call(patches)` returns the `(tokens, 2 * head_dim)`
+            sines | cosines that `keras_vit.layers.rope.rotate` applies.
         rope_reference_grid: with `rope`, the `(rows, cols)` patch grid the rotary
             positions are scaled to at every image size (timm's `ref_feat_shape`;
             EVA-02: `(16, 16)`), or None for the grid's own indices.
@@ -480,7 +488,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
                  drop_path_rate=drop_path_rate, remat=remat)
         )
         check_choice("classifier", classifier, CLASSIFIERS)
-        check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
+        check_choice("pos_embedding", pos_embedding, POSITION_EMBEDDINGS)
         check_choice("pos_interpolation", pos_interpolation, posembed.INTERPOLATIONS)
         family = _check_family(classifier, **{name: given[name] for name in FAMILY_SWITCHES})
         if quick_gelu and gelu_approximate:
@@ -719,7 +727,7 @@ def _check_family(classifier, **family):
     """The family switches (`FAMILY_DEFAULTS`) as given, once checked against each
     other and `classifier`; a bad one is a `ValueError` naming it."""
     for name in ("distilled", "distillation_head", "no_embed_class", "pre_norm", "quick_gelu",
-                 "patch_bias", "rope", "mlp_norm", "fc_norm"):
+                 "patch_bias", "mlp_norm", "fc_norm"):
         if not isinstance(family[name], bool):
             raise ValueError(f"{name} must be True or False, got {family[name]!r}.")
     if family["distilled"] and classifier not in CLASS_TOKEN_CLASSIFIERS:
@@ -746,15 +754,44 @@ def _check_family(classifier, **family):
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
         raise ValueError(f"layer_norm_epsilon must be a positive number, got {epsilon!r}.")
     _check_registers(classifier, family["num_registers"])
-    check_choice("mlp", family["mlp"], vit_layers.MLPS)
+    check_choice("mlp", family["mlp"], MLPS)
+    rope = family["rope"]
+    if not isinstance(rope, bool) and not (
+        isinstance(rope, dict) and {"class_name", "config"} <= rope.keys()
+    ):
+        raise ValueError(
+            "rope must be True, False or a rotary embedding layer's config "
+            f"(keras.saving.serialize_keras_object(layer)), got {rope!r}."
+        )
     if family["rope_reference_grid"] is not None:
-        if not family["rope"]:
+        if rope is not True:
             raise ValueError(
-                "rope_reference_grid scales the rotary position embedding, which needs "
-                "rope=True: pass both, or neither."
+                "rope_reference_grid scales EVA-02's rotary position embedding, which needs "
+                f"rope=True (got rope={rope!r}; a rope layer's config holds its own "
+                "settings): pass both, or neither."
             )
         family["rope_reference_grid"] = _pair(family["rope_reference_grid"], "rope_reference_grid")
     return family
+
+
+def _rotary_embedding(rope, *, head_dim, grid_size, num_prefix_tokens, reference_grid):
+    """The model's rotary embedding layer, named `rope`: EVA-02's `RotaryEmbedding` for
+    `rope=True`, else the registered layer whose config `rope` is, made for this
+    model's head width, patch grid and prefix tokens (in the model's dtype policy)."""
+    if rope is True:
+        return vit_layers.RotaryEmbedding(
+            head_dim, grid_size=grid_size, reference_grid=reference_grid,
+            num_prefix_tokens=num_prefix_tokens, name="rope",
+        )
+    config = {k: v for k, v in rope["config"].items() if k != "dtype"}
+    config.update(head_dim=head_dim, grid_size=grid_size, num_prefix_tokens=num_prefix_tokens,
+                  name="rope")
+    # Its class and config only: a serialized built layer also records how it was built.
+    spec = {k: rope[k] for k in ("module", "class_name", "registered_name") if k in rope}
+    layer = keras.saving.deserialize_keras_object({**spec, "config": config})
+    if not isinstance(layer, keras.layers.Layer):
+        raise ValueError(f"rope must name a Keras layer, got {type(layer).__name__} from {rope!r}.")
+    return layer
 
 
 def _check_registers(classifier, count):
@@ -828,13 +865,13 @@ def _build_graph(
         x = pre(x)
     rotary = table = None
     if rope:  # one table of the patch grid's rotations, which every block applies
-        rotary = vit_layers.RotaryEmbedding(
-            hidden_dim // num_heads,
+        rotary = _rotary_embedding(
+            rope,
+            head_dim=hidden_dim // num_heads,
             grid_size=grid,
-            reference_grid=rope_reference_grid,
             num_prefix_tokens=sum(t is not None for t in (class_token, distillation_token))
             + num_registers,
-            name="rope",
+            reference_grid=rope_reference_grid,
         )
         table = rotary(patch_grid)
     blocks = []
@@ -855,7 +892,7 @@ def _build_graph(
                 layer_norm_epsilon=layer_norm_epsilon,
                 mlp=mlp,
                 quick_gelu=quick_gelu,
-                rope=rope,
+                rope=bool(rope),
                 mlp_norm=mlp_norm,
                 name=names[i],
             )

@@ -35,7 +35,8 @@ from keras_vit.weights.formats import (
     holds_safetensors,
     read_official,
 )
-from keras_vit.models.layers import MAPHead, sincos_2d_table
+from keras_vit.layers.embedding import sincos_2d_table
+from keras_vit.layers.pooling import MAPHead
 from keras_vit.models.vit import vit_parts
 from keras_vit.utils.files import atomic_write
 from keras_vit.utils.model_files import is_model, read_keras, weight_problems
