@@ -9,12 +9,10 @@ and every block's output tokens, within 1e-4 of their largest magnitude, in floa
 The module runs on the current backend; `test_other_backends` runs it on the others.
 """
 
-import logging
 import math
 import os
 import re
 
-import keras
 import numpy as np
 import pytest
 import torch
@@ -22,38 +20,18 @@ from safetensors.numpy import load_file, save_file
 from transformers import DeiTConfig, DeiTForImageClassification, DeiTForImageClassificationWithTeacher
 
 import keras_vit
-from conftest import (
-    assert_keras_file_round_trip, assert_module_passes_on, on_other_backends, randomise_weights,
+from family_helpers import (
+    CLASSES, HEADS, IMAGES, LAYERS, TINY, WIDTH, as_numpy, assert_family_round_trip,
+    assert_maps_leave_out_prefix, assert_mixed_precision_near_float32, fine_tune, outputs,
+    random_timm_state, randomise, relative_error,
 )
-import test_checkpoints
-from test_checkpoints import randomise
+from family_helpers import timm_from_hf as vit_timm_from_hf
+from helpers import assert_module_passes_on, on_other_backends
 
-LAYERS, WIDTH, HEADS, CLASSES = 2, 32, 4, 10
 HF_CONFIG = dict(
     hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
     intermediate_size=64, image_size=32, patch_size=8, num_labels=CLASSES,
 )  # layer_norm_eps left at DeiTConfig's 1e-12
-TINY = dict(image_size=32, patch_size=8, hidden_dim=WIDTH, num_layers=LAYERS, num_heads=HEADS,
-            mlp_dim=64, num_classes=CLASSES)
-IMAGES = np.random.default_rng(0).uniform(-1, 1, (3, 32, 32, 3)).astype("float32")
-
-
-def as_numpy(x):
-    return keras.ops.convert_to_numpy(x)
-
-
-def outputs(model):
-    """The model's logits and each block's output tokens, on `IMAGES`."""
-    blocks = [block.output for block in keras_vit.vit_parts(model).blocks]
-    probe = keras.Model(model.input, [model.output, *blocks])
-    return [as_numpy(x) for x in probe(IMAGES)]
-
-
-def relative_error(ours, reference):
-    """The largest difference, over the largest magnitude of the reference."""
-    return max(
-        np.abs(a - b).max() / np.abs(b).max() for a, b in zip(ours, reference, strict=True)
-    )
 
 
 def hf_reference(model_class, directory):
@@ -160,7 +138,7 @@ def timm_from_hf(files):
     ViT's tensors as test_checkpoints converts them, the distillation token and head."""
     as_vit = {re.sub(r"^deit\.", "vit.", key).replace("cls_classifier", "classifier"): value
               for key, value in files.items()}
-    state = test_checkpoints.timm_from_hf(as_vit)
+    state = vit_timm_from_hf(as_vit)
     state["dist_token"] = files["deit.embeddings.distillation_token"]
     for p in ("weight", "bias"):
         state[f"head_dist.{p}"] = files[f"distillation_classifier.{p}"]
@@ -177,37 +155,6 @@ def test_timm_distilled_safetensors_match_transformers(teacher, tmp_path):
 
 
 # --- DeiT III: layer scale and no_embed_class, against timm's formulas -----------------
-
-
-def random_timm_state(seed, *, width, layers, classes, patch, positions, mlp_dim, final_norm,
-                      block):
-    """A random timm ViT state dict: float32 draws of standard deviation 0.3 (norm weights
-    near 1, no zero biases, so that a lost or misplaced tensor shows). Each block gets
-    the entries every timm ViT has and `block(normal, prefix)`'s own (its attention
-    projections, MLP input, layer scale); `final_norm` names the last norm (`norm`, or
-    `fc_norm` after the pooling)."""
-    rng = np.random.default_rng(seed)
-
-    def normal(*shape, mean=0.0):
-        return (mean + 0.3 * rng.standard_normal(shape)).astype("float32")
-
-    state = {
-        "cls_token": normal(1, 1, width), "pos_embed": normal(1, positions, width),
-        "patch_embed.proj.weight": normal(width, 3, patch, patch),
-        "patch_embed.proj.bias": normal(width),
-        f"{final_norm}.weight": normal(width, mean=1.0), f"{final_norm}.bias": normal(width),
-        "head.weight": normal(classes, width), "head.bias": normal(classes),
-    }
-    for i in range(layers):
-        b = f"blocks.{i}."
-        state.update({
-            b + "norm1.weight": normal(width, mean=1.0), b + "norm1.bias": normal(width),
-            b + "attn.proj.weight": normal(width, width), b + "attn.proj.bias": normal(width),
-            b + "norm2.weight": normal(width, mean=1.0), b + "norm2.bias": normal(width),
-            b + "mlp.fc2.weight": normal(width, mlp_dim), b + "mlp.fc2.bias": normal(width),
-            **block(normal, b),
-        })
-    return state
 
 
 def deit3_state(seed=5):
@@ -299,20 +246,6 @@ FAMILY = {
 }
 
 
-def assert_family_round_trip(switches, path):
-    """A tiny model with the family `switches` records them in its config, is rebuilt
-    from it with the same weights, and comes back from a `.keras` file at `path`
-    giving the same outputs."""
-    model = keras_vit.ViT(**TINY, **switches)
-    randomise_weights(model, seed=1)
-    config = model.get_config()
-    assert {key: config[key] for key in switches} == switches
-    rebuilt = keras_vit.VisionTransformer.from_config(config)
-    assert rebuilt.get_config() == config
-    assert [w.path for w in rebuilt.weights] == [w.path for w in model.weights]
-    assert_keras_file_round_trip(model, IMAGES, path)
-
-
 @pytest.mark.parametrize("name", FAMILY)
 def test_get_config_and_keras_file_round_trip(name, tmp_path):
     assert_family_round_trip(FAMILY[name], tmp_path / "model.keras")
@@ -337,27 +270,6 @@ def test_headless_distilled_model_pools_the_mean_of_both_tokens(teacher):
     np.testing.assert_allclose(as_numpy(model(IMAGES)), (every[:, 0] + every[:, 1]) / 2, atol=1e-6)
 
 
-def assert_maps_leave_out_prefix(model, images, last, prefix, prefix_tokens=None):
-    """`feature_model`'s maps (4x4) are the last block's tokens after the `prefix` tokens
-    in front of the patches, and its prefix output those; the attention map (told
-    `prefix_tokens`) is the class token's rollout row over the patches. Returns the
-    attention weights."""
-    count = len(images)
-    maps, tokens = keras_vit.feature_model(model, prefix_tokens=True)(images)
-    assert tuple(maps.shape) == (count, 4, 4, WIDTH) and tuple(tokens.shape) == (count, prefix, WIDTH)
-    np.testing.assert_array_equal(as_numpy(maps).reshape(count, 16, WIDTH), last[:, prefix:])
-    np.testing.assert_array_equal(as_numpy(tokens), last[:, :prefix])
-
-    _, attentions = keras_vit.attention_model(model)(images)
-    rollout = keras_vit.attention_rollout(attentions)
-    assert tuple(rollout.shape) == (count, 16 + prefix, 16 + prefix)
-    np.testing.assert_array_equal(
-        keras_vit.attention_map(rollout, (4, 4), prefix_tokens).reshape(count, 16),
-        rollout[:, 0, prefix:],
-    )
-    return attentions
-
-
 def test_feature_maps_attention_maps_and_lora_of_a_distilled_model(teacher):
     """The patch maps leave out both prefix tokens; the attention map is the class
     token's row over the patches; LoRA trains both heads."""
@@ -370,18 +282,6 @@ def test_feature_maps_attention_maps_and_lora_of_a_distilled_model(teacher):
     enable_lora(model, 2)
     trainable = {v.path for v in model.trainable_weights}
     assert {"head/kernel", "head_dist/kernel", "head/bias", "head_dist/bias"} <= trainable
-
-
-def assert_mixed_precision_near_float32(family):
-    """A tiny model with the family switches gives float32 logits under mixed_bfloat16,
-    within 5% of the float32 model's with the same weights."""
-    reference = keras_vit.ViT(**TINY, **family)
-    randomise_weights(reference, seed=2)
-    mixed = keras_vit.ViT(**TINY, **family, dtype="mixed_bfloat16")
-    mixed.set_weights(reference.get_weights())
-    logits = mixed(IMAGES)
-    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
-    assert relative_error([as_numpy(logits)], [as_numpy(reference(IMAGES))]) < 0.05
 
 
 def test_mixed_precision_deit3_distilled_keeps_float32_logits():
@@ -438,23 +338,6 @@ def test_an_hf_model_folder_is_a_from_source_not_a_run_folder(teacher):
     assert runs.run_config(os.path.join(directory, "model.safetensors")) is None
     message = runs.load_weights(keras_vit.ViT(**TINY, distilled=True), directory)
     assert message.startswith(f"loaded {directory}:")
-
-
-def fine_tune(source, kwargs, image_size, out, caplog):
-    """The engine's one-epoch fine-tune of the demo recipe (5 digit classes) on a custom
-    architecture `kwargs` (`model.kwargs`) from `source`; its `TrainResult`."""
-    from keras_vit import cli
-    from keras_vit.training.config import apply_overrides
-    from keras_vit.training.engine import train
-
-    config = apply_overrides(cli.load_recipe("demo"), [
-        "model.variant=custom", f"model.kwargs={kwargs!r}", f"model.image_size={image_size}",
-        "model.channels=3", f"model.init_from={source}", "data.classes=0-4",
-        "schedule.epochs=1", "schedule.warmup_updates=2", "checkpointing.tensorboard=False",
-        f"out={out}",
-    ])
-    with caplog.at_level(logging.INFO, logger="keras_vit"):
-        return train(config, verbose=0)
 
 
 @pytest.mark.slow

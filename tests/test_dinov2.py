@@ -26,11 +26,10 @@ from transformers import (
 )
 
 import keras_vit
-from conftest import assert_module_passes_on, on_other_backends
-from test_checkpoints import as_numpy, randomise
-from test_deit import (
-    assert_family_round_trip, assert_maps_leave_out_prefix, assert_mixed_precision_near_float32,
-    fine_tune, relative_error,
+from helpers import assert_module_passes_on, on_other_backends
+from family_helpers import (
+    as_numpy, assert_family_round_trip, assert_maps_leave_out_prefix,
+    assert_mixed_precision_near_float32, fine_tune, randomise, relative_error,
 )
 
 LAYERS, WIDTH, HEADS, SIZE, PATCH = 2, 32, 4, 28, 7

@@ -20,8 +20,8 @@ import torch
 from safetensors.numpy import save_file
 
 import keras_vit
-from conftest import assert_module_passes_on, bucket_entry, on_other_backends
-from test_deit import (
+from helpers import assert_module_passes_on, bucket_entry, on_other_backends
+from family_helpers import (
     assert_family_round_trip, assert_maps_leave_out_prefix, assert_mixed_precision_near_float32,
     fine_tune, random_timm_state, relative_error,
 )
@@ -361,7 +361,7 @@ def test_fewshot_takes_timms_pre_logits_and_scores_their_ridge(timm_files):
     linear evaluation on them (every train image a shot) scores as the closed-form
     ridge written out in numpy does on timm's features."""
     from keras_vit.evaluation import fewshot
-    from test_fewshot import whitened_with_bias
+    from helpers import whitened_with_bias
 
     path, state = timm_files["base"]
     model = eva("base")

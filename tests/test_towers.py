@@ -19,11 +19,10 @@ from safetensors.numpy import load_file, save_file
 import transformers
 
 import keras_vit
-from conftest import (
+from helpers import (
     assert_keras_file_round_trip, assert_module_passes_on, on_other_backends, randomise_weights,
 )
-from test_checkpoints import randomise
-from test_deit import IMAGES, as_numpy, outputs, relative_error
+from family_helpers import IMAGES, as_numpy, outputs, randomise, relative_error
 
 WIDTH, PROJECTION = 32, 24
 HF_SIZES = dict(hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=4,
