@@ -1,6 +1,6 @@
 """Imports point one way (ARCHITECTURE.md): the layers of [tool.importlinter] in
 pyproject.toml, no cycle in any package, and test modules that import no other test
-module.
+module; and `import keras_vit` leaves a process as a library import does.
 
 import-linter reads every import statement, those inside functions too, without running
 the code. Each rule has a negative control: the same check on a copy of the sources with
@@ -8,6 +8,7 @@ one forbidden import added fails and names it.
 """
 
 import ast
+import json
 import os
 import shutil
 import subprocess
@@ -70,7 +71,8 @@ def test_negative_control_an_upward_import_inside_a_function_is_named(tmp_path):
 def test_negative_control_a_cycle_within_a_package_is_named(tmp_path):
     # model_files imports errors; errors importing model_files back closes a cycle.
     root = copy_of_the_package(tmp_path)
-    add_import(root / "keras_vit" / "utils" / "errors.py", "from keras_vit.utils import model_files")
+    add_import(root / "keras_vit" / "utils" / "errors.py",
+               "from keras_vit.utils import model_files")
     code, report = lint_imports(root)
     assert code == 1
     assert "No cycles are allowed in keras_vit.utils." in report
@@ -117,6 +119,53 @@ def test_negative_control_imports_of_test_modules_and_bench_are_found(tmp_path):
     path = tmp_path / "test_example.py"
     path.write_text(
         "import os\nfrom helpers import tiny_vit\nimport test_model\n\n"
-        "def test_x():\n    from tests.conftest import ROOT\n    from bench.contenders import KerasViT\n"
+        "def test_x():\n"
+        "    from tests.conftest import ROOT\n"
+        "    from bench.contenders import KerasViT\n"
     )
     assert forbidden_imports(path) == ["bench", "test_model", "tests"]
+
+
+# What a process holds after importing keras and keras_vit, as JSON: what the import hook
+# of `import keras_vit` (Keras not yet imported) may leave behind.
+PROCESS_STATE = """
+import json, logging, sys, warnings
+import numpy as np
+finders = [type(f).__name__ for f in sys.meta_path]
+for name in sys.argv[1:]:
+    __import__(name)
+import keras
+print(json.dumps(dict(
+    finders_added=sorted(set(type(f).__name__ for f in sys.meta_path) - set(finders)),
+    keras_vit_modules=sorted(m for m in sys.modules if m.startswith("keras_vit")),
+    registered=sorted(k for k in keras.saving.get_custom_objects() if k.startswith("keras_vit>")),
+    config=[keras.config.floatx(), keras.config.dtype_policy().name,
+            keras.config.image_data_format(), keras.config.epsilon()],
+    warning_filters=len(warnings.filters), numpy_errors=np.geterr(),
+    loggers={name: [logger.level, len(logger.handlers)]
+             for name, logger in logging.root.manager.loggerDict.items()
+             if isinstance(logger, logging.Logger) and (logger.level or logger.handlers)},
+)))
+"""
+
+
+def process_state(*imports):
+    result = subprocess.run(
+        [sys.executable, "-c", PROCESS_STATE, *imports], capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_keras_imported_after_keras_vit_leaves_what_the_other_order_leaves():
+    """`import keras_vit` before Keras installs a one-shot import hook that registers the
+    layers once Keras is imported: it removes itself, and the process then holds the
+    modules, registrations and global settings that `import keras; import keras_vit`
+    gives, nothing more."""
+    hooked = process_state("keras_vit")  # then keras
+    eager = process_state("keras", "keras_vit")
+    assert hooked["finders_added"] == eager["finders_added"]
+    assert "_LoadAfterKeras" not in hooked["finders_added"]
+    assert hooked == eager
+    assert "keras_vit>VisionTransformer" in hooked["registered"]

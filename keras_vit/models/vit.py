@@ -3,8 +3,8 @@ structure.
 
 `VisionTransformer(...)` is a functional `keras.Model` built from architecture arguments,
 which its `get_config` keeps (`keras_vit.ViT`, in `keras_vit.weights.factory`, builds one
-and loads pretrained weights into it); `model.parts` (`ViTParts`) names its layers by role for every
-module that works on a model's weights or intermediate outputs.
+and loads pretrained weights into it); `model.parts` (`ViTParts`) names its layers by
+role for every module that works on a model's weights or intermediate outputs.
 """
 
 import contextlib
@@ -296,9 +296,9 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
     """The Vision Transformer: a functional `keras.Model` built from its architecture.
 
     `keras_vit.ViT(...)` builds one (and loads pretrained `weights`). The model maps NHWC
-    images scaled to [-1, 1] (see `preprocess`) to logits. It declares its structure: `get_config()` returns the
-    architecture arguments below (`from_config` builds the model again from them),
-    and `model.parts` gives its layers as a `ViTParts`.
+    images scaled to [-1, 1] (see `preprocess`) to logits. It declares its structure:
+    `get_config()` returns the architecture arguments below (`from_config` builds the
+    model again from them), and `model.parts` gives its layers as a `ViTParts`.
 
     `compile`'s default `jit_compile="auto"` (also what an uncompiled model's
     `predict` uses) means XLA for `fit`, `evaluate` and `predict` on TensorFlow also
