@@ -19,7 +19,7 @@ import importlib.abc
 import importlib.util
 import sys
 
-from keras_vit.utils.allocator import configure_for_backend
+from keras_vit.utils.allocator import configure_for_backend  # noqa: F401  (public, in __all__)
 
 __version__ = "0.1.0"
 

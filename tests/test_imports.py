@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers import ROOT
 
 TESTS = ROOT / "tests"
@@ -158,6 +160,7 @@ def process_state(*imports):
     return json.loads(result.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow  # two fresh processes import Keras and its backend
 def test_keras_imported_after_keras_vit_leaves_what_the_other_order_leaves():
     """`import keras_vit` before Keras installs a one-shot import hook that registers the
     layers once Keras is imported: it removes itself, and the process then holds the
