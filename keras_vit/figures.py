@@ -16,7 +16,11 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from keras_vit.evaluation import analysis
-from keras_vit.evaluation.charts import plot_fewshot, plot_probes, save_figure  # noqa: F401
+from keras_vit.evaluation.charts import (  # noqa: F401  (the charts: figures too)
+    plot_fewshot,
+    plot_probes,
+    save_figure,
+)
 from keras_vit.models.layers import MAPHead
 from keras_vit.models.vit import vit_parts
 
