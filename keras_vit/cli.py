@@ -786,7 +786,12 @@ def build_parser():
 
 
 def start_backend():
-    """Imports Keras and its backend, as every command but a few needs them."""
+    """Imports Keras and its backend, as every command but a few needs them, with freed
+    memory kept for reuse where that backend gains from it (the command opts in to
+    `keras_vit.utils.allocator.configure_for_backend`; a library import does not)."""
+    from keras_vit.utils.allocator import configure_for_backend
+
+    configure_for_backend()
     import keras  # noqa: F401
 
 

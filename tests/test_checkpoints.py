@@ -22,7 +22,7 @@ from safetensors.torch import save_file as torch_save_file
 from transformers import ViTConfig, ViTForImageClassification, ViTModel
 
 import keras_vit
-from conftest import randomise_weights, tiny_vit
+from helpers import randomise_weights, tiny_vit
 from references import randomise, timm_from_hf
 from keras_vit.weights.pretrained import POS_KEY
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from conftest import tiny_demo_recipe, tiny_vit
+from helpers import tiny_demo_recipe, tiny_vit
 
 from keras_vit import cli
 from keras_vit.training import runs

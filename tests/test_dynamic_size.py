@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import keras_vit
-from conftest import assert_keras_file_round_trip, randomise_weights, tiny_vit
-from keras_vit.models import posembed
+from helpers import assert_keras_file_round_trip, randomise_weights, tiny_vit
+from keras_vit.layers import posembed
 
 pytestmark = pytest.mark.gpu  # the accelerator subset (pyproject.toml's markers)
 

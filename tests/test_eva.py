@@ -20,7 +20,7 @@ import torch
 from safetensors.numpy import save_file
 
 import keras_vit
-from conftest import bucket_entry
+from helpers import bucket_entry
 from family_contract import (
     assert_maps_leave_out_prefix, check_family_contract, fine_tune, outputs, relative_error,
 )

@@ -20,7 +20,7 @@ import keras_vit
 from references import whitened_with_bias
 from keras_vit.evaluation import fewshot
 from keras_vit.evaluation.features import representation_model
-from conftest import randomise_weights, tiny_vit
+from helpers import randomise_weights, tiny_vit
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ from scipy.special import erf
 from keras_vit import layers as L
 from keras_vit.backend.erf import erf as backend_erf
 from keras_vit.layers.attention import query_blocks
-from conftest import randomise_weights
+from helpers import randomise_weights
 
 pytestmark = pytest.mark.gpu  # the accelerator subset (pyproject.toml's markers)
 
@@ -331,7 +331,7 @@ def test_transformer_block_rejects_width_not_divisible_by_heads():
 def test_int8_model_round_trips_through_a_keras_file(tmp_path):
     # The Dense layers inside PatchEncoder and TransformerBlock are rebuilt from their
     # owner's config, which must say that they were quantized.
-    from conftest import randomise_weights, tiny_vit
+    from helpers import randomise_weights, tiny_vit
 
     model = tiny_vit()
     randomise_weights(model, seed=1)

@@ -11,22 +11,11 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import keras_vit
-from conftest import assert_keras_file_round_trip, compute_device, randomise_weights, tiny_vit
+from helpers import (
+    OFFICIAL_COUNTS, assert_keras_file_round_trip, compute_device, randomise_weights, tiny_vit,
+)
 
 pytestmark = pytest.mark.gpu  # the accelerator subset (pyproject.toml's markers)
-
-# vit_jax models_test.py, num_classes=1000 at 224 px.
-OFFICIAL_COUNTS = {
-    "Ti/16": 5_717_416,
-    "S/16": 22_050_664,
-    "S/32": 22_878_952,
-    "B/16": 86_567_656,
-    "B/32": 88_224_232,
-    "B/8": 86_576_872,
-    "L/16": 304_326_632,
-    "L/32": 306_535_400,
-    "H/14": 632_045_800,
-}
 
 
 @pytest.mark.parametrize("variant", sorted(OFFICIAL_COUNTS))

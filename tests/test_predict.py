@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TINY, bucket_entry, bucket_model, randomise_weights, tiny_vit
+from helpers import TINY, bucket_entry, bucket_model, randomise_weights, tiny_vit
 
 import keras_vit
 from keras_vit import cli

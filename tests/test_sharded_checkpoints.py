@@ -25,7 +25,7 @@ from keras_vit.utils.model_files import read_keras
 pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 
-from test_resume import COMMAND  # noqa: E402  (the pretrain command that can kill itself)
+from helpers import COMMAND  # noqa: E402  (the pretrain command that can kill itself)
 
 pytestmark = pytest.mark.slow  # subprocesses on 4 host devices
 

@@ -19,7 +19,7 @@ from safetensors.numpy import load_file, save_file
 import transformers
 
 import keras_vit
-from conftest import assert_keras_file_round_trip, randomise_weights
+from helpers import assert_keras_file_round_trip, randomise_weights
 from family_contract import IMAGES, as_numpy, check_family_contract, outputs, relative_error
 from references import randomise
 

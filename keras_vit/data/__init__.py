@@ -6,8 +6,9 @@
 - `libjpeg`: JPEGs that decode with a libjpeg warning, checked off the start-up path.
 - `decode`: files to pixels, crop windows, the eval resize, `read_images`.
 - `augment`: AugReg levels and Keras preprocessing layers seeded by stream position.
-- `pipelines`: `train_dataset` (endless, seeded, resumable), `eval_dataset` (one pass),
-  `without_autotuning` (the options both end with), `array_batches` (arrays through it).
+- `pipelines`: `train_dataset` (endless, seeded, resumable), `eval_dataset` (one pass).
+- from `keras_vit.utils.tf_data`: `without_autotuning` (the options both pipelines end
+  with), `array_batches` (arrays through it, as the model's `predict` reads them).
 
 The names below are the package's API: `from keras_vit.data import load_source, train_dataset`.
 """
@@ -24,12 +25,7 @@ from keras_vit.data.decode import (
     read_images,
 )
 from keras_vit.data.folders import IMAGE_EXTENSIONS, find_damaged, load_listing
-from keras_vit.data.pipelines import (
-    array_batches,
-    eval_dataset,
-    train_dataset,
-    without_autotuning,
-)
+from keras_vit.data.pipelines import eval_dataset, train_dataset
 from keras_vit.data.sources import (
     NoSplitError,
     Source,
@@ -38,6 +34,7 @@ from keras_vit.data.sources import (
     select_classes,
     spec_split,
 )
+from keras_vit.utils.tf_data import array_batches, without_autotuning
 
 __all__ = [
     "AUGREG_LEVELS", "IMAGE_EXTENSIONS", "NoSplitError", "Source", "array_batches", "as_layer",

@@ -8,6 +8,7 @@ alone (see `keras_vit.weights.pretrained`).
 - `patches`: `Patches`, `PadToMultiple`.
 - `embedding`: `PatchEncoder` (patch and position embedding), `ClassToken`,
   `sincos_2d_table`.
+- `posembed`: resampling a position-embedding grid to another patch grid.
 - `rope`: `RotaryEmbedding` (EVA-02's), `rotate`.
 - `attention`: `Attention`.
 - `mlp`: `MLP`, `mlp_activation`.

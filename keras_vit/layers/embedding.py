@@ -5,7 +5,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.dense import Dense, dense_dtypes_entry
-from keras_vit.models import posembed
+from keras_vit.layers import posembed
 from keras_vit.utils.checks import check_choice, check_positive_int
 from keras_vit.utils.serialization import serializable
 
@@ -59,7 +59,7 @@ class PatchEncoder(keras.layers.Layer):
             (row and column tables of D/2 each, concatenated), `"sincos2d"`
             (fixed), or `"none"`.
         interpolation: how a learned table is resampled to another grid (see
-            `keras_vit.models.posembed`): `"bicubic_antialias"`, `"bilinear_align_corners"`
+            `keras_vit.layers.posembed`): `"bicubic_antialias"`, `"bilinear_align_corners"`
             or `"bicubic"`.
         dense_dtypes: `{"projection": policy}` once quantized (written
             by `get_config` after `model.quantize`); None builds it with the default policy.

@@ -8,7 +8,6 @@
 - `resnet`: the BiT-style ResNet trunk of the hybrid models.
 - `features`: `feature_model`, the token features after chosen blocks (maps or sequences).
 - `flexi`: `resample_patch_embedding`, FlexiViT's patch-size resampling.
-- `posembed`: resampling a position-embedding grid to another patch grid.
 - `mpp`: the masked-patch-prediction head and its corruption and targets.
 - `flops`: analytic FLOP counts.
 """

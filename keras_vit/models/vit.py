@@ -1,8 +1,10 @@
-"""The Vision Transformer model (`ViT`), its paper variants and its declared structure.
+"""The Vision Transformer model (`VisionTransformer`), its paper variants and its declared
+structure.
 
-`ViT(...)` builds a functional `keras.Model` from architecture arguments, which its
-`get_config` keeps; `model.parts` (`ViTParts`) names its layers by role for every
-module that works on a model's weights or intermediate outputs.
+`VisionTransformer(...)` is a functional `keras.Model` built from architecture arguments,
+which its `get_config` keeps (`keras_vit.ViT`, in `keras_vit.weights.factory`, builds one
+and loads pretrained weights into it); `model.parts` (`ViTParts`) names its layers by
+role for every module that works on a model's weights or intermediate outputs.
 """
 
 import contextlib
@@ -17,7 +19,8 @@ from keras import ops
 from keras_vit import layers as vit_layers
 from keras_vit.layers.embedding import POSITION_EMBEDDINGS
 from keras_vit.layers.mlp import MLPS
-from keras_vit.models import posembed, resnet, size
+from keras_vit.layers import posembed
+from keras_vit.models import resnet, size
 from keras_vit.models.preprocessing import check_preprocessing, normalize
 from keras_vit.models.variants import VARIANTS, parse_variant
 from keras_vit.utils import keras_compat
@@ -67,8 +70,8 @@ class ViTParts:
 
     Example:
 
-    >>> model = ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
-    ...             num_heads=4, mlp_dim=64, num_classes=10)
+    >>> model = VisionTransformer(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
+    ...                           num_heads=4, mlp_dim=64, num_classes=10)
     >>> parts = model.parts
     >>> len(parts.blocks), parts.grid_size, tuple(parts.patch_embedding.kernel.shape)
     (2, (4, 4), (192, 32))
@@ -169,8 +172,8 @@ def vit_parts(model):
 
     Example:
 
-    >>> model = ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
-    ...             num_heads=4, mlp_dim=64)
+    >>> model = VisionTransformer(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
+    ...                           num_heads=4, mlp_dim=64)
     >>> vit_parts(model) is model.parts
     True
     """
@@ -240,8 +243,8 @@ def default_image_size(model):
 
     Example:
 
-    >>> model = ViT(image_size=(32, 48), patch_size=8, hidden_dim=32, num_layers=1,
-    ...             num_heads=4, mlp_dim=64, dynamic_image_size=True)
+    >>> model = VisionTransformer(image_size=(32, 48), patch_size=8, hidden_dim=32, num_layers=1,
+    ...                           num_heads=4, mlp_dim=64, dynamic_image_size=True)
     >>> model.input_shape, default_image_size(model)
     ((None, None, None, 3), (32, 48))
     """
@@ -296,10 +299,10 @@ def input_stride(patch_size, resnet_stages=None):
 class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
     """The Vision Transformer: a functional `keras.Model` built from its architecture.
 
-    `ViT(...)` builds one (and loads pretrained `weights`). The model maps NHWC images scaled to [-1, 1] (see
-    `preprocess`) to logits. It declares its structure: `get_config()` returns the
-    architecture arguments below (`from_config` builds the model again from them),
-    and `model.parts` gives its layers as a `ViTParts`.
+    `keras_vit.ViT(...)` builds one (and loads pretrained `weights`). The model maps NHWC
+    images scaled to [-1, 1] (see `preprocess`) to logits. It declares its structure:
+    `get_config()` returns the architecture arguments below (`from_config` builds the
+    model again from them), and `model.parts` gives its layers as a `ViTParts`.
 
     `compile`'s default `jit_compile="auto"` (also what an uncompiled model's
     `predict` uses) means XLA for `fit`, `evaluate` and `predict` on TensorFlow also
@@ -330,7 +333,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             size (times a hybrid trunk's stride), as timm's `dynamic_img_pad=True`.
         pos_interpolation: how `dynamic_image_size` resamples the learned position
             table: `"bicubic_antialias"` (timm's), `"bilinear_align_corners"` (vit_jax's)
-            or `"bicubic"` (HF's `Dinov2Model`; see `keras_vit.models.posembed`).
+            or `"bicubic"` (HF's `Dinov2Model`; see `keras_vit.layers.posembed`).
         num_classes: width of the (zero-initialised) classification head.
         classifier: `"token"` (class token), `"gap"` (no class token, the mean of the
             patch tokens), `"token_gap"` (a class token concatenated with the mean of the
@@ -412,8 +415,8 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
 
     Example:
 
-    >>> model = ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
-    ...             num_heads=4, mlp_dim=64, num_classes=10)
+    >>> model = VisionTransformer(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
+    ...                           num_heads=4, mlp_dim=64, num_classes=10)
     >>> tuple(model(keras.ops.zeros((1, 32, 32, 3))).shape)
     (1, 10)
     >>> config = model.get_config()
@@ -602,13 +605,13 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
         """`keras.Model.predict`; on TensorFlow, arrays are read as
-        `keras_vit.data.array_batches` batches them (see `evaluate`).
+        `keras_vit.utils.tf_data.array_batches` batches them (see `evaluate`).
 
         Example:
 
         >>> import numpy as np
-        >>> model = ViT(image_size=8, patch_size=4, hidden_dim=8, num_layers=1,
-        ...             num_heads=2, mlp_dim=16, num_classes=3)
+        >>> model = VisionTransformer(image_size=8, patch_size=4, hidden_dim=8, num_layers=1,
+        ...                           num_heads=2, mlp_dim=16, num_classes=3)
         >>> model.predict(np.zeros((5, 8, 8, 3)), batch_size=2, verbose=0).shape
         (5, 3)
         """
@@ -622,11 +625,11 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
                  steps=None, callbacks=None, return_dict=False, **kwargs):
         """`keras.Model.evaluate`; on TensorFlow, arrays `x` and `y` (without
-        `sample_weight`) are read as `keras_vit.data.array_batches` batches them.
+        `sample_weight`) are read as `keras_vit.utils.tf_data.array_batches` batches them.
 
         Keras' TensorFlow trainer makes arrays into an autotuned `tf.data` pipeline for
         each call, which can wait after the last batch
-        (`keras_vit.data.without_autotuning`), and first copies them whole into one
+        (`keras_vit.utils.tf_data.without_autotuning`), and first copies them whole into one
         tensor; without a `tf.distribute` strategy keras-vit slices them a batch at a
         time instead. The batches and results are the same.
         """
@@ -656,7 +659,7 @@ def _under_strategy(model):
 
 def _tensorflow_array_batches(model, arrays, batch_size):
     """On the TensorFlow backend, `arrays` (each an array or a tensor) in batches by
-    `keras_vit.data.array_batches`, Keras' default batch of 32 if `batch_size` is None,
+    `keras_vit.utils.tf_data.array_batches`, Keras' default batch of 32 if `batch_size` is None,
     sliced a batch at a time unless `model` runs under a `tf.distribute` strategy (which
     shards them by example); None on another backend or when one of them is not an
     array (Keras reads those)."""
@@ -664,7 +667,7 @@ def _tensorflow_array_batches(model, arrays, batch_size):
         hasattr(a, "shape") and hasattr(a, "dtype") for a in arrays
     ):
         return None
-    from keras_vit.data.pipelines import array_batches
+    from keras_vit.utils.tf_data import array_batches
 
     return array_batches(
         arrays if len(arrays) > 1 else arrays[0], batch_size or 32, _under_strategy(model)
@@ -676,51 +679,6 @@ FAMILY_DEFAULTS = {
     name: inspect.signature(VisionTransformer.__init__).parameters[name].default
     for name in FAMILY_SWITCHES
 }
-
-
-def ViT(variant=None, *, weights=None, **kwargs):
-    """Builds a Vision Transformer (a `VisionTransformer`), with pretrained `weights`.
-
-    Args:
-        variant: a paper variant such as `"B/16"` or a hybrid such as `"R50+B/16"`;
-            see `VisionTransformer` for it and for every other argument (`image_size`,
-            `num_classes`, `patch_size`, ..., `include_top`).
-        weights: pretrained weights to start from, as `keras_vit.load_pretrained` loads
-            them (the position embedding resampled to `image_size`, a head of another
-            class count reset to zeros, `pre_logits` dropped without
-            `representation_size`): a registry name (`keras_vit.list_weights()`),
-            `hf:ORG/NAME`, `timm:NAME`, a URL or a local checkpoint. A registry name
-            or an HF model directory (`hf:ORG/NAME`) also gives the variant (or
-            sizes), resolution, classes, GELU and family switches (DeiT's
-            `distilled`, ...) that are not passed.
-        **kwargs: the `VisionTransformer` arguments.
-
-    Returns:
-        The `VisionTransformer`.
-
-    Example:
-
-    >>> model = ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
-    ...             num_heads=4, mlp_dim=64, num_classes=10)
-    >>> tuple(model(keras.ops.zeros((1, 32, 32, 3))).shape)
-    (1, 10)
-
-    Fine-tuning an ImageNet-21k checkpoint at 384 px on 10 classes (downloads it once):
-
-    >>> model = ViT("B/16", weights="vit_base_patch16_224.augreg_in21k",
-    ...             image_size=384, num_classes=10)  # doctest: +SKIP
-    """
-    if weights is None:
-        return VisionTransformer(variant, **kwargs)
-    # Imported here: models/ builds models, weights/ finds and fetches checkpoints.
-    from keras_vit.weights import pretrained
-
-    arguments = pretrained.source_defaults(weights, dict(variant=variant, **kwargs))
-    if arguments.get("preprocessing") is None:  # the weights expect their pixels
-        arguments["preprocessing"] = pretrained.source_preprocessing(weights)
-    model = VisionTransformer(**arguments)
-    pretrained.load_pretrained(model, weights)
-    return model
 
 
 def _check_family(classifier, **family):

@@ -23,7 +23,9 @@ import tensorflow as tf
 from keras_vit import data as vit_data
 from keras_vit.models import mpp as vit_mpp
 from keras_vit.models import size
-from keras_vit.models.vit import SIZE_ARGUMENTS, ViT, input_stride, resolve_architecture, vit_parts
+from keras_vit.models.vit import (
+    SIZE_ARGUMENTS, VisionTransformer, input_stride, resolve_architecture, vit_parts,
+)
 from keras_vit.training import distribute, multiworker, runs
 from keras_vit.training.callbacks import (
     EpochCheckpoints,
@@ -573,7 +575,7 @@ def _build_model(config, num_classes):
     if head_bias is None:
         head_bias = -10.0 if optimization.loss == "sigmoid" else 0.0
     variant = None if model.variant == "custom" else model.variant
-    return ViT(
+    return VisionTransformer(
         variant,
         image_size=model.image_size,
         num_classes=num_classes,

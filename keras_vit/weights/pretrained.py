@@ -15,9 +15,10 @@ import os
 import keras
 import numpy as np
 
-from keras_vit.models import flexi, posembed
+from keras_vit.layers import posembed
+from keras_vit.models import flexi
 from keras_vit.models.preprocessing import DEFAULT
-from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS, ViT
+from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS, VisionTransformer
 from keras_vit.weights import registry
 from keras_vit.weights.download import refuse_cached, resolve_weights
 from keras_vit.weights.formats import (
@@ -931,7 +932,7 @@ def pretrained(name, **kwargs):
                 f"change them, fine-tune: keras_vit.ViT(weights={os.fspath(name)!r}, "
                 f"{', '.join(f'{k}=...' for k in clashes)})."
             )
-        model = ViT(**{**arguments, **kwargs})
+        model = VisionTransformer(**{**arguments, **kwargs})
         load_pretrained(model, directory)
         return model
     if not registry.is_registered(name) and isinstance(name, str) and ":" in name:
@@ -950,7 +951,7 @@ def pretrained(name, **kwargs):
             f"change them, fine-tune: keras_vit.ViT({entry.variant!r}, weights={name!r}, "
             f"{', '.join(f'{k}=...' for k in clashes)})."
         )
-    model = ViT(**arguments, **kwargs)
+    model = VisionTransformer(**arguments, **kwargs)
     try:
         load_pretrained(model, source)
     except NotFiniteWeights:  # the entry's checkpoint, diverged: not a wrong download
