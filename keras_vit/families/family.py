@@ -99,6 +99,20 @@ class WeightsEntry:
         return self.url.rsplit("/", 1)[-1]
 
 
+# The official layout's keys (the released vit_jax `.npz` files'): every format is read
+# into them. Beyond vit_jax: big_vision's MAP head (SigLIP), CLIP's LayerNorm before the
+# blocks and its projection to the image-text embedding, and EVA-02's LayerNorm before
+# the MLP's last Dense, under each block's key.
+POS_KEY = "Transformer/posembed_input/pos_embedding"
+QKV = ("query", "key", "value")
+BLOCK_KEY = "Transformer/encoderblock_{i}/"
+ATTENTION_KEY = BLOCK_KEY + "MultiHeadDotProductAttention_1"
+MAP_HEAD_KEY = "MAPHead_0"
+MAP_ATTENTION_KEY = MAP_HEAD_KEY + "/MultiHeadDotProductAttention_0"
+PRE_NORM_KEY = "pre_norm"
+PROJECTION_KEY = "projection"
+MLP_NORM_KEY = "MlpBlock_3/LayerNorm_0"
+
 # How a PyTorch tensor becomes official ones (`keras_vit.weights.formats`): "copy" as it
 # is, "scale" a layer scale, "token" / "rows" HF's class token and position table without
 # their batch axis, "norm" a LayerNorm, "conv" the patch embedding, "dense" a Linear,
