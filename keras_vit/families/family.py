@@ -184,6 +184,13 @@ class Family:
             place into the names of `torch_names` (appending to `notes` what it adapted)
             and returns the `keras_vit.ViT` arguments the file was trained with that no
             tensor shows (EVA-02's rope); None: none.
+
+    Example:
+
+    >>> from keras_vit.families import FAMILIES
+    >>> deit = next(family for family in FAMILIES if family.name == "deit")
+    >>> deit.switches["deit3"], deit.hf_architectures["DeiTForImageClassificationWithTeacher"]
+    ({'no_embed_class': True, 'layer_scale_init': 1e-06}, {'distilled': True})
     """
 
     name: str
