@@ -65,15 +65,16 @@ def _timm_layout(arrays, notes):
 
 # The HF vision tower's encoder (CLIP's and SigLIP's, `vision_model.` in their full
 # models' files) as HF ViT's names.
+_LAYERS, _LAYER = r"^encoder\.layers\.(\d+)\.", r"encoder.layer.\1."
 HF_TOWER_RENAMES = (
-    (r"^encoder\.layers\.(\d+)\.self_attn\.q_proj\.", r"encoder.layer.\1.attention.attention.query."),
-    (r"^encoder\.layers\.(\d+)\.self_attn\.k_proj\.", r"encoder.layer.\1.attention.attention.key."),
-    (r"^encoder\.layers\.(\d+)\.self_attn\.v_proj\.", r"encoder.layer.\1.attention.attention.value."),
-    (r"^encoder\.layers\.(\d+)\.self_attn\.out_proj\.", r"encoder.layer.\1.attention.output.dense."),
-    (r"^encoder\.layers\.(\d+)\.layer_norm1\.", r"encoder.layer.\1.layernorm_before."),
-    (r"^encoder\.layers\.(\d+)\.layer_norm2\.", r"encoder.layer.\1.layernorm_after."),
-    (r"^encoder\.layers\.(\d+)\.mlp\.fc1\.", r"encoder.layer.\1.intermediate.dense."),
-    (r"^encoder\.layers\.(\d+)\.mlp\.fc2\.", r"encoder.layer.\1.output.dense."),
+    (_LAYERS + r"self_attn\.q_proj\.", _LAYER + "attention.attention.query."),
+    (_LAYERS + r"self_attn\.k_proj\.", _LAYER + "attention.attention.key."),
+    (_LAYERS + r"self_attn\.v_proj\.", _LAYER + "attention.attention.value."),
+    (_LAYERS + r"self_attn\.out_proj\.", _LAYER + "attention.output.dense."),
+    (_LAYERS + r"layer_norm1\.", _LAYER + "layernorm_before."),
+    (_LAYERS + r"layer_norm2\.", _LAYER + "layernorm_after."),
+    (_LAYERS + r"mlp\.fc1\.", _LAYER + "intermediate.dense."),
+    (_LAYERS + r"mlp\.fc2\.", _LAYER + "output.dense."),
     (r"^embeddings\.patch_embedding\.", r"embeddings.patch_embeddings.projection."),
     (r"^post_layernorm\.", "layernorm."),
 )

@@ -74,9 +74,10 @@ def _hf_arguments(config, top, architecture):
 # The register tokens `reg` (1, count, D) and HF's layer scales beside the official keys.
 _TORCH_NAMES = (
     TorchName("reg", "copy", r"embeddings\.register_tokens", r"reg_token"),
-    TorchName(BLOCK_KEY + "LayerScale_attention/scale", "scale", HF_LAYER + r"layer_scale1\.lambda1",
-              None),
-    TorchName(BLOCK_KEY + "LayerScale_mlp/scale", "scale", HF_LAYER + r"layer_scale2\.lambda1", None),
+    TorchName(BLOCK_KEY + "LayerScale_attention/scale", "scale",
+              HF_LAYER + r"layer_scale1\.lambda1", None),
+    TorchName(BLOCK_KEY + "LayerScale_mlp/scale", "scale",
+              HF_LAYER + r"layer_scale2\.lambda1", None),
 )
 # DINOv2's files name the block's parts as timm does; SwiGLU's packed `weights_in`
 # (gate | up, as timm's SwiGLUPacked `fc1`) and `weights_out` are its fc1 and fc2.
@@ -101,7 +102,9 @@ FAMILY = Family(
         "Dinov2WithRegistersModel": dict(include_top=False, **_WITH_REGISTERS),
         # The head reads the class token and the mean of the patch tokens.
         "Dinov2ForImageClassification": dict(classifier="token_gap", **_PLAIN),
-        "Dinov2WithRegistersForImageClassification": dict(classifier="token_gap", **_WITH_REGISTERS),
+        "Dinov2WithRegistersForImageClassification": dict(
+            classifier="token_gap", **_WITH_REGISTERS
+        ),
     },
     hf_model_types={"Dinov2WithRegisters": ("dinov2_with_registers",), "Dinov2": ("dinov2",)},
     # transformers' own default, which config.json leaves out when it is used.

@@ -147,7 +147,9 @@ class TorchName:
 
     def __post_init__(self):
         if self.kind not in CONVERSIONS:
-            raise ValueError(f"TorchName kind must be one of {', '.join(CONVERSIONS)}, got {self.kind!r}.")
+            raise ValueError(
+                f"TorchName kind must be one of {', '.join(CONVERSIONS)}, got {self.kind!r}."
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -277,8 +277,10 @@ def _official_entries():
 _TORCH_NAMES = (
     TorchName("cls", "copy", r"embeddings\.cls_token", r"cls_token"),
     TorchName(POS_KEY, "copy", r"embeddings\.position_embeddings", r"pos_embed"),
-    TorchName("embedding", "conv", r"embeddings\.patch_embeddings\.projection", r"patch_embed\.proj"),
-    TorchName(BLOCK_KEY + "LayerNorm_0", "norm", HF_LAYER + "layernorm_before", TIMM_BLOCK + "norm1"),
+    TorchName("embedding", "conv", r"embeddings\.patch_embeddings\.projection",
+              r"patch_embed\.proj"),
+    TorchName(BLOCK_KEY + "LayerNorm_0", "norm", HF_LAYER + "layernorm_before",
+              TIMM_BLOCK + "norm1"),
     TorchName(ATTENTION_KEY + "/{name}", "heads_in",
               HF_LAYER + r"attention\.attention\.(?P<name>query|key|value)", None),
     TorchName(ATTENTION_KEY, "qkv", None, TIMM_BLOCK + r"attn\.qkv"),
@@ -286,8 +288,10 @@ _TORCH_NAMES = (
               TIMM_BLOCK + r"attn\.proj"),
     # timm's Block names its layer scales (DeiT III's and DINOv2's) `ls1`, `ls2`: under
     # `LayerScale_{attention,mlp}` beyond vit_jax's keys.
-    TorchName(BLOCK_KEY + "LayerScale_attention/scale", "scale", None, TIMM_BLOCK + r"ls1\.gamma"),
-    TorchName(BLOCK_KEY + "LayerNorm_2", "norm", HF_LAYER + "layernorm_after", TIMM_BLOCK + "norm2"),
+    TorchName(BLOCK_KEY + "LayerScale_attention/scale", "scale", None,
+              TIMM_BLOCK + r"ls1\.gamma"),
+    TorchName(BLOCK_KEY + "LayerNorm_2", "norm", HF_LAYER + "layernorm_after",
+              TIMM_BLOCK + "norm2"),
     TorchName(BLOCK_KEY + "MlpBlock_3/Dense_0", "dense", HF_LAYER + r"intermediate\.dense",
               TIMM_BLOCK + r"mlp\.fc1"),
     TorchName(BLOCK_KEY + "MlpBlock_3/Dense_1", "dense", HF_LAYER + r"output\.dense",

@@ -247,9 +247,9 @@ def _rules(column):
     for name in _unique(row for family in FAMILIES for row in family.torch_names):
         pattern = getattr(name, column)
         if pattern is not None:
-            kind = name.kind
-            suffix = "" if kind in ("copy", "scale", "token", "rows") else r"\.(?P<param>weight|bias)"
-            rules.append((pattern + suffix, name.target, kind))
+            whole = name.kind in ("copy", "scale", "token", "rows")
+            suffix = "" if whole else r"\.(?P<param>weight|bias)"
+            rules.append((pattern + suffix, name.target, name.kind))
     return rules
 
 
