@@ -705,13 +705,14 @@ def ViT(variant=None, *, weights=None, **kwargs):
     if weights is None:
         return VisionTransformer(variant, **kwargs)
     # Imported here: models/ builds models, weights/ finds and fetches checkpoints.
-    from keras_vit.weights import pretrained
+    from keras_vit.weights import pretrained, sources
 
-    arguments = pretrained.source_defaults(weights, dict(variant=variant, **kwargs))
+    source = sources.resolve_source(weights)
+    arguments = pretrained.source_defaults(source, dict(variant=variant, **kwargs))
     if arguments.get("preprocessing") is None:  # the weights expect their pixels
-        arguments["preprocessing"] = pretrained.source_preprocessing(weights)
+        arguments["preprocessing"] = source.preprocessing
     model = VisionTransformer(**arguments)
-    pretrained.load_pretrained(model, weights)
+    pretrained.load_pretrained(model, source)
     return model
 
 
