@@ -22,18 +22,6 @@ class DamagedModel(ValueError):
     holding NaN or infinite weights (what a diverged run saves)."""
 
 
-def is_model(path):
-    """Whether the file or folder `path` holds a whole Keras model that `read_keras`
-    reads: a `.keras` file or a sharded checkpoint (`epoch_NNNN.orbax`).
-
-    Example:
-
-    >>> is_model("runs/b16/checkpoints/epoch_0003.orbax"), is_model("ViT-B_16.npz")
-    (True, False)
-    """
-    return path.endswith(SUFFIXES)
-
-
 def read_keras(path):
     """`keras.saving.load_model(path, compile=False)`, with a truncated or corrupt file
     reported as such (Keras says "File not found" for any file that is not a zip, and

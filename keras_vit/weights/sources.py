@@ -31,8 +31,8 @@ from keras_vit.weights import download, registry
 from keras_vit.weights.formats import hf_model_arguments, hf_preprocessing, holds_safetensors
 
 # What a source is. `registry`, `timm` and `hf` name checkpoints that are fetched;
-# `url` is a weights file (or, beyond http(s), a safetensors folder) at a URL, its
-# format told by its content.
+# `url` is a weights file (or, beyond http(s), a safetensors folder) at a URL whose
+# name does not tell its format: its content does.
 Kind = typing.Literal[
     "registry", "timm", "hf", "url", "npz", "safetensors", "hf_directory", "timm_directory",
     "keras", "orbax", "run",
@@ -183,20 +183,22 @@ def resolve_source(source):
     if text.startswith("hf:"):
         return Source(text, "hf", text[len("hf:"):])
     suffix = os.path.splitext(text.rstrip("/"))[1]
-    if text.startswith(("http://", "https://")):
-        return Source(text, _MODEL_SUFFIXES.get(suffix, "url"), text)
-    if "://" in text:  # gs:// and other file systems of TensorFlow's: read in place
-        kind = _MODEL_SUFFIXES.get(suffix) or _WEIGHTS_SUFFIXES.get(suffix) or "url"
-        return Source(text, kind, text, file=text)
-    if suffix == ".orbax" and os.path.isdir(text):  # a sharded checkpoint is a folder
+    known = _MODEL_SUFFIXES.get(suffix) or _WEIGHTS_SUFFIXES.get(suffix)
+    if text.startswith(("http://", "https://")):  # fetched into the cache (`path`)
+        return Source(text, known or "url", text)
+    remote = "://" in text  # gs:// and TensorFlow's other file systems: read in place
+    if remote and known:
+        return Source(text, known, text, file=text)
+    if suffix == ".orbax" and _isdir(text):  # a sharded checkpoint is a folder
         return Source(text, "orbax", text, file=text)
-    if os.path.isdir(text):
+    if _isdir(text):
         kind = _folder_kind(text)
         entry = _timm_entry(text) if kind == "timm_directory" else None
         return Source(text, kind, text, entry, None if kind == "run" else text)
+    if remote:
+        return Source(text, "url", text, file=text)
     if os.path.isfile(text):
-        kind = _MODEL_SUFFIXES.get(suffix) or _WEIGHTS_SUFFIXES.get(suffix) or _sniffed(text)
-        return Source(text, kind, text, file=text)
+        return Source(text, known or _sniffed(text), text, file=text)
     if suffix in _MODEL_SUFFIXES:
         raise FileNotFoundError(f"No such model file: {text!r}.")
     if suffix not in _WEIGHTS_SUFFIXES and os.sep not in text and "/" not in text:
@@ -209,8 +211,8 @@ def _folder_kind(folder):
     `architectures`), a timm model (its hub `config.json` names one `architecture`),
     safetensors alone, or a keras-vit run (its `config.json` without safetensors);
     a `FileNotFoundError` naming it when none of these."""
-    config = os.path.join(folder, _CONFIG)
-    has_config = os.path.exists(config)
+    config = _join(folder, _CONFIG)
+    has_config = _exists(config)
     if holds_safetensors(folder):
         if not has_config:
             return "safetensors"
@@ -226,7 +228,7 @@ def _folder_kind(folder):
 def _timm_entry(folder):
     """The registry entry of the timm model folder `folder` (its `config.json`'s
     `architecture` and `pretrained_cfg.tag`, timm's name for it), or None."""
-    config = _read_json(os.path.join(folder, _CONFIG))
+    config = _read_json(_join(folder, _CONFIG))
     tag = (config.get("pretrained_cfg") or {}).get("tag")
     name = f"{config['architecture']}.{tag}" if tag else config["architecture"]
     return registry.get_weights(name) if registry.is_registered(name) else None
@@ -239,11 +241,29 @@ def _sniffed(path):
         return "npz" if f.read(4) == b"PK\x03\x04" else "safetensors"
 
 
+def _gfile():
+    import tensorflow as tf  # only URLs need it: local sources resolve without it
+
+    return tf.io.gfile
+
+
+def _join(folder, name):
+    return f"{folder.rstrip('/')}/{name}" if "://" in folder else os.path.join(folder, name)
+
+
+def _exists(path):
+    return _gfile().exists(path) if "://" in path else os.path.exists(path)
+
+
+def _isdir(path):
+    return _gfile().isdir(path) if "://" in path else os.path.isdir(path)
+
+
 def _read_json(path):
-    """The JSON in `path`, or `{}` where it holds none (the reader of its kind names
-    what is wrong with it)."""
+    """The JSON object in `path`, or `{}` where it holds none (the reader of its kind
+    names what is wrong with it)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with (_gfile().GFile(path) if "://" in path else open(path, encoding="utf-8")) as f:
             config = json.load(f)
     except ValueError:
         return {}
@@ -257,7 +277,5 @@ def _recorded_preprocessing(path):
         from keras_vit.utils import sharded_state  # imports JAX: an optional extra
 
         return sharded_state.architecture(path)["config"].get("preprocessing")
-    import tensorflow as tf  # reads local files and gs:// URLs alike
-
-    with tf.io.gfile.GFile(path, "rb") as file, zipfile.ZipFile(file) as archive:
+    with _gfile().GFile(path, "rb") as file, zipfile.ZipFile(file) as archive:
         return json.loads(archive.read(_CONFIG))["config"].get("preprocessing")
