@@ -272,7 +272,7 @@ def run_config(source):
 
     Example:
 
-    >>> run_config("ViT-B_16.npz") is None
+    >>> run_config("gs://vit_models/imagenet21k/ViT-B_16.npz") is None
     True
     """
     path = _run_file(source, CONFIG)
@@ -292,7 +292,8 @@ def with_run_architecture(config, source):
 
     Example:
 
-    >>> with_run_architecture(TrainConfig(), "ViT-B_16.npz")[1] is None
+    >>> source = "gs://vit_models/imagenet21k/ViT-B_16.npz"
+    >>> with_run_architecture(TrainConfig(), source)[1] is None
     True
     """
     if not source:
@@ -329,7 +330,7 @@ def class_names(source):
 
     Example:
 
-    >>> class_names("ViT-B_16.npz") is None
+    >>> class_names("gs://vit_models/imagenet21k/ViT-B_16.npz") is None
     True
     """
     path = _run_file(source, LABELS)
