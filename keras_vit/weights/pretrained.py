@@ -858,7 +858,12 @@ def pretrained(name, **kwargs):
     >>> pretrained("hf:facebook/deit-tiny-distilled-patch16-224").output_shape  # doctest: +SKIP
     (None, 1000)
     """
-    source = resolve_source(name)
+    try:
+        source = resolve_source(name)
+    except FileNotFoundError:  # a folder that holds no checkpoint: say what pretrained needs
+        if isinstance(name, (str, os.PathLike)) and os.path.isdir(name):
+            raise _not_a_model_folder(os.fspath(name)) from None
+        raise
     given = source.given
     if source.kind in ("hf", "hf_directory"):
         arguments = source.arguments
@@ -876,10 +881,7 @@ def pretrained(name, **kwargs):
         return model
     entry = source.entry
     if entry is None and os.path.isdir(source.location) and source.kind != "timm_directory":
-        raise ValueError(
-            f"{given} is not an HF transformers model directory: pretrained() "
-            "needs its config.json and model.safetensors, as save_pretrained writes them."
-        )
+        raise _not_a_model_folder(given)
     if entry is None:
         raise ValueError(
             f"pretrained({given!r}) takes a registry name (keras-vit weights lists them), "
@@ -908,6 +910,13 @@ def pretrained(name, **kwargs):
         raise ValueError(f"{err}\n{refused}") from None
     model.weights_entry = entry
     return model
+
+
+def _not_a_model_folder(folder):
+    return ValueError(
+        f"{folder} is not an HF transformers model directory: pretrained() "
+        "needs its config.json and model.safetensors, as save_pretrained writes them."
+    )
 
 
 def save_npz(model, path):
