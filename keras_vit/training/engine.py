@@ -506,8 +506,9 @@ def plan_run(config, train_source):
 def run_preprocessing(config):
     """The preprocessing of a run: `model.kwargs["preprocessing"]`, else what the
     `model.init_from` weights expect (`Source.preprocessing` of `runs.resolve_from`: a
-    DeiT's ImageNet mean and std, what a `.keras` model or run was built with), else None (pixels scaled to [-1, 1]). The pipelines normalise with
-    it and the run's model records it."""
+    DeiT's ImageNet mean and std, what a `.keras` model or run was built with), else
+    None (pixels scaled to [-1, 1]). The pipelines normalise with it and the run's
+    model records it."""
     model = config.model
     if model.kwargs.get("preprocessing") is not None:
         return model.kwargs["preprocessing"]

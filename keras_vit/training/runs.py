@@ -444,9 +444,9 @@ def load_model(source):
     if described.arguments is not None:
         return pretrained(described)
     raise ValueError(
-        f"{described.given!r} holds weights only; build the model (keras_vit.ViT) and load them "
-        "with keras_vit.load_pretrained, or pass a run folder, a .keras file, a registry "
-        "name or an HF model folder."
+        f"{described.given!r} holds weights only; build the model (keras_vit.ViT) and load "
+        "them with keras_vit.load_pretrained, or pass a run folder, a .keras file, a "
+        "registry name or an HF model folder."
     )
 
 
