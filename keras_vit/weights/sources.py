@@ -28,7 +28,6 @@ import zipfile
 
 from keras_vit.models.preprocessing import DEFAULT
 from keras_vit.weights import download, registry
-from keras_vit.weights.formats import hf_model_arguments, hf_preprocessing, holds_safetensors
 
 # What a source is. `registry`, `timm` and `hf` name checkpoints that are fetched;
 # `url` is a weights file (or, beyond http(s), a safetensors folder) at a URL whose
@@ -107,7 +106,7 @@ class Source:
         if self.entry is not None:
             return self.entry.build_args()
         if self.kind in ("hf", "hf_directory"):
-            return hf_model_arguments(self.path)
+            return _formats().hf_model_arguments(self.path)
         return None
 
     @functools.cached_property
@@ -119,7 +118,7 @@ class Source:
         if self.entry is not None:
             return None if self.entry.preprocessing == DEFAULT else self.entry.preprocessing
         if self.kind in ("hf", "hf_directory"):
-            return hf_preprocessing(self.path)
+            return _formats().hf_preprocessing(self.path)
         if self.is_model:
             return _recorded_preprocessing(self.path)
         return None
@@ -213,7 +212,7 @@ def _folder_kind(folder):
     a `FileNotFoundError` naming it when none of these."""
     config = _join(folder, _CONFIG)
     has_config = _exists(config)
-    if holds_safetensors(folder):
+    if _formats().holds_safetensors(folder):
         if not has_config:
             return "safetensors"
         return "timm_directory" if "architecture" in _read_json(config) else "hf_directory"
@@ -239,6 +238,14 @@ def _sniffed(path):
     `.npz` file is a zip archive), as the reader tells them."""
     with open(path, "rb") as f:
         return "npz" if f.read(4) == b"PK\x03\x04" else "safetensors"
+
+
+def _formats():
+    # Here, not at the top: the readers import ml_dtypes, which takes longer than the
+    # command line's checks of its arguments (`keras_vit.cli.check_from`) should.
+    from keras_vit.weights import formats
+
+    return formats
 
 
 def _gfile():
