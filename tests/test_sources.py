@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from conftest import bucket_entry, bucket_model, tiny_vit
+from conftest import ROOT, bucket_entry, bucket_model, tiny_vit
 from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.weights import download, registry
 from keras_vit.weights.sources import KINDS, Source, resolve_source
@@ -228,3 +228,29 @@ def test_a_bad_source_is_one_line_naming_it(tmp_path, make, message):
     text = str(raised.value)
     assert "\n" not in text
     assert re.search(message.format(tmp=re.escape(str(tmp_path))), text), text
+
+
+def test_resolving_imports_no_backend(tmp_path):
+    """The command line checks `--from` with `resolve_source` before Keras starts: a
+    fresh process resolves a name and a file without importing Keras, a backend or the
+    format readers (ml_dtypes), and a run folder without Keras or a backend."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    (tmp_path / "vit.npz").write_bytes(b"PK\x03\x04")
+    script = (
+        "import json, sys\n"
+        "from keras_vit.weights.sources import resolve_source\n"
+        "heavy = lambda: [m for m in ('keras', 'tensorflow', 'jax', 'torch', 'ml_dtypes')\n"
+        "                 if m in sys.modules]\n"
+        f"kinds = [resolve_source(s).kind for s in ({DEIT!r}, {str(tmp_path / 'vit.npz')!r})]\n"
+        "before = heavy()\n"
+        f"kinds.append(resolve_source({str(run)!r}).kind)\n"
+        "print(json.dumps([kinds, before, [m for m in heavy() if m != 'ml_dtypes']]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+    assert json.loads(out) == [["registry", "npz", "run"], [], []]
