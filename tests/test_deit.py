@@ -333,7 +333,7 @@ def test_an_hf_model_folder_is_a_from_source_not_a_run_folder(teacher):
     from keras_vit.training import runs
 
     directory = str(teacher[0])
-    assert runs.resolve_from(directory) == directory
+    assert runs.resolve_from(directory).path == directory
     assert runs.run_config(os.path.join(directory, "model.safetensors")) is None
     message = runs.load_weights(keras_vit.ViT(**TINY, distilled=True), directory)
     assert message.startswith(f"loaded {directory}:")

@@ -301,7 +301,7 @@ def test_a_version_0_1_run_is_resumed_only_by_its_own_settings(caplog):
     saved = json.loads((FIXTURE_RUN / runs.CONFIG).read_text())
     config = TrainConfig.from_dict(saved)
     assert runs.run_config(str(FIXTURE_RUN)) == config
-    assert runs.resolve_from(str(FIXTURE_RUN)) == str(FIXTURE_RUN / runs.MODEL)
+    assert runs.resolve_from(str(FIXTURE_RUN)).path == str(FIXTURE_RUN / runs.MODEL)
     check_resumable(config, str(FIXTURE_RUN))
     check_resumable(config.replace(out="elsewhere", distribution=dict(strategy="cpu")),
                     str(FIXTURE_RUN))

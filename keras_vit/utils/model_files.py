@@ -19,16 +19,6 @@ SHARDED = ".orbax"
 SUFFIXES = (".keras", SHARDED)
 
 
-def is_model(path):
-    """Whether the file or folder `path` holds a whole Keras model that `read_keras`
-    reads: a `.keras` file or a sharded checkpoint (`epoch_NNNN.orbax`).
-
-    Example:
-
-    >>> is_model("runs/b16/checkpoints/epoch_0003.orbax"), is_model("ViT-B_16.npz")
-    (True, False)
-    """
-    return path.endswith(SUFFIXES)
 
 
 def read_keras(path):

@@ -6,7 +6,7 @@ It sits above `keras_vit.models` (which builds models and knows no checkpoint) a
 """
 
 from keras_vit.models.vit import VisionTransformer
-from keras_vit.weights import pretrained
+from keras_vit.weights import pretrained, sources
 
 
 def ViT(variant=None, *, weights=None, **kwargs):
@@ -44,9 +44,10 @@ def ViT(variant=None, *, weights=None, **kwargs):
     """
     if weights is None:
         return VisionTransformer(variant, **kwargs)
-    arguments = pretrained.source_defaults(weights, dict(variant=variant, **kwargs))
+    source = sources.resolve_source(weights)
+    arguments = pretrained.source_defaults(source, dict(variant=variant, **kwargs))
     if arguments.get("preprocessing") is None:  # the weights expect their pixels
-        arguments["preprocessing"] = pretrained.source_preprocessing(weights)
+        arguments["preprocessing"] = source.preprocessing
     model = VisionTransformer(**arguments)
-    pretrained.load_pretrained(model, weights)
+    pretrained.load_pretrained(model, source)
     return model
