@@ -19,10 +19,9 @@ def without_autotuning(dataset):
     An autotuned iterator runs an optimisation thread whose sleep doubles from 10 ms up to
     60 s, and destroying the iterator can wait for that thread's next wake-up: a `fit`,
     `evaluate`, `predict` or Python loop over the dataset lasting from a second to a minute
-    could take up to twice as long, and longer ones up to a minute more (`python
-    bench/iterator_end.py` counts how often). One call per core is the ceiling
-    autotuning raises these CPU-bound maps to (`python bench/input_pipeline.py` checks
-    that the training pipeline still outruns training). Pass your own `tf.data`
+    could take up to twice as long, and longer ones up to a minute more. One call per
+    core is the ceiling autotuning raises these CPU-bound maps to (`python
+    bench/input_pipeline.py` checks that the training pipeline still outruns training). Pass your own `tf.data`
     datasets through it before `fit`, `evaluate` or `predict`.
 
     Example:
