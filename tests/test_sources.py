@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from conftest import ROOT, bucket_entry, bucket_model, tiny_vit
+from helpers import ROOT, bucket_entry, bucket_model, tiny_vit
 from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.weights import download, registry
 from keras_vit.weights.sources import KINDS, Source, resolve_source
