@@ -3,7 +3,8 @@
     python bench/allocator.py                   # PyTorch, Ti/16 at 224, batch 32 (4 minutes)
     python bench/allocator.py --backend jax --steps 5
 
-`import keras_vit` keeps freed memory under JAX and, on CPUs without AMX, under PyTorch
+`keras_vit.configure_for_backend()`, which the `keras-vit` command and the benchmarks'
+Keras workers call, keeps freed memory under JAX and, on CPUs without AMX, under PyTorch
 (`keras_vit.utils.allocator`); `KERAS_VIT_MALLOC=system` leaves malloc alone. For each
 precision, task and setting, in that order, a fresh process builds the model through
 `bench/contenders.py`'s Keras worker, runs two untimed steps, then times `--steps` steps
@@ -30,6 +31,8 @@ SETTINGS = ("system", "keep")
 # One process's measurement, through the benchmark's own Keras worker; prints a JSON line.
 STEPS = """
 import json, resource, sys, time
+from keras_vit.utils.allocator import configure_for_backend
+configure_for_backend()  # under KERAS_VIT_MALLOC, as the `keras-vit` command does
 from bench.contenders import KerasViT
 from keras_vit.models.vit import parse_variant
 precision, task, steps, variant, size, batch = sys.argv[1:]

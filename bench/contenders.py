@@ -47,6 +47,8 @@ import time
 
 import numpy as np
 
+from keras_vit.utils.devices import device_name  # noqa: F401  (bench/gpu_profile.py, digits_fit.py)
+
 CONTENDERS = ("keras-tensorflow", "keras-jax", "keras-torch", "hf-torch")
 INTERFACES = ("harness", "keras-api")
 PRECISIONS = ("float32", "bfloat16", "int8")
@@ -312,23 +314,6 @@ def timed_round(runner, interface, steps):
     return [timed(runner.api_steps(steps)) / steps] * steps
 
 
-def device_name(framework):
-    """The accelerator `framework` computes on (e.g. "NVIDIA H200"), or "cpu"."""
-    if framework == "tensorflow":
-        import tensorflow as tf
-
-        gpus = tf.config.list_physical_devices("GPU")
-        return tf.config.experimental.get_device_details(gpus[0])["device_name"] if gpus else "cpu"
-    if framework == "jax":
-        import jax
-
-        device = jax.devices()[0]
-        return device.device_kind if device.platform != "cpu" else "cpu"
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-
-
 def matmul_gflops(framework, precision="float32"):
     """GFLOP/s of one `MATMUL_SIZE`^3 product: the probe of the matmul peak.
 
@@ -427,6 +412,10 @@ def main(argv):
     contender = argv[0]
     if contender.startswith("keras-"):
         os.environ["KERAS_BACKEND"] = contender.split("-", 1)[1]
+        # keras-vit as the `keras-vit` command runs it: freed memory kept where that helps.
+        from keras_vit.utils.allocator import configure_for_backend
+
+        configure_for_backend()
     # Keep the protocol channel clean: libraries that print go to stderr.
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)

@@ -43,8 +43,10 @@ def train(epochs=8, batch_size=32, dtype_policy=None, seed=0):
     import keras
 
     from bench.contenders import device_name
-    from keras_vit import ViT, preprocess
+    from keras_vit import ViT, configure_for_backend, preprocess
     from keras_vit.digits import SPLITS
+
+    configure_for_backend()
 
     keras.utils.set_random_seed(seed)
     if dtype_policy:

@@ -31,6 +31,7 @@ import keras
 sys.path.insert(0, {root!r})
 import keras_vit
 from keras_vit.models.vit import parse_variant
+keras_vit.configure_for_backend()
 
 arch = parse_variant("Ti/16")
 arch.pop("resnet_stages")

@@ -97,6 +97,7 @@ def worker(contender, variant, checkpoint, images, batch):
     else:
         import keras_vit
 
+        keras_vit.configure_for_backend()
         model = keras_vit.ViT(variant, image_size=IMAGE_SIZE, num_classes=NUM_CLASSES)
         keras_vit.load_pretrained(model, checkpoint)
         keras_vit.classify(model, paths[:1])

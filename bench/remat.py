@@ -26,11 +26,14 @@ os.environ["KERAS_BACKEND"] = "jax"
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import keras_vit  # noqa: E402
+
+keras_vit.configure_for_backend()  # as the `keras-vit` command runs: freed memory kept
+
 import jax  # noqa: E402
 
 import keras  # noqa: E402
 
-import keras_vit  # noqa: E402
 from bench.models import machine, results_path  # noqa: E402
 
 

@@ -8,6 +8,10 @@ keras-vit's layers with Keras for `keras.saving.load_model`; so does `import ker
 when Keras is already imported, or the import of Keras that follows it. The TensorFlow-only parts (SavedModel
 export, the training engine with tf.data and tf.distribute, the demo) are imported only
 when their names are used.
+
+`import keras_vit` leaves the process's allocator alone: `keras_vit.configure_for_backend()`
+opts in to keeping freed memory for reuse under JAX and PyTorch (the `keras-vit` command
+and the benchmarks do).
 """
 
 import importlib
@@ -15,22 +19,19 @@ import importlib.abc
 import importlib.util
 import sys
 
-from keras_vit.utils.allocator import configure_for_backend
+from keras_vit.utils.allocator import configure_for_backend  # noqa: F401  (public, in __all__)
 
 __version__ = "0.1.0"
-
-configure_for_backend()
 
 # Public name -> the module defining it. Every module of the first group is imported on
 # the first use of any name (they hold the Keras-registered classes).
 _EXPORTS = {
-    "keras_vit.models.layers": (
+    "keras_vit.layers": (
         "ClassToken", "DropPath", "LayerNormalization", "PadToMultiple", "PatchEncoder",
         "Patches", "TokenPooling", "TransformerBlock",
     ),
     "keras_vit.models.vit": (
-        "VARIANTS", "ViT", "ViTParts", "VisionTransformer", "parse_variant", "preprocess",
-        "vit_parts",
+        "VARIANTS", "ViTParts", "VisionTransformer", "parse_variant", "preprocess", "vit_parts",
     ),
     "keras_vit.models.features": ("feature_model",),
     "keras_vit.models.flexi": ("resample_patch_embedding",),
@@ -38,8 +39,9 @@ _EXPORTS = {
         "MaskedPatchPrediction", "corrupt_patch_embeddings", "masked_patch_loss",
         "mean_color_targets",
     ),
-    "keras_vit.models.posembed": ("resample_position_grid", "resample_position_tensor"),
+    "keras_vit.layers.posembed": ("resample_position_grid", "resample_position_tensor"),
     "keras_vit.models.flops": ("forward_flops",),
+    "keras_vit.weights.factory": ("ViT",),
     "keras_vit.weights.pretrained": ("LoadReport", "load_pretrained", "pretrained", "save_npz"),
     "keras_vit.weights.registry": ("WeightsEntry", "list_weights", "register_weights"),
     "keras_vit.evaluation.analysis": (

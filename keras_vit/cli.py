@@ -107,21 +107,27 @@ def add_out_argument(parser, required=False):
 
 
 def check_from(source):
-    """Raises, without Keras, what is wrong with a `--from` argument that a look at the
-    file system tells: a local path that does not exist, or `hf:` / `timm:` without
-    huggingface_hub. Registry names and URLs are left to `resolve_from`."""
+    """Raises, without Keras, what is wrong with a `--from` argument that its resolution
+    (`keras_vit.weights.sources.resolve_source`) tells: a local path or name that does
+    not exist, or `hf:` / `timm:` without huggingface_hub. URLs are left to be fetched,
+    and folders that hold no model to `keras_vit.training.runs.resolve_from`, which
+    names what to pass instead."""
     from keras_vit.utils.extras import check_installed
-    from keras_vit.weights import registry
+    from keras_vit.weights.sources import resolve_source
 
-    if source is None or registry.is_registered(source) or "://" in source:
+    if source is None or "://" in source:  # a look at a remote file system needs TensorFlow
         return
-    if source.startswith(("hf:", "timm:")):
-        check_installed("huggingface_hub", "Loading hf: or timm: weights")
-    elif not os.path.exists(source):
+    try:
+        described = resolve_source(source)
+    except (FileNotFoundError, ValueError):
+        if os.path.exists(source):
+            return
         raise FileNotFoundError(
             f"--from {source!r} does not exist: pass a run's output folder, a .keras file, a "
             "checkpoint file, a registry name (keras-vit weights), hf:ORG/NAME or timm:NAME."
-        )
+        ) from None
+    if described.kind in ("hf", "timm"):
+        check_installed("huggingface_hub", "Loading hf: or timm: weights")
 
 
 def check_files(flag, paths):
@@ -387,7 +393,8 @@ def _load_run_model(source):
     """The model `--from` names and the `TrainConfig` of the run it came from (or None)."""
     from keras_vit.training import runs
 
-    return runs.load_model(source), runs.run_config(source)
+    described = runs.resolve_from(source)
+    return runs.load_model(described), runs.run_config(described)
 
 
 def _labels(args):
@@ -520,7 +527,7 @@ def export(args):
     labels = _labels(args)
     activation = args.activation or output_activation(config)
     metadata = dict(
-        source=args.source, file=resolve_from(args.source),
+        source=args.source, file=resolve_from(args.source).path,
         train_config=config and config.to_dict(),
     )
     # Served at its own size, an image is not cropped unless --crop-fraction asks (an error).
@@ -708,10 +715,13 @@ def _predict_arguments(parser):
 def _check_predict(args):
     from keras_vit.utils.image_files import image_paths
     from keras_vit.weights import registry
+    from keras_vit.weights.sources import DESCRIBED, resolve_source
 
     weights = args.weights
-    # pretrained() also takes hf: / timm: sources and HF model folders, as --from does.
-    if weights and not weights.startswith(("hf:", "timm:")) and not os.path.isdir(weights):
+    # pretrained() builds what describes its architecture: registry names, hf: / timm:
+    # sources, HF and timm model folders; for anything else (and an unknown name) the
+    # registry says what names it may mean.
+    if weights and resolve_source(weights).kind not in DESCRIBED:
         registry.get_weights(weights)
     check_from(weights)
     _check_model_command(args)
@@ -792,7 +802,12 @@ def build_parser():
 
 
 def start_backend():
-    """Imports Keras and its backend, as every command but a few needs them."""
+    """Imports Keras and its backend, as every command but a few needs them, with freed
+    memory kept for reuse where that backend gains from it (the command opts in to
+    `keras_vit.utils.allocator.configure_for_backend`; a library import does not)."""
+    from keras_vit.utils.allocator import configure_for_backend
+
+    configure_for_backend()
     import keras  # noqa: F401
 
 

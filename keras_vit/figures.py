@@ -1,8 +1,11 @@
 """Every PNG figure keras-vit draws (matplotlib): analysis, probes, few-shot, training.
 
-Figures are drawn with matplotlib's object-oriented API on the Agg canvas, so
-importing this module neither needs a display nor changes pyplot's backend.
-`keras_vit` itself does not import matplotlib; only this module does.
+The charts of evaluation results (`plot_probes`, `plot_fewshot`) are drawn by
+`keras_vit.evaluation.charts`, below evaluation, which writes them with its numbers;
+they are named here with the rest. Figures are drawn with matplotlib's object-oriented
+API on the Agg canvas, so importing this module neither needs a display nor changes
+pyplot's backend. `keras_vit` itself does not import matplotlib; only this module and
+the charts do.
 """
 
 from pathlib import Path
@@ -13,15 +16,13 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from keras_vit.evaluation import analysis
-from keras_vit.models.layers import MAPHead
+from keras_vit.evaluation.charts import (  # noqa: F401  (the charts: figures too)
+    plot_fewshot,
+    plot_probes,
+    save_figure,
+)
+from keras_vit.layers.pooling import MAPHead
 from keras_vit.models.vit import vit_parts
-
-
-def _save(fig, path, dpi=None):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi or fig.dpi)
-    return path
 
 
 def _display_image(image):
@@ -116,7 +117,7 @@ def plot_attention_maps(image, attentions, grid_size, path, head_fusion="mean", 
     axes[1, 1].set_ylabel("rollout")
     fig.colorbar(drawn, ax=axes[:, -1], shrink=0.8, label="attention / panel maximum")
     fig.suptitle(f"Attention to each patch ({head_fusion} over heads)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_attention_distance(distances, path, grid_size=None, patch_size=None):
@@ -159,7 +160,7 @@ def plot_attention_distance(distances, path, grid_size=None, patch_size=None):
     ax.set_title("Attended distance per head")
     ax.legend(fontsize="small", ncol=2 if heads > 8 else 1, loc="lower right")
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_position_similarity(similarity, path):
@@ -206,7 +207,7 @@ def plot_position_similarity(similarity, path):
     ax.set_ylabel("Input patch row")
     ax.set_title("Position embedding similarity")
     fig.colorbar(drawn, ax=ax, shrink=0.8, label="Cosine similarity")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_patch_components(components, path, columns=7):
@@ -247,43 +248,7 @@ def plot_patch_components(components, path, columns=7):
             ax.imshow(tile, interpolation="nearest")
         ax.set_title(f"PC {k + 1}", fontsize="small")
     fig.suptitle(f"Patch-embedding filters: first {count} principal components")
-    return _save(fig, path)
-
-
-def plot_probes(results, path):
-    """Accuracy under patch occlusion and patch shuffling (`probes.robustness_probes`).
-
-    Example:
-
-    >>> results = {"accuracy": 0.9, "occlusion": {0.0: 0.9, 0.5: 0.6},
-    ...            "shuffle": {1: 0.9, 2: 0.7}, "examples": 100}
-    >>> plot_probes(results, "/tmp/probes.png").name
-    'probes.png'
-    """
-    occlusion = sorted((float(f), a) for f, a in results["occlusion"].items())
-    shuffle = sorted((int(g), a) for g, a in results["shuffle"].items())
-    fig = Figure(figsize=(10, 4), layout="constrained")
-    left, right = fig.subplots(1, 2)
-    clean = dict(color="grey", linestyle="--", linewidth=1,
-                 label=f"clean accuracy {100 * results['accuracy']:.1f}%")
-    if occlusion:
-        left.plot([100 * f for f, _ in occlusion], [100 * a for _, a in occlusion], "o-")
-    left.set_xlabel("Patches dropped (%)")
-    left.set_title("Random patch occlusion")
-    if shuffle:
-        positions = np.arange(len(shuffle))
-        right.plot(positions, [100 * a for _, a in shuffle], "o-", color="tab:orange")
-        right.set_xticks(positions, [f"{g}x{g}" for g, _ in shuffle])
-    right.set_xlabel("Shuffle grid (cells per side)")
-    right.set_title("Random patch shuffling")
-    for ax in (left, right):
-        ax.axhline(100 * results["accuracy"], **clean)
-        ax.set_ylabel("Top-1 accuracy (%)")
-        ax.set_ylim(0, 100)
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower left")
-    fig.suptitle(f"Robustness probes ({results['examples']} examples)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def visualize(model, images, out_dir, head_fusion="mean"):
@@ -349,50 +314,6 @@ def visualize(model, images, out_dir, head_fusion="mean"):
     return written
 
 
-def plot_fewshot(runs, path, *, references=None, title="Few-shot linear evaluation"):
-    """Accuracy (mean ± std over seeds) against shots per class (`fewshot_evaluate`).
-
-    Args:
-        runs: `{name: result}` from `fewshot_evaluate` (or a single result).
-        path: the PNG file to write.
-        references: optional `{name: accuracy}` drawn as horizontal dashed lines.
-        title: the figure title.
-
-    Returns:
-        The path written.
-
-    Example:
-
-    >>> import tempfile, os
-    >>> result = dict(shots=[1, 5], mean=[0.5, 0.75], std=[0.1, 0.05])
-    >>> plot_fewshot({"pretrained": result}, os.path.join(tempfile.mkdtemp(), "fewshot.png")).name
-    'fewshot.png'
-    """
-    if "shots" in runs:
-        runs = {"accuracy": runs}
-    figure = Figure(figsize=(5, 3.6))
-    axes = figure.add_subplot()
-    all_shots = sorted({s for result in runs.values() for s in result["shots"]})
-    for name, result in runs.items():
-        axes.errorbar(
-            result["shots"], 100 * np.asarray(result["mean"]), yerr=100 * np.asarray(result["std"]),
-            marker="o", capsize=3, label=name,
-        )
-    for index, (name, accuracy) in enumerate((references or {}).items()):
-        axes.axhline(100 * accuracy, linestyle="--", color=f"C{len(runs) + index}", label=name)
-    axes.set_xscale("log")
-    axes.set_xticks(all_shots)
-    axes.set_xticklabels([str(s) for s in all_shots])
-    axes.minorticks_off()
-    axes.set_xlabel("shots per class")
-    axes.set_ylabel("test accuracy (%)")
-    axes.set_title(title)
-    axes.grid(alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    return _save(figure, path, dpi=120)
-
-
 def plot_training(histories, path):
     """Test (and train) accuracy per epoch of training runs (`keras-vit demo`).
 
@@ -427,4 +348,4 @@ def plot_training(histories, path):
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small")
     figure.tight_layout()
-    return _save(figure, path, dpi=120)
+    return save_figure(figure, path, dpi=120)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_environment
+from helpers import clean_environment
 
 from keras_vit.utils.allocator import GLIBC, configure_for_backend, cpu_flags
 
@@ -76,15 +76,32 @@ TORCH_DEFAULT = "amx_bf16" not in cpu_flags()
     [("jax", None, True), ("jax", "system", False), ("tensorflow", None, False),
      ("torch", None, TORCH_DEFAULT), ("torch", "system", False), ("torch", "keep", True)],
 )
-def test_importing_keras_vit_keeps_freed_memory_under_jax_and_torch(
+def test_opting_in_keeps_freed_memory_under_jax_and_torch(
         installed, tmp_path, backend, choice, kept):
     # As a user meets it: the built wheel's Python, an empty HOME, no other KERAS_VIT_*.
     faults = _second_fill_faults(
-        "import keras_vit", python=installed / "python",
+        "import keras_vit\nkeras_vit.configure_for_backend()", python=installed / "python",
         environ=clean_environment(HOME=str(tmp_path)), cwd=tmp_path, KERAS_BACKEND=backend,
         KERAS_VIT_MALLOC=choice,
     )
     assert (faults < PAGES // 100) == kept, faults
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_importing_keras_vit_leaves_malloc_alone(installed, tmp_path, backend):
+    """A library import changes nothing process-wide, even where opting in would."""
+    faults = _second_fill_faults(
+        "import keras_vit\nkeras_vit.ViT", python=installed / "python",
+        environ=clean_environment(HOME=str(tmp_path)), cwd=tmp_path, KERAS_BACKEND=backend,
+        KERAS_VIT_MALLOC="keep",
+    )
+    assert faults >= PAGES // 2, faults
+
+
+def test_the_command_opts_in_when_it_starts_the_backend():
+    faults = _second_fill_faults("from keras_vit import cli\ncli.start_backend()",
+                                 KERAS_BACKEND="jax", KERAS_VIT_MALLOC=None)
+    assert faults < PAGES // 100, faults
 
 
 def test_unknown_malloc_choice_is_refused_with_its_value(monkeypatch):

@@ -9,7 +9,7 @@ from scipy.special import softmax
 from sklearn.datasets import load_digits
 from sklearn.decomposition import PCA
 
-from conftest import randomise_weights, tiny_vit
+from helpers import randomise_weights, tiny_vit
 from keras_vit.evaluation import analysis
 from keras_vit.evaluation import probes
 

@@ -1,4 +1,4 @@
-"""`backend_ops` products, their gradients, `swapaxes`, `dense`, the `Dense` built on them
+"""`keras_vit.backend` products, their gradients, `swapaxes`, `dense`, the `Dense` built on them
 and PyTorch's 16-bit attention in training, on every backend (tests/test_backends.py).
 
 The reference is numpy in float64 on the same 16-bit values: products of 16-bit floats
@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_vit.models.layers import Dense
-from keras_vit.utils.backend_ops import dense, dot_product_attention, matmul_float32, swapaxes
+from keras_vit.backend.attention import dot_product_attention
+from keras_vit.backend.products import dense, matmul_float32, swapaxes
+from keras_vit.layers.dense import Dense
 
 pytestmark = pytest.mark.gpu  # the accelerator subset (pyproject.toml's markers)
 

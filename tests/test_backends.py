@@ -15,6 +15,9 @@ import pytest
 MULTI_BACKEND_TESTS = [
     "tests/test_layers.py", "tests/test_model.py", "tests/test_resnet.py",
     "tests/test_mixed_precision.py", "tests/test_backend_ops.py", "tests/test_dynamic_size.py",
+    "tests/test_saved_families.py",
+    # The families: the contract (tests/family_contract.py) and their references.
+    "tests/test_deit.py", "tests/test_dinov2.py", "tests/test_eva.py", "tests/test_towers.py",
 ]
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,11 +25,11 @@ pytestmark = pytest.mark.slow  # a pytest run per backend, in subprocesses
 
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_layer_and_model_tests_pass_on(backend):
+def test_layer_model_and_family_tests_pass_on(backend):
     env = {**os.environ, "KERAS_BACKEND": backend}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "-k", "not parameter_count", *MULTI_BACKEND_TESTS],
+         "-m", "not slow or every_backend", "-k", "not parameter_count", *MULTI_BACKEND_TESTS],
         cwd=ROOT, env=env, capture_output=True, text=True,
     )
     print(result.stdout[-3000:])

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
-from conftest import decodes, tiny_vit
+from helpers import decodes, tiny_vit
 from PIL import Image
 
 from keras_vit import cli, data

@@ -24,14 +24,33 @@ def run_bench(script, *args):
 
 
 @pytest.mark.slow
-def test_accelerator_smoke_run_times_every_contender_and_computes_mfu(tmp_path):
-    out = tmp_path / "accelerator.json"
-    stdout = run_bench("accelerator.py", "--smoke", "--peak-tflops", "0.5", "--out", str(out))
-    report = json.loads(out.read_text())
+def test_gpu_checks_run_the_bench_and_the_test_subset_per_backend_without_tensorflow(tmp_path):
+    """`bench/gpu_checks.sh` as on the lent GPU machines, whose image has JAX and PyTorch
+    but no TensorFlow (made unimportable here): the accelerator benchmark times each
+    contender and computes its MFU from the FLOPs `keras_vit.forward_flops` counts; the
+    `gpu` test subset and the digits training run on JAX and PyTorch, and the subset's
+    tests pass without TensorFlow (among them `load_pretrained` from a saved model, which
+    once imported it)."""
+    shim = tmp_path / "no_tensorflow" / "tensorflow"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'tensorflow'\", name='tensorflow')\n")
+    out = tmp_path / "out"
+    env = {
+        **os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(shim.parent),
+        # Two tests of the subset (seven with their parameters), not all of it.
+        "PYTEST_ADDOPTS": "-p no:cacheprovider "
+                          "-k 'patches_order or equals_a_model_loaded_at_that_size'",
+    }
+    result = subprocess.run(
+        ["bash", "bench/gpu_checks.sh", str(out), "--smoke", "--peak-tflops", "0.5"],
+        cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "backends: jax torch" in (out / "env.txt").read_text()
+    report = json.loads((out / "accelerator.json").read_text())
     rows = {(e["contender"], e["mode"]): e for e in report["entries"]}
     assert set(rows) == {
-        (c, m) for c in ("keras-tensorflow", "keras-jax", "keras-torch", "hf-torch")
-        for m in ("infer", "train")
+        (c, m) for c in ("keras-jax", "keras-torch", "hf-torch") for m in ("infer", "train")
     }
     import keras
 
@@ -47,33 +66,7 @@ def test_accelerator_smoke_run_times_every_contender_and_computes_mfu(tmp_path):
         assert e["flops_per_image"] == flops * factor
         assert e["mfu"] == pytest.approx(e["median_images_per_s"] * flops * factor / 0.5e12)
         assert e["median_images_per_s"] > 0
-    assert "| tiny | hf-torch | cpu | train |" in stdout
-
-
-@pytest.mark.slow
-def test_gpu_checks_run_the_bench_and_the_test_subset_per_backend_without_tensorflow(tmp_path):
-    """`bench/gpu_checks.sh` as on the lent GPU machines, whose image has JAX and PyTorch
-    but no TensorFlow (made unimportable here): the bench's contenders, the `gpu` test
-    subset and the digits training run on JAX and PyTorch, and the subset's tests pass
-    without TensorFlow (among them `load_pretrained` from a saved model, which once
-    imported it)."""
-    shim = tmp_path / "no_tensorflow" / "tensorflow"
-    shim.mkdir(parents=True)
-    (shim / "__init__.py").write_text(
-        "raise ModuleNotFoundError(\"No module named 'tensorflow'\", name='tensorflow')\n")
-    out = tmp_path / "out"
-    env = {
-        **os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(shim.parent),
-        # Two tests of the subset (seven with their parameters), not all of it.
-        "PYTEST_ADDOPTS": "-p no:cacheprovider "
-                          "-k 'patches_order or equals_a_model_loaded_at_that_size'",
-    }
-    result = subprocess.run(["bash", "bench/gpu_checks.sh", str(out), "--smoke"],
-                            cwd=ROOT, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "backends: jax torch" in (out / "env.txt").read_text()
-    report = json.loads((out / "accelerator.json").read_text())
-    assert {e["contender"] for e in report["entries"]} == {"keras-jax", "keras-torch", "hf-torch"}
+    assert "| tiny | hf-torch | cpu | train |" in (out / "bench.log").read_text()
     for backend in ("jax", "torch"):
         log = (out / f"tests_{backend}.log").read_text()
         assert f"backend {backend} on cpu" in log

@@ -14,7 +14,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from conftest import ROOT, TINY, bucket_entry, bucket_model
+from helpers import ROOT, TINY, bucket_entry, bucket_model
 
 import keras_vit
 from keras_vit.cli import main

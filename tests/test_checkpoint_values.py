@@ -8,7 +8,7 @@ import pytest
 
 import keras_vit
 from keras_vit.training import runs
-from conftest import tiny_vit
+from helpers import tiny_vit
 
 QUERY = "Transformer/encoderblock_1/MultiHeadDotProductAttention_1/query/kernel"
 POS = "Transformer/posembed_input/pos_embedding"

@@ -22,7 +22,8 @@ from safetensors.torch import save_file as torch_save_file
 from transformers import ViTConfig, ViTForImageClassification, ViTModel
 
 import keras_vit
-from conftest import randomise_weights, tiny_vit
+from helpers import randomise_weights, tiny_vit
+from references import randomise, timm_from_hf
 from keras_vit.weights.pretrained import POS_KEY
 
 HEADS, LAYERS, WIDTH = 4, 2, 32
@@ -32,15 +33,6 @@ CONFIG = dict(
     layer_norm_eps=1e-6, hidden_act="gelu",
 )
 
-
-def randomise(module, seed):
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in module.named_parameters():
-            noise = 0.3 * torch.randn(param.shape, generator=generator)
-            is_norm_scale = "layernorm" in name and name.endswith("weight")
-            param.copy_(noise + (1.0 if is_norm_scale else 0.0))
-    return module.eval()
 
 
 def as_numpy(x):
@@ -92,30 +84,6 @@ def official_from_hf(w):
             out[f"{ours}MlpBlock_3/{dense}/bias"] = w[f"{hf}{theirs}.bias"]
     return out
 
-
-def timm_from_hf(w):
-    """HF file tensors -> a timm VisionTransformer state dict."""
-    out = {
-        "cls_token": w["vit.embeddings.cls_token"],
-        "pos_embed": w["vit.embeddings.position_embeddings"],
-        "patch_embed.proj.weight": w["vit.embeddings.patch_embeddings.projection.weight"],
-        "patch_embed.proj.bias": w["vit.embeddings.patch_embeddings.projection.bias"],
-        "norm.weight": w["vit.layernorm.weight"],
-        "norm.bias": w["vit.layernorm.bias"],
-        "head.weight": w["classifier.weight"],
-        "head.bias": w["classifier.bias"],
-    }
-    for i in range(LAYERS):
-        hf, timm = f"vit.encoder.layer.{i}.", f"blocks.{i}."
-        for p in ("weight", "bias"):
-            qkv = [w[f"{hf}attention.attention.{n}.{p}"] for n in ("query", "key", "value")]
-            out[f"{timm}attn.qkv.{p}"] = np.concatenate(qkv, axis=0)
-            out[f"{timm}attn.proj.{p}"] = w[f"{hf}attention.output.dense.{p}"]
-            out[f"{timm}norm1.{p}"] = w[f"{hf}layernorm_before.{p}"]
-            out[f"{timm}norm2.{p}"] = w[f"{hf}layernorm_after.{p}"]
-            out[f"{timm}mlp.fc1.{p}"] = w[f"{hf}intermediate.dense.{p}"]
-            out[f"{timm}mlp.fc2.{p}"] = w[f"{hf}output.dense.{p}"]
-    return out
 
 
 def big_vision_from_official(official, scanned, prefix):

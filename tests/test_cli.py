@@ -12,7 +12,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from conftest import tiny_demo_recipe, tiny_vit
+from helpers import tiny_demo_recipe, tiny_vit
 
 from keras_vit import cli
 from keras_vit.training import runs
@@ -207,12 +207,12 @@ def test_from_resolves_runs_and_files(tmp_path):
         runs.resolve_from(str(run))
     for epoch in (1, 2):
         (run / runs.CHECKPOINTS / f"epoch_{epoch:04d}.keras").write_text("")
-    assert runs.resolve_from(str(run)) == str(run / runs.CHECKPOINTS / "epoch_0002.keras")
+    assert runs.resolve_from(str(run)).path == str(run / runs.CHECKPOINTS / "epoch_0002.keras")
     (run / runs.MODEL).write_text("")
-    assert runs.resolve_from(str(run)) == str(run / runs.MODEL)
+    assert runs.resolve_from(str(run)).path == str(run / runs.MODEL)
     with pytest.raises(FileNotFoundError, match="missing.keras"):
         runs.resolve_from(str(tmp_path / "missing.keras"))
-    assert runs.resolve_from("gs://vit_models/imagenet21k/ViT-B_16.npz").endswith("B_16.npz")
+    assert runs.resolve_from("gs://vit_models/imagenet21k/ViT-B_16.npz").path.endswith("B_16.npz")
 
 
 def test_from_copies_a_same_shaped_model(tmp_path):

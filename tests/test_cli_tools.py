@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import randomise_weights, tiny_vit
+from helpers import randomise_weights, tiny_vit
 
 import keras_vit
 from keras_vit import cli

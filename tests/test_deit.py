@@ -6,15 +6,13 @@ and `DeiTForImageClassification` models saved with `save_pretrained` (nothing do
 and, for DeiT III (which HF lacks), timm's block `x + gamma * f(x)` with its
 `no_embed_class` embedding written out below in torch. Each comparison takes the logits
 and every block's output tokens, within 1e-4 of their largest magnitude, in float32.
-The module runs on the current backend; `test_other_backends` runs it on the others.
+The module runs on the current backend; tests/test_backends.py runs it on the others.
 """
 
-import logging
 import math
 import os
 import re
 
-import keras
 import numpy as np
 import pytest
 import torch
@@ -22,11 +20,11 @@ from safetensors.numpy import load_file, save_file
 from transformers import DeiTConfig, DeiTForImageClassification, DeiTForImageClassificationWithTeacher
 
 import keras_vit
-from conftest import (
-    assert_keras_file_round_trip, assert_module_passes_on, on_other_backends, randomise_weights,
+from family_contract import (
+    IMAGES, as_numpy, assert_maps_leave_out_prefix, check_family_contract, fine_tune, outputs,
+    relative_error,
 )
-import test_checkpoints
-from test_checkpoints import randomise
+from references import randomise, random_timm_state, timm_from_hf
 
 LAYERS, WIDTH, HEADS, CLASSES = 2, 32, 4, 10
 HF_CONFIG = dict(
@@ -35,25 +33,7 @@ HF_CONFIG = dict(
 )  # layer_norm_eps left at DeiTConfig's 1e-12
 TINY = dict(image_size=32, patch_size=8, hidden_dim=WIDTH, num_layers=LAYERS, num_heads=HEADS,
             mlp_dim=64, num_classes=CLASSES)
-IMAGES = np.random.default_rng(0).uniform(-1, 1, (3, 32, 32, 3)).astype("float32")
 
-
-def as_numpy(x):
-    return keras.ops.convert_to_numpy(x)
-
-
-def outputs(model):
-    """The model's logits and each block's output tokens, on `IMAGES`."""
-    blocks = [block.output for block in keras_vit.vit_parts(model).blocks]
-    probe = keras.Model(model.input, [model.output, *blocks])
-    return [as_numpy(x) for x in probe(IMAGES)]
-
-
-def relative_error(ours, reference):
-    """The largest difference, over the largest magnitude of the reference."""
-    return max(
-        np.abs(a - b).max() / np.abs(b).max() for a, b in zip(ours, reference, strict=True)
-    )
 
 
 def hf_reference(model_class, directory):
@@ -155,12 +135,13 @@ def test_negative_control_flipped_switches_miss_the_reference(teacher):
     assert relative_error(ours[:1], reference[:1]) > 1e-2  # not its logits
 
 
-def timm_from_hf(files):
+def timm_distilled_from_hf(files):
     """HF DeiT teacher tensors -> timm's VisionTransformerDistilled state dict: the
-    ViT's tensors as test_checkpoints converts them, the distillation token and head."""
+    ViT's tensors as `references.timm_from_hf` converts them, the distillation token and
+    head."""
     as_vit = {re.sub(r"^deit\.", "vit.", key).replace("cls_classifier", "classifier"): value
               for key, value in files.items()}
-    state = test_checkpoints.timm_from_hf(as_vit)
+    state = timm_from_hf(as_vit)
     state["dist_token"] = files["deit.embeddings.distillation_token"]
     for p in ("weight", "bias"):
         state[f"head_dist.{p}"] = files[f"distillation_classifier.{p}"]
@@ -169,7 +150,7 @@ def timm_from_hf(files):
 
 def test_timm_distilled_safetensors_match_transformers(teacher, tmp_path):
     directory, reference = teacher
-    save_file(timm_from_hf(load_file(directory / "model.safetensors")), tmp_path / "t.safetensors")
+    save_file(timm_distilled_from_hf(load_file(directory / "model.safetensors")), tmp_path / "t.safetensors")
     model = keras_vit.ViT(**TINY, distilled=True, layer_norm_epsilon=1e-12)
     report = keras_vit.load_pretrained(model, tmp_path / "t.safetensors")
     assert report.format == "timm" and not report.messages
@@ -177,37 +158,6 @@ def test_timm_distilled_safetensors_match_transformers(teacher, tmp_path):
 
 
 # --- DeiT III: layer scale and no_embed_class, against timm's formulas -----------------
-
-
-def random_timm_state(seed, *, width, layers, classes, patch, positions, mlp_dim, final_norm,
-                      block):
-    """A random timm ViT state dict: float32 draws of standard deviation 0.3 (norm weights
-    near 1, no zero biases, so that a lost or misplaced tensor shows). Each block gets
-    the entries every timm ViT has and `block(normal, prefix)`'s own (its attention
-    projections, MLP input, layer scale); `final_norm` names the last norm (`norm`, or
-    `fc_norm` after the pooling)."""
-    rng = np.random.default_rng(seed)
-
-    def normal(*shape, mean=0.0):
-        return (mean + 0.3 * rng.standard_normal(shape)).astype("float32")
-
-    state = {
-        "cls_token": normal(1, 1, width), "pos_embed": normal(1, positions, width),
-        "patch_embed.proj.weight": normal(width, 3, patch, patch),
-        "patch_embed.proj.bias": normal(width),
-        f"{final_norm}.weight": normal(width, mean=1.0), f"{final_norm}.bias": normal(width),
-        "head.weight": normal(classes, width), "head.bias": normal(classes),
-    }
-    for i in range(layers):
-        b = f"blocks.{i}."
-        state.update({
-            b + "norm1.weight": normal(width, mean=1.0), b + "norm1.bias": normal(width),
-            b + "attn.proj.weight": normal(width, width), b + "attn.proj.bias": normal(width),
-            b + "norm2.weight": normal(width, mean=1.0), b + "norm2.bias": normal(width),
-            b + "mlp.fc2.weight": normal(width, mlp_dim), b + "mlp.fc2.bias": normal(width),
-            **block(normal, b),
-        })
-    return state
 
 
 def deit3_state(seed=5):
@@ -299,23 +249,10 @@ FAMILY = {
 }
 
 
-def assert_family_round_trip(switches, path):
-    """A tiny model with the family `switches` records them in its config, is rebuilt
-    from it with the same weights, and comes back from a `.keras` file at `path`
-    giving the same outputs."""
-    model = keras_vit.ViT(**TINY, **switches)
-    randomise_weights(model, seed=1)
-    config = model.get_config()
-    assert {key: config[key] for key in switches} == switches
-    rebuilt = keras_vit.VisionTransformer.from_config(config)
-    assert rebuilt.get_config() == config
-    assert [w.path for w in rebuilt.weights] == [w.path for w in model.weights]
-    assert_keras_file_round_trip(model, IMAGES, path)
-
 
 @pytest.mark.parametrize("name", FAMILY)
-def test_get_config_and_keras_file_round_trip(name, tmp_path):
-    assert_family_round_trip(FAMILY[name], tmp_path / "model.keras")
+def test_family_contract(name, tmp_path):
+    check_family_contract(FAMILY[name], tmp_path)
 
 
 def test_paper_vit_config_has_no_family_keys():
@@ -337,26 +274,6 @@ def test_headless_distilled_model_pools_the_mean_of_both_tokens(teacher):
     np.testing.assert_allclose(as_numpy(model(IMAGES)), (every[:, 0] + every[:, 1]) / 2, atol=1e-6)
 
 
-def assert_maps_leave_out_prefix(model, images, last, prefix, prefix_tokens=None):
-    """`feature_model`'s maps (4x4) are the last block's tokens after the `prefix` tokens
-    in front of the patches, and its prefix output those; the attention map (told
-    `prefix_tokens`) is the class token's rollout row over the patches. Returns the
-    attention weights."""
-    count = len(images)
-    maps, tokens = keras_vit.feature_model(model, prefix_tokens=True)(images)
-    assert tuple(maps.shape) == (count, 4, 4, WIDTH) and tuple(tokens.shape) == (count, prefix, WIDTH)
-    np.testing.assert_array_equal(as_numpy(maps).reshape(count, 16, WIDTH), last[:, prefix:])
-    np.testing.assert_array_equal(as_numpy(tokens), last[:, :prefix])
-
-    _, attentions = keras_vit.attention_model(model)(images)
-    rollout = keras_vit.attention_rollout(attentions)
-    assert tuple(rollout.shape) == (count, 16 + prefix, 16 + prefix)
-    np.testing.assert_array_equal(
-        keras_vit.attention_map(rollout, (4, 4), prefix_tokens).reshape(count, 16),
-        rollout[:, 0, prefix:],
-    )
-    return attentions
-
 
 def test_feature_maps_attention_maps_and_lora_of_a_distilled_model(teacher):
     """The patch maps leave out both prefix tokens; the attention map is the class
@@ -371,24 +288,6 @@ def test_feature_maps_attention_maps_and_lora_of_a_distilled_model(teacher):
     trainable = {v.path for v in model.trainable_weights}
     assert {"head/kernel", "head_dist/kernel", "head/bias", "head_dist/bias"} <= trainable
 
-
-def assert_mixed_precision_near_float32(family):
-    """A tiny model with the family switches gives float32 logits under mixed_bfloat16,
-    within 5% of the float32 model's with the same weights."""
-    reference = keras_vit.ViT(**TINY, **family)
-    randomise_weights(reference, seed=2)
-    mixed = keras_vit.ViT(**TINY, **family, dtype="mixed_bfloat16")
-    mixed.set_weights(reference.get_weights())
-    logits = mixed(IMAGES)
-    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
-    assert relative_error([as_numpy(logits)], [as_numpy(reference(IMAGES))]) < 0.05
-
-
-def test_mixed_precision_deit3_distilled_keeps_float32_logits():
-    """Under mixed_bfloat16 the averaged heads still give float32 logits, near float32's."""
-    assert_mixed_precision_near_float32(
-        dict(distilled=True, no_embed_class=True, layer_scale_init=0.5)
-    )
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -434,27 +333,10 @@ def test_an_hf_model_folder_is_a_from_source_not_a_run_folder(teacher):
     from keras_vit.training import runs
 
     directory = str(teacher[0])
-    assert runs.resolve_from(directory) == directory
+    assert runs.resolve_from(directory).path == directory
     assert runs.run_config(os.path.join(directory, "model.safetensors")) is None
     message = runs.load_weights(keras_vit.ViT(**TINY, distilled=True), directory)
     assert message.startswith(f"loaded {directory}:")
-
-
-def fine_tune(source, kwargs, image_size, out, caplog):
-    """The engine's one-epoch fine-tune of the demo recipe (5 digit classes) on a custom
-    architecture `kwargs` (`model.kwargs`) from `source`; its `TrainResult`."""
-    from keras_vit import cli
-    from keras_vit.training.config import apply_overrides
-    from keras_vit.training.engine import train
-
-    config = apply_overrides(cli.load_recipe("demo"), [
-        "model.variant=custom", f"model.kwargs={kwargs!r}", f"model.image_size={image_size}",
-        "model.channels=3", f"model.init_from={source}", "data.classes=0-4",
-        "schedule.epochs=1", "schedule.warmup_updates=2", "checkpointing.tensorboard=False",
-        f"out={out}",
-    ])
-    with caplog.at_level(logging.INFO, logger="keras_vit"):
-        return train(config, verbose=0)
 
 
 @pytest.mark.slow
@@ -467,9 +349,3 @@ def test_engine_fine_tuning_from_a_deit_source_resets_both_heads(teacher, tmp_pa
                 "reset to zeros.") in caplog.text
     parts = keras_vit.vit_parts(result.model)
     assert parts.head_dist is not None and parts.head_dist.kernel.shape == (WIDTH, 5)
-
-
-@on_other_backends
-def test_other_backends(backend):
-    """This module's quick tests, on the JAX and PyTorch backends."""
-    assert_module_passes_on("tests/test_deit.py", backend)

@@ -6,7 +6,7 @@ SwiGLU MLP) and `Dinov2WithRegistersModel` saved with `save_pretrained` (nothing
 downloads). Each comparison takes `pooler_output`, `last_hidden_state` and every
 block's output tokens, within 1e-4 of their largest magnitude, in float32; at other
 resolutions against HF's `interpolate_pos_encoding`. The module runs on the current
-backend; `test_other_backends` runs it on the others.
+backend; tests/test_backends.py runs it on the others.
 """
 
 import json
@@ -26,12 +26,10 @@ from transformers import (
 )
 
 import keras_vit
-from conftest import assert_module_passes_on, on_other_backends
-from test_checkpoints import as_numpy, randomise
-from test_deit import (
-    assert_family_round_trip, assert_maps_leave_out_prefix, assert_mixed_precision_near_float32,
-    fine_tune, relative_error,
+from family_contract import (
+    as_numpy, assert_maps_leave_out_prefix, check_family_contract, fine_tune, relative_error,
 )
+from references import randomise
 
 LAYERS, WIDTH, HEADS, SIZE, PATCH = 2, 32, 4, 28, 7
 HF_CONFIG = dict(hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
@@ -327,14 +325,8 @@ FAMILY = {
 
 
 @pytest.mark.parametrize("name", FAMILY)
-def test_get_config_and_keras_file_round_trip(name, tmp_path):
-    assert_family_round_trip(FAMILY[name], tmp_path / "model.keras")
-
-
-def test_mixed_precision_dinov2_classifier_keeps_float32_logits():
-    assert_mixed_precision_near_float32(
-        dict(classifier="token_gap", num_registers=4, mlp="swiglu", layer_scale_init=0.5)
-    )
+def test_family_contract(name, tmp_path):
+    check_family_contract(FAMILY[name], tmp_path)
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -371,9 +363,3 @@ def test_registry_lists_the_dinov2_backbones_with_their_switches():
         keras_vit.weights.registry.get_weights(name).build_args(), image_size=224)
     with pytest.raises(ValueError, match=f"weights='{name}' are an image tower without classes"):
         source_defaults(name, {"image_size": 224, "include_top": True})
-
-
-@on_other_backends
-def test_other_backends(backend):
-    """This module's quick tests, on the JAX and PyTorch backends."""
-    assert_module_passes_on("tests/test_dinov2.py", backend)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, doc_pages
+from helpers import ROOT, doc_pages
 
 PAGES = doc_pages()
 EXAMPLES = [

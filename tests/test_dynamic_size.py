@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import keras_vit
-from conftest import assert_keras_file_round_trip, randomise_weights, tiny_vit
-from keras_vit.models import posembed
+from helpers import assert_keras_file_round_trip, randomise_weights, tiny_vit
+from keras_vit.layers import posembed
 
 pytestmark = pytest.mark.gpu  # the accelerator subset (pyproject.toml's markers)
 
@@ -127,6 +127,7 @@ class _TwoSizes(keras.utils.PyDataset):
 
 
 @pytest.mark.slow  # traces (under TensorFlow, compiles with XLA) a train step per size
+@pytest.mark.every_backend
 def test_trains_on_batches_of_two_sizes():
     model = tiny_vit(dynamic_image_size=True, pos_embedding="learned2d")
     randomise_weights(model, seed=0)

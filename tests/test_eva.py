@@ -20,11 +20,11 @@ import torch
 from safetensors.numpy import save_file
 
 import keras_vit
-from conftest import assert_module_passes_on, bucket_entry, on_other_backends
-from test_deit import (
-    assert_family_round_trip, assert_maps_leave_out_prefix, assert_mixed_precision_near_float32,
-    fine_tune, random_timm_state, relative_error,
+from helpers import bucket_entry
+from family_contract import (
+    assert_maps_leave_out_prefix, check_family_contract, fine_tune, outputs, relative_error,
 )
+from references import random_timm_state, whitened_with_bias
 
 LAYERS, WIDTH, HEADS, SIZE, PATCH, CLASSES = 2, 32, 4, 28, 7, 6
 MLP = int(WIDTH * 4 * 2 / 3)  # timm's eva02 mlp_ratio=4 * 2 / 3: 85
@@ -153,13 +153,6 @@ def eva(kind, **overrides):
     return keras_vit.ViT(image_size=SIZE, patch_size=PATCH, hidden_dim=WIDTH, num_layers=LAYERS,
                          num_heads=HEADS, mlp_dim=MLP, num_classes=CLASSES,
                          **switches(kind, **overrides))
-
-
-def outputs(model, pixels):
-    """The logits and each block's output tokens."""
-    blocks = [block.output for block in keras_vit.vit_parts(model).blocks]
-    probe = keras.Model(model.input, [model.output, *blocks])
-    return [keras.ops.convert_to_numpy(x) for x in probe(pixels)]
 
 
 @pytest.fixture(scope="module")
@@ -323,8 +316,8 @@ FAMILY = {
 
 
 @pytest.mark.parametrize("name", FAMILY)
-def test_get_config_and_keras_file_round_trip(name, tmp_path):
-    assert_family_round_trip(FAMILY[name], tmp_path / "model.keras")
+def test_family_contract(name, tmp_path):
+    check_family_contract(FAMILY[name], tmp_path)
 
 
 def test_paper_vit_config_has_no_eva_keys():
@@ -361,7 +354,6 @@ def test_fewshot_takes_timms_pre_logits_and_scores_their_ridge(timm_files):
     linear evaluation on them (every train image a shot) scores as the closed-form
     ridge written out in numpy does on timm's features."""
     from keras_vit.evaluation import fewshot
-    from test_fewshot import whitened_with_bias
 
     path, state = timm_files["base"]
     model = eva("base")
@@ -381,14 +373,10 @@ def test_fewshot_takes_timms_pre_logits_and_scores_their_ridge(timm_files):
     assert result["accuracy"] == [[np.mean((x_test @ weights).argmax(1) == labels[6:])]]
 
 
-def test_mixed_precision_eva_keeps_float32_logits():
-    assert_mixed_precision_near_float32(dict(switches("base"), rope_reference_grid=(3, 3)))
-
-
 @pytest.mark.parametrize("arguments, message", [
     (dict(rope_reference_grid=(16, 16)), "rope_reference_grid .* needs rope=True"),
     (dict(rope=True, num_heads=16), "multiple of 4, got 2"),
-    (dict(rope="yes"), "rope must be True or False, got 'yes'"),
+    (dict(rope="yes"), "rope must be True, False or a rotary embedding layer's config .*got 'yes'"),
     (dict(rope=True, rope_reference_grid=(0, 16)), "rope_reference_grid must be a positive int"),
 ])
 def test_bad_switches_are_named(arguments, message):
@@ -445,9 +433,3 @@ def test_engine_fine_tuning_from_a_timm_eva02_file_resets_the_head(timm_files, t
     assert reset in caplog.text
     parts = keras_vit.vit_parts(result.model)
     assert parts.rope is not None and tuple(parts.head.kernel.shape) == (WIDTH, 5)
-
-
-@on_other_backends
-def test_other_backends(backend):
-    """This module's quick tests, on the JAX and PyTorch backends."""
-    assert_module_passes_on("tests/test_eva.py", backend)

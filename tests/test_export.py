@@ -22,7 +22,7 @@ from PIL import Image
 tf = pytest.importorskip("tensorflow", reason="SavedModel export is TensorFlow's")
 
 import keras_vit  # noqa: E402
-from conftest import randomise_weights, tiny_vit  # noqa: E402
+from helpers import randomise_weights, tiny_vit  # noqa: E402
 from keras_vit.export.saved_model import CONFIG_FILE, export_saved_model  # noqa: E402
 
 pytestmark = pytest.mark.gpu  # the accelerator subset (pyproject.toml's markers)

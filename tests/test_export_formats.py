@@ -15,14 +15,11 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import randomise_weights, tiny_vit
+from helpers import randomise_weights, tiny_vit
 from keras_vit.export.onnx import check_onnx, export_onnx, read_onnx_record
 from keras_vit.export.records import TOLERANCE
-from keras_vit.models.layers import (
-    LayerNormalization,
-    is_tracing_for_export,
-    tracing_for_export,
-)
+from keras_vit.backend.export import is_tracing_for_export, tracing_for_export
+from keras_vit.layers.normalization import LayerNormalization
 
 onnx = pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")

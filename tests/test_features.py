@@ -4,7 +4,7 @@ called one by one and against the model's own pooled output."""
 import keras
 import numpy as np
 import pytest
-from conftest import randomise_weights, tiny_vit
+from helpers import randomise_weights, tiny_vit
 
 import keras_vit
 

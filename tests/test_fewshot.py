@@ -17,9 +17,10 @@ from sklearn.linear_model import Ridge
 from sklearn.model_selection import train_test_split
 
 import keras_vit
+from references import whitened_with_bias
 from keras_vit.evaluation import fewshot
 from keras_vit.evaluation.features import representation_model
-from conftest import randomise_weights, tiny_vit
+from helpers import randomise_weights, tiny_vit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,12 +32,6 @@ def _blobs(num_classes, per_class, dim, seed=0, spread=2.0):
     features = centres[labels] + rng.normal(size=(len(labels), dim)) * rng.uniform(0.5, 3, dim)
     return features, labels
 
-
-def whitened_with_bias(train, test):
-    """big_vision's preprocessing, written out independently of keras_vit."""
-    mean, std = train.mean(0), train.std(0) + 1e-5
-    add_bias = lambda x: np.hstack([(x - mean) / std, np.full((len(x), 1), 100.0)])
-    return add_bias(train), add_bias(test)
 
 
 @pytest.mark.parametrize("n, d", [(60, 10), (12, 40)], ids=["N>D", "D>N"])

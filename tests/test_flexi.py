@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import randomise_weights, tiny_vit
+from helpers import randomise_weights, tiny_vit
 
 import keras_vit
 

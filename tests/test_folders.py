@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from keras_vit import data
 from keras_vit.data import folders
-from tests.conftest import decodes
+from helpers import decodes
 
 
 def pixels(seed, shape=(24, 32, 3)):

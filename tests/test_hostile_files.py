@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from keras_vit import data
 from keras_vit.data import folders
-from tests.conftest import decodes
+from helpers import decodes
 
 
 def jpeg(seed, shape=(96, 128, 3)):

@@ -13,7 +13,7 @@ from PIL import Image
 from keras_vit import data
 from keras_vit import export_saved_model
 from keras_vit.models.vit import preprocess
-from tests.conftest import tiny_vit
+from helpers import tiny_vit
 
 # Lossless in every format: grey levels (R = G = B, so every grey conversion agrees)
 # from a palette of four, which GIF keeps exactly.

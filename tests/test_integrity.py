@@ -9,7 +9,7 @@ import os
 import keras
 import numpy as np
 import pytest
-from conftest import bucket_entry, bucket_model
+from helpers import bucket_entry, bucket_model
 
 import keras_vit
 from keras_vit.weights import download

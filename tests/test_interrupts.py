@@ -8,7 +8,7 @@ import signal
 import subprocess
 
 import pytest
-from conftest import clean_environment
+from helpers import clean_environment
 
 TINY = [
     "model.kwargs.hidden_dim=16", "model.kwargs.num_layers=1", "model.kwargs.num_heads=2",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import build_wheel, clean_environment, doc_pages, install_wheel
+from helpers import build_wheel, clean_environment, doc_pages, install_wheel
 
 Command = collections.namedtuple("Command", "line text outputs")
 Instead = collections.namedtuple("Instead", "command why")

@@ -42,6 +42,26 @@ def test_flatten_layers_reaches_nested_layers():
     assert found[0] is block and any(layer is inner for layer in found)
 
 
+def test_a_part_without_name_scope_names_variables_in_its_parents_scope():
+    class Part(keras_compat.InParentNameScope, keras.layers.Layer):
+        def build(self, input_shape):
+            self.dense = keras.layers.Dense(2, name="dense")
+            self.dense.build(input_shape)
+
+    class Whole(keras.layers.Layer):
+        def build(self, input_shape):
+            self.part = Part(name="part")
+            self.part.build(input_shape)
+
+        def call(self, x):
+            return self.part.dense(x)
+
+    whole = Whole(name="whole")
+    whole(keras.ops.ones((1, 3)))  # built through Keras' own call
+    assert [v.path for v in whole.weights] == ["whole/dense/kernel", "whole/dense/bias"]
+    assert whole.part.dense.path == "whole/dense"
+
+
 def test_random_layers_draw_from_the_replaced_generator():
     """Layer._get_seed_generator returns `generator` (own backend) or `_backend_generators`."""
     image = tf.random.uniform((8, 8, 3))

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from keras_vit.models import layers as L
-from conftest import randomise_weights
+from keras_vit import layers as L
+from keras_vit.backend.erf import erf as backend_erf
+from keras_vit.layers.attention import query_blocks
+from helpers import randomise_weights
 
 pytestmark = pytest.mark.gpu  # the accelerator subset (pyproject.toml's markers)
 
@@ -195,13 +197,13 @@ def _value_and_gradient(fn, x):
 def test_erf_and_its_gradient_match_the_closed_forms():
     # Past the clip at 3.92 too, where float32 erf is +-1 and its slope ~1e-7.
     x = np.linspace(-6, 6, 24001).astype("float32")
-    value, gradient = _value_and_gradient(L.erf, x)
+    value, gradient = _value_and_gradient(backend_erf, x)
     exact = x.astype("float64")
     np.testing.assert_allclose(value, erf(exact), rtol=0, atol=5e-7)
     slope = 2 / np.sqrt(np.pi) * np.exp(-(exact**2))
     np.testing.assert_allclose(gradient, slope, rtol=0, atol=5e-7)
     # 16-bit inputs are computed in float32 and rounded once.
-    half = _np(L.erf(keras.ops.convert_to_tensor(x, "bfloat16")))
+    half = _np(backend_erf(keras.ops.convert_to_tensor(x, "bfloat16")))
     np.testing.assert_allclose(half.astype("float64"), erf(exact), rtol=0, atol=4e-3)
 
 
@@ -238,7 +240,7 @@ def test_long_sequences_attend_in_exact_query_blocks():
     _randomised(block, seed=8)
     expected, _ = _numpy_block(block, x.astype("float64"), approximate=False)
     np.testing.assert_allclose(_np(block(x)), expected, atol=1e-4)
-    rows = [row for start, stop in L._query_blocks(300) for row in range(start, stop)]
+    rows = [row for start, stop in query_blocks(300) for row in range(start, stop)]
     assert rows == list(range(300))
 
 
@@ -254,7 +256,25 @@ LAYERS = {
         lambda: L.TransformerBlock(2, 32, 0.1, 0.1, 0.1, gelu_approximate=True),
         (2, 4, 16),
     ),
+    "Attention": (lambda: L.Attention(2, dropout_rate=0.1), (2, 4, 16)),
+    "MLP": (lambda: L.MLP(32, kind="swiglu", norm_epsilon=1e-5, dropout_rate=0.1), (2, 4, 16)),
 }
+
+
+def test_block_variables_keep_the_paths_and_order_of_one_flat_layer():
+    """The block's attention and MLP add no name to its variables' paths, and its
+    variables are listed in the order of the block that held its Dense layers itself
+    (what `.keras` files, optimizer states and run backups are read by)."""
+    block = L.TransformerBlock(2, 32, 0.1, 0.1, 0.1, layer_scale_init=1e-6, mlp_norm=True,
+                               name="block")
+    block.build((2, 4, 16))
+    layers = ["mlp_norm", "norm1", "norm2", "mlp_fc1", "qkv", "attention_output", "mlp_fc2"]
+    own = {"mlp_norm": ("gamma", "beta"), "norm1": ("gamma", "beta"), "norm2": ("gamma", "beta")}
+    expected = ["block/layer_scale_attention", "block/layer_scale_mlp"] + [
+        f"block/{layer}/{name}" for layer in layers for name in own.get(layer, ("kernel", "bias"))
+    ]
+    assert [v.path for v in block.weights] == expected
+    assert [layer.name for layer in block.projections()] == list(L.TransformerBlock.DENSE_LAYERS)
 
 
 @pytest.mark.parametrize("name", sorted(LAYERS))
@@ -311,7 +331,7 @@ def test_transformer_block_rejects_width_not_divisible_by_heads():
 def test_int8_model_round_trips_through_a_keras_file(tmp_path):
     # The Dense layers inside PatchEncoder and TransformerBlock are rebuilt from their
     # owner's config, which must say that they were quantized.
-    from conftest import randomise_weights, tiny_vit
+    from helpers import randomise_weights, tiny_vit
 
     model = tiny_vit()
     randomise_weights(model, seed=1)

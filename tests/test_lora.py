@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import randomise_weights, tiny_vit
+from helpers import randomise_weights, tiny_vit
 from keras_vit.training.lora import TARGETS, enable_lora
 from keras_vit.utils.keras_compat import sublayers
 
@@ -138,7 +138,7 @@ def test_lora_run_killed_mid_epoch_resumes_to_the_same_weights(tmp_path):
     import sys
     import textwrap
 
-    from test_training import RESUMABLE, ROOT, TINY_RUN
+    from helpers import RESUMABLE, ROOT, TINY_RUN
 
     from keras_vit.training import runs
 

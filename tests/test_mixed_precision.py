@@ -164,7 +164,7 @@ def test_layer_norm_statistics_are_float32(policy):
 )
 @pytest.mark.parametrize("objective", ["supervised", "mpp"])
 def test_mixed_float16_training_scales_the_loss_and_stays_finite(tmp_path, objective):
-    from test_training import tiny_run
+    from helpers import tiny_run
 
     from keras_vit.training.engine import TrainConfig, train
 

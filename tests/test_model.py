@@ -11,22 +11,11 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import keras_vit
-from conftest import assert_keras_file_round_trip, compute_device, randomise_weights, tiny_vit
+from helpers import (
+    OFFICIAL_COUNTS, assert_keras_file_round_trip, compute_device, randomise_weights, tiny_vit,
+)
 
 pytestmark = pytest.mark.gpu  # the accelerator subset (pyproject.toml's markers)
-
-# vit_jax models_test.py, num_classes=1000 at 224 px.
-OFFICIAL_COUNTS = {
-    "Ti/16": 5_717_416,
-    "S/16": 22_050_664,
-    "S/32": 22_878_952,
-    "B/16": 86_567_656,
-    "B/32": 88_224_232,
-    "B/8": 86_576_872,
-    "L/16": 304_326_632,
-    "L/32": 306_535_400,
-    "H/14": 632_045_800,
-}
 
 
 @pytest.mark.parametrize("variant", sorted(OFFICIAL_COUNTS))
@@ -226,6 +215,7 @@ def test_wrong_channel_count_at_call_time_is_a_clear_error():
 
 
 @pytest.mark.slow  # trains to an accuracy
+@pytest.mark.every_backend
 def test_tiny_vit_learns_digits():
     digits = load_digits()
     images = digits.images[..., None].astype("float32") / 8.0 - 1.0  # [0, 16] -> [-1, 1]
@@ -339,3 +329,65 @@ def test_remat_is_recorded_only_when_set_and_survives_the_keras_file(tmp_path):
     x = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
     assert_keras_file_round_trip(model, x, tmp_path / "remat.keras")
     assert keras.saving.load_model(tmp_path / "remat.keras").get_config()["remat"] is True
+
+
+@keras.saving.register_keras_serializable(package="test_model")
+class TiltedRope(keras.layers.Layer):
+    """A rotary embedding of the test's own: patch `(row, col)` turns every channel pair
+    by `tilt * (row + 2 * col)`; the prefix tokens are not turned (sine 0, cosine 1)."""
+
+    def __init__(self, head_dim, grid_size, num_prefix_tokens, tilt=1.0, **kwargs):
+        super().__init__(**kwargs)
+        self.head_dim, self.grid_size = head_dim, tuple(grid_size)
+        self.num_prefix_tokens, self.tilt = num_prefix_tokens, tilt
+
+    def call(self, patches):
+        rows, cols = self.grid_size
+        angles = np.add.outer(np.arange(rows), 2 * np.arange(cols)).reshape(-1, 1) * self.tilt
+        angles = np.concatenate([np.zeros((self.num_prefix_tokens, 1)), angles])
+        angles = np.repeat(angles, self.head_dim, axis=1)
+        return keras.ops.convert_to_tensor(
+            np.concatenate([np.sin(angles), np.cos(angles)], axis=1), "float32"
+        )
+
+    def compute_output_spec(self, patches):
+        tokens = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+        return keras.KerasTensor((tokens, 2 * self.head_dim), "float32")
+
+    def get_config(self):
+        return {**super().get_config(), "head_dim": self.head_dim, "grid_size": self.grid_size,
+                "num_prefix_tokens": self.num_prefix_tokens, "tilt": self.tilt}
+
+
+def test_a_rope_layer_config_builds_the_layer_it_names_and_round_trips(tmp_path):
+    """`rope=<layer config>`: the model makes that layer for its heads, grid and class
+    token; a table of no turns gives the outputs of the same weights without rope, a
+    tilted one others; the config keeps the layer's config, and a `.keras` file loads."""
+    spec = keras.saving.serialize_keras_object(TiltedRope(1, (1, 1), 0, tilt=0.5))
+    model = tiny_vit(rope=spec)
+    rope = keras_vit.vit_parts(model).rope
+    assert isinstance(rope, TiltedRope) and rope.name == "rope"
+    assert (rope.head_dim, rope.grid_size, rope.num_prefix_tokens, rope.tilt) == (8, (4, 4), 1, 0.5)
+    assert model.get_config()["rope"] == spec
+    randomise_weights(model, 0)
+    images = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    plain = tiny_vit()
+    plain.set_weights(model.get_weights())
+    unturned = tiny_vit(rope=dict(spec, config=dict(spec["config"], tilt=0.0)))
+    unturned.set_weights(model.get_weights())
+    outputs = [keras.ops.convert_to_numpy(m(images)) for m in (model, plain, unturned)]
+    np.testing.assert_allclose(outputs[2], outputs[1], rtol=1e-5, atol=1e-6)
+    assert np.abs(outputs[0] - outputs[1]).max() > 1e-3
+    rebuilt = keras_vit.VisionTransformer.from_config(model.get_config())
+    rebuilt.set_weights(model.get_weights())
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(rebuilt(images)), outputs[0])
+    assert_keras_file_round_trip(model, images, tmp_path / "tilted.keras")
+
+
+@pytest.mark.parametrize("rope, message", [
+    ({"config": {}}, r"rope must be True, False or a rotary embedding layer's config"),
+    ({"class_name": "NoSuchRope", "config": {}}, "NoSuchRope"),
+])
+def test_a_bad_rope_config_is_named(rope, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        tiny_vit(rope=rope)

@@ -11,7 +11,7 @@ from keras_vit import cli
 from keras_vit.models import mpp
 from keras_vit.training import runs
 from keras_vit.training.config import TrainConfig
-from conftest import tiny_vit
+from helpers import tiny_vit
 
 
 def _np(x):

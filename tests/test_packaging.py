@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, clean_environment, tiny_vit
+from helpers import ROOT, clean_environment, tiny_vit
 
 from keras_vit import cli
 from keras_vit.utils import extras

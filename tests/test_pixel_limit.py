@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from keras_vit import data, export_saved_model
 from keras_vit.data import headers
-from tests.conftest import tiny_vit
+from helpers import tiny_vit
 
 SIDE = 20_000
 

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TINY, bucket_entry, bucket_model, randomise_weights, tiny_vit
+from helpers import TINY, bucket_entry, bucket_model, randomise_weights, tiny_vit
 
 import keras_vit
 from keras_vit import cli
@@ -170,7 +170,7 @@ def test_vit_weights_is_load_pretrained_and_from_accepts_registry_names(bucket):
     assert same.input_shape == (None, 32, 32, 3) and same.output_shape == (None, 1000)
 
     # keras-vit finetune --from NAME: what the engine calls with init_from.
-    assert runs.resolve_from(entry.name) == download.cached(entry)
+    assert runs.resolve_from(entry.name).path == download.cached(entry)
     fine = keras_vit.ViT(image_size=32, num_classes=10, **TINY)
     message = runs.load_weights(fine, entry.name)
     assert message.startswith(f"loaded {entry.name}:") and "head is reset" in message

@@ -33,7 +33,7 @@ from keras_vit.data import decode, images
 from keras_vit.models import preprocessing as prep
 from keras_vit.weights import registry
 from keras_vit.weights.formats import hf_preprocessing
-from test_checkpoints import randomise
+from references import randomise
 
 IMAGENET = dict(mean=list(prep.IMAGENET_MEAN), std=list(prep.IMAGENET_STD))
 SIZE, CROP_FROM = 32, 36  # HF DeiT's 224 of 256, scaled down

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, clean_environment, tiny_demo_recipe, tiny_vit
+from helpers import ROOT, clean_environment, tiny_demo_recipe, tiny_vit
 
 # TensorFlow's C++ log records (severity and date), their notes, and Python warnings.
 NOISE = re.compile(

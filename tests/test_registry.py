@@ -3,8 +3,7 @@ parameter counts and the release's file sizes, AugReg file names, and the label 
 
 import keras
 import pytest
-from test_model import OFFICIAL_COUNTS
-from test_resnet import OFFICIAL_HYBRID_COUNTS
+from helpers import OFFICIAL_COUNTS, OFFICIAL_HYBRID_COUNTS
 
 import keras_vit
 from keras_vit.models import resnet

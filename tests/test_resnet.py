@@ -5,19 +5,10 @@ import numpy as np
 import pytest
 
 import keras_vit
-from conftest import assert_keras_file_round_trip, randomise_weights
+from helpers import OFFICIAL_HYBRID_COUNTS, assert_keras_file_round_trip, randomise_weights
 from keras_vit.models import resnet
 
 pytestmark = pytest.mark.gpu  # the accelerator subset (pyproject.toml's markers)
-
-# vit_jax models_test.py, num_classes=1000 at 224 px.
-OFFICIAL_HYBRID_COUNTS = {
-    "R+Ti/16": 6_337_704,
-    "R26+S/32": 36_431_912,
-    "R26+B/32": 101_383_976,
-    "R50+B/16": 98_659_112,
-    "R50+L/32": 328_994_856,
-}
 
 
 def _np(x):

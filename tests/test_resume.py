@@ -20,6 +20,7 @@ import keras
 import numpy as np
 import pytest
 
+from helpers import COMMAND
 from keras_vit.training import runs
 from keras_vit.training.callbacks import TrainingBackup, read_metrics_csv
 
@@ -39,27 +40,6 @@ VARIANTS = dict(
         "optimization.micro_batches_per_update=2", "evaluation.enabled=false",
     ],
 )
-
-COMMAND = """
-import os, signal, sys
-import keras
-from keras_vit import cli
-from keras_vit.training import engine
-
-after = int(os.environ.get("KILL_AFTER_BATCH", 0))
-
-class KillAfterBatch(keras.callbacks.Callback):
-    count = 0
-    def on_train_batch_end(self, batch, logs=None):
-        KillAfterBatch.count += 1
-        if KillAfterBatch.count == after:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-if after:
-    train = engine.train
-    engine.train = lambda config, **kw: train(config, callbacks=[KillAfterBatch()], **kw)
-sys.exit(cli.main(sys.argv[1:]))
-"""
 
 
 def _command(out, variant):

@@ -25,7 +25,7 @@ from keras_vit.utils.model_files import read_keras
 pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 
-from test_resume import COMMAND  # noqa: E402  (the pretrain command that can kill itself)
+from helpers import COMMAND  # noqa: E402  (the pretrain command that can kill itself)
 
 pytestmark = pytest.mark.slow  # subprocesses on 4 host devices
 
@@ -94,7 +94,7 @@ def test_fsdp_run_killed_resumes_from_sharded_backups_to_the_uninterrupted_run(
         checkpoints.append(_checkpoints(killed))
     # Unfinished (killed in epoch 2): --from it is its epoch 1 checkpoint.
     assert runs.status(str(killed)) == "unfinished" and not (killed / runs.MODEL).exists()
-    assert runs.resolve_from(str(killed)) == str(killed / runs.CHECKPOINTS / "epoch_0001.orbax")
+    assert runs.resolve_from(str(killed)).path == str(killed / runs.CHECKPOINTS / "epoch_0001.orbax")
     killed_epoch_1 = _predict(killed, images, capsys)
     # The state file holds no arrays: it names the sharded folder of its position. The
     # kill while writing it left the newer folder beside the one in force, which the

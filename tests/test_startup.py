@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, clean_environment, tiny_vit
+from helpers import ROOT, clean_environment, tiny_vit
 
 BACKENDS = ("keras", "tensorflow", "jax", "torch")
 SCRIPT = (

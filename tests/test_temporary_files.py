@@ -6,7 +6,7 @@ import os
 import stat
 
 import numpy as np
-from conftest import bucket_entry, bucket_model
+from helpers import bucket_entry, bucket_model
 
 import keras_vit
 from keras_vit.data.folders import folder_key, load_listing

@@ -6,7 +6,7 @@ The references are tiny randomly initialised HF `SiglipVisionModel`,
 `CLIPModel`s) saved with `save_pretrained` (nothing downloads). Each comparison takes
 the output (`pooler_output`, `image_embeds`) and every block's output tokens, within
 1e-4 of their largest magnitude, in float32. The module runs on the current backend;
-`test_other_backends` runs it on the others.
+tests/test_backends.py runs it on the others.
 """
 
 import os
@@ -19,11 +19,9 @@ from safetensors.numpy import load_file, save_file
 import transformers
 
 import keras_vit
-from conftest import (
-    assert_keras_file_round_trip, assert_module_passes_on, on_other_backends, randomise_weights,
-)
-from test_checkpoints import randomise
-from test_deit import IMAGES, as_numpy, outputs, relative_error
+from helpers import assert_keras_file_round_trip, randomise_weights
+from family_contract import IMAGES, as_numpy, check_family_contract, outputs, relative_error
+from references import randomise
 
 WIDTH, PROJECTION = 32, 24
 HF_SIZES = dict(hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=4,
@@ -331,23 +329,16 @@ def test_big_vision_siglip_npz_matches_transformers(siglip, tmp_path, prefix, sc
 # --- the model's own round trips and features -------------------------------------------
 
 FAMILY = {
-    "siglip": SIGLIP,
+    "siglip": dict(SIGLIP, include_top=False),
     "siglip_classifier": dict(SIGLIP, include_top=True, num_classes=5),
-    "clip": dict(CLIP, projection_dim=PROJECTION),
+    "clip": dict(CLIP, include_top=False, projection_dim=PROJECTION),
     "clip_classifier": dict(CLIP, include_top=True, num_classes=5),
 }
 
 
 @pytest.mark.parametrize("name", FAMILY)
-def test_get_config_and_keras_file_round_trip(name, tmp_path):
-    model = keras_vit.ViT(**{**TINY, **FAMILY[name]})
-    randomise_weights(model, seed=1)
-    config = model.get_config()
-    assert {key: config[key] for key in FAMILY[name]} == FAMILY[name]
-    rebuilt = keras_vit.VisionTransformer.from_config(config)
-    assert rebuilt.get_config() == config
-    assert [w.path for w in rebuilt.weights] == [w.path for w in model.weights]
-    assert_keras_file_round_trip(model, IMAGES, tmp_path / "model.keras")
+def test_family_contract(name, tmp_path):
+    check_family_contract(FAMILY[name], tmp_path)
 
 
 def test_npz_round_trip_keeps_the_map_head_and_the_projection(tmp_path):
@@ -474,19 +465,6 @@ def test_onnx_export_of_every_tower_switch_matches_keras(tmp_path):
     assert check_onnx(model, tmp_path / "tower.onnx", batch_size=2) <= TOLERANCE
 
 
-def test_mixed_precision_map_head_keeps_float32_outputs():
-    """Under mixed_bfloat16 the MAP head and the projection run in bfloat16 and stay near
-    float32's output."""
-    for family in (dict(SIGLIP, include_top=True, num_classes=5),
-                   dict(CLIP, projection_dim=PROJECTION)):
-        reference = keras_vit.ViT(**{**TINY, **family})
-        randomise_weights(reference, seed=2)
-        mixed = keras_vit.ViT(**{**TINY, **family}, dtype="mixed_bfloat16")
-        mixed.set_weights(reference.get_weights())
-        assert relative_error([as_numpy(mixed(IMAGES)).astype("float32")],
-                              [as_numpy(reference(IMAGES))]) < 0.05
-
-
 @pytest.mark.slow  # about 20 s
 def test_int8_map_head_and_projection_round_trip_through_a_keras_file(tmp_path):
     """model.quantize("int8") reaches the MAP head's and the projection's Dense layers,
@@ -531,7 +509,7 @@ def test_engine_fine_tunes_a_siglip_directory_with_a_new_head(siglip, tmp_path, 
         result = train(config, verbose=0)
     assert "the checkpoint has no head: the head is reset to zeros." in caplog.text
     parts = keras_vit.vit_parts(result.model)
-    assert isinstance(parts.pool, keras_vit.models.layers.MAPHead)
+    assert isinstance(parts.pool, keras_vit.layers.MAPHead)
     assert parts.head.kernel.shape == (WIDTH, 5)
     assert result.model.get_config()["preprocessing"]["interpolation"] == "bicubic"
 
@@ -583,9 +561,3 @@ def test_registry_towers_have_the_parameters_of_transformers_model(name, referen
         expected = sum(p.numel() for p in getattr(transformers, reference)(config).parameters())
     model = keras_vit.ViT(**entry.build_args())
     assert model.count_params() == expected
-
-
-@on_other_backends
-def test_other_backends(backend):
-    """This module's quick tests, on the JAX and PyTorch backends."""
-    assert_module_passes_on("tests/test_towers.py", backend)

@@ -12,7 +12,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from conftest import tiny_vit
+from helpers import RESUMABLE, TINY_RUN, tiny_run, tiny_vit
 
 from keras_vit.training import runs
 from keras_vit.training.losses import SigmoidCrossEntropy
@@ -163,27 +163,6 @@ def test_sigmoid_cross_entropy_sums_over_classes():
 
 # --- whole runs, in fresh processes ---------------------------------------------------
 
-TINY_RUN = dict(
-    model=dict(
-        variant="custom", image_size=8, channels=1,
-        kwargs=dict(patch_size=2, hidden_dim=16, num_layers=1, num_heads=2, mlp_dim=32),
-    ),
-    data=dict(batch_size=32, inception_crop=False, random_flip=False),
-    optimization=dict(weight_decay=0.1),
-    schedule=dict(learning_rate=3e-3, warmup_updates=2),
-    checkpointing=dict(tensorboard=False),
-    distribution=dict(jit_compile="off"),
-    evaluation=dict(enabled=False),
-)
-
-
-def tiny_run(**sections):
-    """`TINY_RUN` with keys of its sections changed (`schedule=dict(epochs=3)`)."""
-    return {
-        name: {**TINY_RUN.get(name, {}), **keys} if isinstance(keys, dict) else keys
-        for name, keys in {**TINY_RUN, **sections}.items()
-    }
-
 
 def _python(script, *args, env_extra=None):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3", **(env_extra or {})}
@@ -224,27 +203,6 @@ def test_mirrored_over_two_cpus_matches_one_device(tmp_path):
     assert "mirrored MirroredStrategy, 2 replicas" in stdout
     difference = float(stdout.split("max difference")[1])
     assert difference < 1e-5
-
-
-RESUMABLE = """
-import json, os, signal, sys
-import keras
-from keras_vit.training.engine import TrainConfig, train
-
-class KillAt(keras.callbacks.Callback):
-    def __init__(self, epoch, step):
-        super().__init__()
-        self.at = (epoch, step)
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-    def on_train_batch_end(self, batch, logs=None):
-        if (self.epoch, batch + 1) == self.at:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-config = TrainConfig.from_dict(json.loads(sys.argv[1])).replace(out=sys.argv[2])
-kill = [KillAt(*map(int, sys.argv[3].split(":")))] if len(sys.argv) > 3 else []
-train(config, callbacks=kill, verbose=0)
-"""
 
 
 @pytest.mark.slow  # kills and restarts training processes
@@ -343,7 +301,7 @@ def test_a_version_0_1_run_is_resumed_only_by_its_own_settings(caplog):
     saved = json.loads((FIXTURE_RUN / runs.CONFIG).read_text())
     config = TrainConfig.from_dict(saved)
     assert runs.run_config(str(FIXTURE_RUN)) == config
-    assert runs.resolve_from(str(FIXTURE_RUN)) == str(FIXTURE_RUN / runs.MODEL)
+    assert runs.resolve_from(str(FIXTURE_RUN)).path == str(FIXTURE_RUN / runs.MODEL)
     check_resumable(config, str(FIXTURE_RUN))
     check_resumable(config.replace(out="elsewhere", distribution=dict(strategy="cpu")),
                     str(FIXTURE_RUN))

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 from PIL import Image
-from conftest import tiny_vit
+from helpers import tiny_vit
 
 import keras_vit
 from keras_vit import cli

@@ -11,7 +11,7 @@ import pytest
 
 import keras_vit
 from keras_vit import cli
-from conftest import bucket_entry, bucket_model, tiny_vit
+from helpers import bucket_entry, bucket_model, tiny_vit
 
 FINETUNE_TINY = [
     "--data", "digits", "--set", "model.variant=custom", "--set", "model.image_size=32",

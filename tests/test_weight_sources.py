@@ -21,7 +21,7 @@ import tensorflow as tf
 
 import keras_vit
 from keras_vit import cli
-from conftest import tiny_vit
+from helpers import tiny_vit
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")

@@ -9,8 +9,9 @@ read without TensorFlow.
 - `images`: `read_images`, files to a batch of model inputs with PIL and NumPy (the same
   pixels as `decode`), so that `classify` and `keras-vit predict` need no TensorFlow.
 - `augment`: AugReg levels and Keras preprocessing layers seeded by stream position.
-- `pipelines`: `train_dataset` (endless, seeded, resumable), `eval_dataset` (one pass),
-  `without_autotuning` (the options both end with), `array_batches` (arrays through it).
+- `pipelines`: `train_dataset` (endless, seeded, resumable), `eval_dataset` (one pass).
+- from `keras_vit.utils.tf_data`: `without_autotuning` (the options both pipelines end
+  with), `array_batches` (arrays through it, as the model's `predict` reads them).
 
 The names below are the package's API: `from keras_vit.data import load_source, train_dataset`.
 Each is imported from its module when first used, so that `read_images` does not import
@@ -19,19 +20,21 @@ TensorFlow (which the other modules use).
 
 import importlib
 
-# The package's names and the module each comes from.
+# The package's names and the module each comes from (a module of the package, or a full name).
 _MODULES = {
     "augment": ("AUGREG_LEVELS", "as_layer", "augmentation_layers"),
     "decode": ("central_crop", "channel_note", "check_crop_fraction", "decode_pixels",
                "eval_resize", "inception_crop_window", "limit_pixels"),
     "folders": ("IMAGE_EXTENSIONS", "find_damaged", "load_listing"),
     "images": ("read_images",),
-    "pipelines": ("array_batches", "eval_dataset", "train_dataset", "without_autotuning"),
+    "pipelines": ("eval_dataset", "train_dataset"),
     "sources": ("NoSplitError", "Source", "load_source", "parse_classes", "select_classes",
                 "spec_split"),
+    "keras_vit.utils.tf_data": ("array_batches", "without_autotuning"),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
-_SUBMODULES = (*_MODULES, "headers", "libjpeg")
+_SUBMODULES = ("augment", "decode", "folders", "headers", "images", "libjpeg", "pipelines",
+               "sources")
 
 __all__ = sorted(_HOME)
 
@@ -42,7 +45,9 @@ def __getattr__(name):
         return importlib.import_module(f"{__name__}.{name}")
     if name not in _HOME:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    home = _HOME[name]
+    module = importlib.import_module(home if "." in home else f"{__name__}.{home}")
+    value = getattr(module, name)
     globals()[name] = value
     return value
 

@@ -9,7 +9,8 @@ post-processing of its outputs or of the model's weights.
 import keras
 import numpy as np
 
-from keras_vit.models.layers import MAPHead, TransformerBlock
+from keras_vit.layers.block import TransformerBlock
+from keras_vit.layers.pooling import MAPHead
 from keras_vit.utils.checks import check_choice, check_in_range
 from keras_vit.models.vit import vit_parts
 

@@ -332,10 +332,10 @@ def evaluate_source(model, config, *, verbose=0):
 
 
 def __getattr__(name):
-    # `fewshot.plot_fewshot` (now `keras_vit.figures.plot_fewshot`) without importing
-    # matplotlib with this module.
+    # `fewshot.plot_fewshot` (now `keras_vit.figures.plot_fewshot`, drawn by
+    # `keras_vit.evaluation.charts`) without importing matplotlib with this module.
     if name == "plot_fewshot":
-        from keras_vit import figures
+        from keras_vit.evaluation import charts
 
-        return figures.plot_fewshot
+        return charts.plot_fewshot
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

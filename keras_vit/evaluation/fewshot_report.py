@@ -2,7 +2,7 @@
 
 `format_table` lays out `fewshot_evaluate` results (mean ± std per shot count, one
 column per run); `save_results` writes them as `fewshot.json`, `fewshot.txt` and the
-plot `fewshot.png` (drawn by `keras_vit.figures.plot_fewshot`).
+plot `fewshot.png` (drawn by `keras_vit.evaluation.charts.plot_fewshot`).
 """
 
 import json
@@ -44,9 +44,9 @@ def save_results(runs, out, *, references=None, title="Few-shot linear evaluatio
         for row, values in references.items()
         for name, accuracy in values.items()
     }
-    from keras_vit import figures  # matplotlib, imported only to draw
+    from keras_vit.evaluation import charts  # matplotlib, imported only to draw
 
-    figures.plot_fewshot(runs, os.path.join(out, "fewshot.png"), references=lines, title=title)
+    charts.plot_fewshot(runs, os.path.join(out, "fewshot.png"), references=lines, title=title)
     return table
 
 

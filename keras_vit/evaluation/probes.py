@@ -177,10 +177,10 @@ def save_results(results, out, **record):
     >>> [os.path.basename(p) for p in save_results(results, tempfile.mkdtemp(), data="x")]
     ['probes.json', 'probes.png']
     """
-    from keras_vit import figures  # matplotlib, imported only when used
+    from keras_vit.evaluation import charts  # matplotlib, imported only when used
 
     os.makedirs(out, exist_ok=True)
     numbers = os.path.join(out, "probes.json")
     with open(numbers, "w") as f:
         json.dump(dict(record, **results), f, indent=2)
-    return numbers, figures.plot_probes(results, os.path.join(out, "probes.png"))
+    return numbers, charts.plot_probes(results, os.path.join(out, "probes.png"))

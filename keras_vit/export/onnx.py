@@ -3,7 +3,7 @@
 Every backend goes through Keras' own `model.export(format="onnx")`: tf2onnx under
 TensorFlow, jax2onnx under JAX, and under PyTorch the TorchScript exporter, which
 Keras uses for a variable batch size (it traces batch 1). The layers trace under
-`keras_vit.models.layers.tracing_for_export()` (PyTorch's fused layer norm, for one,
+`keras_vit.backend.export.tracing_for_export()` (PyTorch's fused layer norm, for one,
 does not export with a variable batch), and the file carries the eval preprocessing
 in its metadata (key `keras_vit`).
 """
@@ -15,17 +15,18 @@ import warnings
 import keras
 
 from keras_vit.export.records import (
+    METADATA_KEY,
     check_export_target,
     compare_with_keras,
     export_record,
     image_input_size,
+    read_onnx_record,  # noqa: F401  (read beside the export: `onnx.read_onnx_record`)
 )
-from keras_vit.models.layers import tracing_for_export
+from keras_vit.backend.export import tracing_for_export
 from keras_vit.utils.extras import ONNX_EXPORTERS, optional_import
 from keras_vit.utils.files import atomic_path
 
 INPUT_NAME = "images"
-METADATA_KEY = "keras_vit"
 
 
 def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, metadata=None,
@@ -95,17 +96,6 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
         entry.key, entry.value = METADATA_KEY, json.dumps(record)
         onnx.save(proto, temporary)
     return record
-
-
-def read_onnx_record(path):
-    """The `keras_vit` record `export_onnx` stored in an ONNX file (None if absent)."""
-    onnx = optional_import("onnx", "Reading an ONNX file")
-
-    proto = onnx.load(os.fspath(path), load_external_data=False)
-    for entry in proto.metadata_props:
-        if entry.key == METADATA_KEY:
-            return json.loads(entry.value)
-    return None
 
 
 def check_onnx(model, path, batch_size=3, seed=0):

@@ -9,7 +9,10 @@ import numpy as np
 
 from keras_vit import __version__
 from keras_vit.models.preprocessing import DEFAULT, describe, model_preprocessing, resize_name
+from keras_vit.utils.extras import optional_import
 
+# The metadata key under which an ONNX export holds its record.
+METADATA_KEY = "keras_vit"
 # Peak absolute difference between a float export and Keras that `compare_with_keras`
 # accepts, relative to the largest output (at least 1).
 TOLERANCE = 1e-4
@@ -141,6 +144,17 @@ def _record(path):
     return record if isinstance(record, dict) and "keras_vit_version" in record else None
 
 
+def read_onnx_record(path):
+    """The `keras_vit` record `export_onnx` stored in an ONNX file (None if absent)."""
+    onnx = optional_import("onnx", "Reading an ONNX file")
+
+    proto = onnx.load(os.fspath(path), load_external_data=False)
+    for entry in proto.metadata_props:
+        if entry.key == METADATA_KEY:
+            return json.loads(entry.value)
+    return None
+
+
 def is_export(path, format):
     """Whether `path` holds a keras-vit export in `format` ("saved_model", "onnx" or
     "tflite") and nothing else: what an export in that format may replace.
@@ -177,8 +191,6 @@ def is_export(path, format):
     # A serialised ONNX model starts with its field 1, ir_version: not worth parsing else.
     if not start.startswith(b"\x08"):
         return False
-    from keras_vit.export.onnx import read_onnx_record
-
     try:
         return read_onnx_record(path) is not None
     except ImportError:

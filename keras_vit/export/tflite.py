@@ -32,7 +32,7 @@ from keras_vit.export.records import (
     export_record,
     image_input_size,
 )
-from keras_vit.models.layers import tracing_for_export
+from keras_vit.backend.export import tracing_for_export
 from keras_vit.utils.files import atomic_path, atomic_write
 
 INPUT_NAME = "images"

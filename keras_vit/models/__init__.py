@@ -1,7 +1,5 @@
-"""The Vision Transformer as Keras layers and models; `keras.ops` only, every backend.
+"""The Vision Transformer models, built from `keras_vit.layers`; `keras.ops` only, every backend.
 
-- `layers`: `Patches`, `PatchEncoder`, `ClassToken`, `TransformerBlock`, `TokenPooling`,
-  `DropPath` and the attention and GELU numerics they share.
 - `vit`: the `ViT` model (built from its architecture arguments, which its config
   keeps), its paper variants, `preprocess`, and `ViTParts` / `vit_parts`: the
   model's layers by role, which every other module reads the structure from.
@@ -10,7 +8,6 @@
 - `resnet`: the BiT-style ResNet trunk of the hybrid models.
 - `features`: `feature_model`, the token features after chosen blocks (maps or sequences).
 - `flexi`: `resample_patch_embedding`, FlexiViT's patch-size resampling.
-- `posembed`: resampling a position-embedding grid to another patch grid.
 - `mpp`: the masked-patch-prediction head and its corruption and targets.
 - `flops`: analytic FLOP counts.
 """

@@ -4,7 +4,7 @@ import math
 
 import keras
 
-from keras_vit.models import layers as vit_layers
+from keras_vit import layers as vit_layers
 
 
 def forward_flops(model):

@@ -10,7 +10,7 @@ TensorFlow, JAX and PyTorch backends and under `tf.distribute`.
 import keras
 from keras import ops
 
-from keras_vit.models.layers import Patches
+from keras_vit.layers.patches import Patches
 from keras_vit.models.preprocessing import DEFAULT, model_preprocessing, shift_and_scale
 from keras_vit.models.vit import vit_parts
 from keras_vit.utils.checks import check_in_range, check_positive_int

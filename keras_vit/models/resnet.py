@@ -10,7 +10,7 @@ import dataclasses
 import keras
 from keras import ops
 
-from keras_vit.models.layers import is_tracing_for_export
+from keras_vit.backend.export import is_tracing_for_export
 from keras_vit.utils.serialization import serializable
 
 GROUPS = 32
@@ -60,14 +60,14 @@ class StdConv2D(keras.layers.Conv2D):
 class MaxPool2D(keras.layers.MaxPooling2D):
     """`MaxPooling2D` that exports everywhere.
 
-    Under `keras_vit.models.layers.tracing_for_export()` it takes the maximum of
+    Under `keras_vit.backend.export.tracing_for_export()` it takes the maximum of
     the strided slices of the padded input, one per window offset, which equals the
     pooling exactly; jax2onnx turns JAX's NHWC window reduction into a 4-D ONNX
     MaxPool that onnxruntime refuses.
 
     Example:
 
-    >>> from keras_vit.models.layers import tracing_for_export
+    >>> from keras_vit.backend.export import tracing_for_export
     >>> x = keras.random.normal((1, 7, 6, 2))
     >>> pool = MaxPool2D(3, strides=2, padding="same")
     >>> with tracing_for_export():

@@ -1,8 +1,10 @@
-"""The Vision Transformer model (`ViT`), its paper variants and its declared structure.
+"""The Vision Transformer model (`VisionTransformer`), its paper variants and its declared
+structure.
 
-`ViT(...)` builds a functional `keras.Model` from architecture arguments, which its
-`get_config` keeps; `model.parts` (`ViTParts`) names its layers by role for every
-module that works on a model's weights or intermediate outputs.
+`VisionTransformer(...)` is a functional `keras.Model` built from architecture arguments,
+which its `get_config` keeps (`keras_vit.ViT`, in `keras_vit.weights.factory`, builds one
+and loads pretrained weights into it); `model.parts` (`ViTParts`) names its layers by
+role for every module that works on a model's weights or intermediate outputs.
 """
 
 import contextlib
@@ -14,8 +16,11 @@ import inspect
 import keras
 from keras import ops
 
-from keras_vit.models import layers as vit_layers
-from keras_vit.models import posembed, resnet, size
+from keras_vit import layers as vit_layers
+from keras_vit.layers.embedding import POSITION_EMBEDDINGS
+from keras_vit.layers.mlp import MLPS
+from keras_vit.layers import posembed
+from keras_vit.models import resnet, size
 from keras_vit.models.preprocessing import DEFAULT, check_preprocessing, normalize
 from keras_vit.models.variants import VARIANTS, parse_variant
 from keras_vit.utils import keras_compat
@@ -59,13 +64,14 @@ class ViTParts:
         pre_norm: the `LayerNormalization` before the blocks (CLIP's), or None.
         projection: the bias-free `Dense` from the pooled features to a shared
             image-text embedding (CLIP's `visual_projection`), or None.
-        rope: the `RotaryEmbedding` whose table every block's attention applies
-            (EVA-02's), or None.
+        rope: the rotary embedding layer whose table every block's attention applies
+            (EVA-02's `RotaryEmbedding`, or the layer that the `rope` argument names),
+            or None.
 
     Example:
 
-    >>> model = ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
-    ...             num_heads=4, mlp_dim=64, num_classes=10)
+    >>> model = VisionTransformer(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
+    ...                           num_heads=4, mlp_dim=64, num_classes=10)
     >>> parts = model.parts
     >>> len(parts.blocks), parts.grid_size, tuple(parts.patch_embedding.kernel.shape)
     (2, (4, 4), (192, 32))
@@ -86,7 +92,7 @@ class ViTParts:
     registers: Optional[vit_layers.ClassToken] = None
     pre_norm: Optional[keras.layers.LayerNormalization] = None
     projection: Optional[keras.layers.Dense] = None
-    rope: Optional[vit_layers.RotaryEmbedding] = None
+    rope: Optional[keras.layers.Layer] = None
 
     @property
     def patch_embedding(self):
@@ -166,8 +172,8 @@ def vit_parts(model):
 
     Example:
 
-    >>> model = ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
-    ...             num_heads=4, mlp_dim=64)
+    >>> model = VisionTransformer(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
+    ...                           num_heads=4, mlp_dim=64)
     >>> vit_parts(model) is model.parts
     True
     """
@@ -237,8 +243,8 @@ def default_image_size(model):
 
     Example:
 
-    >>> model = ViT(image_size=(32, 48), patch_size=8, hidden_dim=32, num_layers=1,
-    ...             num_heads=4, mlp_dim=64, dynamic_image_size=True)
+    >>> model = VisionTransformer(image_size=(32, 48), patch_size=8, hidden_dim=32, num_layers=1,
+    ...                           num_heads=4, mlp_dim=64, dynamic_image_size=True)
     >>> model.input_shape, default_image_size(model)
     ((None, None, None, 3), (32, 48))
     """
@@ -293,10 +299,10 @@ def input_stride(patch_size, resnet_stages=None):
 class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
     """The Vision Transformer: a functional `keras.Model` built from its architecture.
 
-    `ViT(...)` builds one (and loads pretrained `weights`). The model maps NHWC images scaled to [-1, 1] (see
-    `preprocess`) to logits. It declares its structure: `get_config()` returns the
-    architecture arguments below (`from_config` builds the model again from them),
-    and `model.parts` gives its layers as a `ViTParts`.
+    `keras_vit.ViT(...)` builds one (and loads pretrained `weights`). The model maps NHWC
+    images scaled to [-1, 1] (see `preprocess`) to logits. It declares its structure:
+    `get_config()` returns the architecture arguments below (`from_config` builds the
+    model again from them), and `model.parts` gives its layers as a `ViTParts`.
 
     `compile`'s default `jit_compile="auto"` (also what an uncompiled model's
     `predict` uses) means XLA for `fit`, `evaluate` and `predict` on TensorFlow also
@@ -327,7 +333,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             size (times a hybrid trunk's stride), as timm's `dynamic_img_pad=True`.
         pos_interpolation: how `dynamic_image_size` resamples the learned position
             table: `"bicubic_antialias"` (timm's), `"bilinear_align_corners"` (vit_jax's)
-            or `"bicubic"` (HF's `Dinov2Model`; see `keras_vit.models.posembed`).
+            or `"bicubic"` (HF's `Dinov2Model`; see `keras_vit.layers.posembed`).
         num_classes: width of the (zero-initialised) classification head.
         classifier: `"token"` (class token), `"gap"` (no class token, the mean of the
             patch tokens), `"token_gap"` (a class token concatenated with the mean of the
@@ -377,9 +383,14 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         projection_dim: None, or the width of a bias-free `Dense` after the pooling
             and `pre_logits` (CLIP's `visual_projection`): with `include_top=False` the
             model outputs CLIP's `image_embeds`.
-        rope: EVA-02's 2-D rotary position embedding in every attention, on the
-            patch tokens' queries and keys, besides the position table (timm's
-            `use_rot_pos_emb=True`; `keras_vit.models.layers.RotaryEmbedding`).
+        rope: a 2-D rotary position embedding in every attention, on the patch
+            tokens' queries and keys, besides the position table. True is EVA-02's
+            (timm's `use_rot_pos_emb=True`; `keras_vit.layers.rope.RotaryEmbedding`);
+            a layer config, `keras.saving.serialize_keras_object(layer)`, names
+            another: a registered layer whose constructor takes `head_dim`,
+            `grid_size` and `num_prefix_tokens` (the model fills them in, with its
+            name) and whose `call(patches)` returns the `(tokens, 2 * head_dim)`
+            sines | cosines that `keras_vit.layers.rope.rotate` applies.
         rope_reference_grid: with `rope`, the `(rows, cols)` patch grid the rotary
             positions are scaled to at every image size (timm's `ref_feat_shape`;
             EVA-02: `(16, 16)`), or None for the grid's own indices.
@@ -404,8 +415,8 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
 
     Example:
 
-    >>> model = ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
-    ...             num_heads=4, mlp_dim=64, num_classes=10)
+    >>> model = VisionTransformer(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
+    ...                           num_heads=4, mlp_dim=64, num_classes=10)
     >>> tuple(model(keras.ops.zeros((1, 32, 32, 3))).shape)
     (1, 10)
     >>> config = model.get_config()
@@ -480,7 +491,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
                  drop_path_rate=drop_path_rate, remat=remat)
         )
         check_choice("classifier", classifier, CLASSIFIERS)
-        check_choice("pos_embedding", pos_embedding, vit_layers.POSITION_EMBEDDINGS)
+        check_choice("pos_embedding", pos_embedding, POSITION_EMBEDDINGS)
         check_choice("pos_interpolation", pos_interpolation, posembed.INTERPOLATIONS)
         family = _check_family(classifier, **{name: given[name] for name in FAMILY_SWITCHES})
         if quick_gelu and gelu_approximate:
@@ -600,13 +611,13 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
         """`keras.Model.predict`; on TensorFlow, arrays are read as
-        `keras_vit.data.array_batches` batches them (see `evaluate`).
+        `keras_vit.utils.tf_data.array_batches` batches them (see `evaluate`).
 
         Example:
 
         >>> import numpy as np
-        >>> model = ViT(image_size=8, patch_size=4, hidden_dim=8, num_layers=1,
-        ...             num_heads=2, mlp_dim=16, num_classes=3)
+        >>> model = VisionTransformer(image_size=8, patch_size=4, hidden_dim=8, num_layers=1,
+        ...                           num_heads=2, mlp_dim=16, num_classes=3)
         >>> model.predict(np.zeros((5, 8, 8, 3)), batch_size=2, verbose=0).shape
         (5, 3)
         """
@@ -620,11 +631,11 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
                  steps=None, callbacks=None, return_dict=False, **kwargs):
         """`keras.Model.evaluate`; on TensorFlow, arrays `x` and `y` (without
-        `sample_weight`) are read as `keras_vit.data.array_batches` batches them.
+        `sample_weight`) are read as `keras_vit.utils.tf_data.array_batches` batches them.
 
         Keras' TensorFlow trainer makes arrays into an autotuned `tf.data` pipeline for
         each call, which can wait after the last batch
-        (`keras_vit.data.without_autotuning`), and first copies them whole into one
+        (`keras_vit.utils.tf_data.without_autotuning`), and first copies them whole into one
         tensor; without a `tf.distribute` strategy keras-vit slices them a batch at a
         time instead. The batches and results are the same.
         """
@@ -654,7 +665,7 @@ def _under_strategy(model):
 
 def _tensorflow_array_batches(model, arrays, batch_size):
     """On the TensorFlow backend, `arrays` (each an array or a tensor) in batches by
-    `keras_vit.data.array_batches`, Keras' default batch of 32 if `batch_size` is None,
+    `keras_vit.utils.tf_data.array_batches`, Keras' default batch of 32 if `batch_size` is None,
     sliced a batch at a time unless `model` runs under a `tf.distribute` strategy (which
     shards them by example); None on another backend or when one of them is not an
     array (Keras reads those)."""
@@ -662,7 +673,7 @@ def _tensorflow_array_batches(model, arrays, batch_size):
         hasattr(a, "shape") and hasattr(a, "dtype") for a in arrays
     ):
         return None
-    from keras_vit.data.pipelines import array_batches
+    from keras_vit.utils.tf_data import array_batches
 
     return array_batches(
         arrays if len(arrays) > 1 else arrays[0], batch_size or 32, _under_strategy(model)
@@ -676,56 +687,11 @@ FAMILY_DEFAULTS = {
 }
 
 
-def ViT(variant=None, *, weights=None, **kwargs):
-    """Builds a Vision Transformer (a `VisionTransformer`), with pretrained `weights`.
-
-    Args:
-        variant: a paper variant such as `"B/16"` or a hybrid such as `"R50+B/16"`;
-            see `VisionTransformer` for it and for every other argument (`image_size`,
-            `num_classes`, `patch_size`, ..., `include_top`).
-        weights: pretrained weights to start from, as `keras_vit.load_pretrained` loads
-            them (the position embedding resampled to `image_size`, a head of another
-            class count reset to zeros, `pre_logits` dropped without
-            `representation_size`): a registry name (`keras_vit.list_weights()`),
-            `hf:ORG/NAME`, `timm:NAME`, a URL or a local checkpoint. A registry name
-            or an HF model directory (`hf:ORG/NAME`) also gives the variant (or
-            sizes), resolution, classes, GELU and family switches (DeiT's
-            `distilled`, ...) that are not passed.
-        **kwargs: the `VisionTransformer` arguments.
-
-    Returns:
-        The `VisionTransformer`.
-
-    Example:
-
-    >>> model = ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=2,
-    ...             num_heads=4, mlp_dim=64, num_classes=10)
-    >>> tuple(model(keras.ops.zeros((1, 32, 32, 3))).shape)
-    (1, 10)
-
-    Fine-tuning an ImageNet-21k checkpoint at 384 px on 10 classes (downloads it once):
-
-    >>> model = ViT("B/16", weights="vit_base_patch16_224.augreg_in21k",
-    ...             image_size=384, num_classes=10)  # doctest: +SKIP
-    """
-    if weights is None:
-        return VisionTransformer(variant, **kwargs)
-    # Imported here: models/ builds models, weights/ finds and fetches checkpoints.
-    from keras_vit.weights import pretrained
-
-    arguments = pretrained.source_defaults(weights, dict(variant=variant, **kwargs))
-    if arguments.get("preprocessing") is None:  # the weights expect their pixels
-        arguments["preprocessing"] = pretrained.source_preprocessing(weights)
-    model = VisionTransformer(**arguments)
-    pretrained.load_pretrained(model, weights)
-    return model
-
-
 def _check_family(classifier, **family):
     """The family switches (`FAMILY_DEFAULTS`) as given, once checked against each
     other and `classifier`; a bad one is a `ValueError` naming it."""
     for name in ("distilled", "distillation_head", "no_embed_class", "pre_norm", "quick_gelu",
-                 "patch_bias", "rope", "mlp_norm", "fc_norm"):
+                 "patch_bias", "mlp_norm", "fc_norm"):
         if not isinstance(family[name], bool):
             raise ValueError(f"{name} must be True or False, got {family[name]!r}.")
     if family["distilled"] and classifier not in CLASS_TOKEN_CLASSIFIERS:
@@ -752,15 +718,44 @@ def _check_family(classifier, **family):
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
         raise ValueError(f"layer_norm_epsilon must be a positive number, got {epsilon!r}.")
     _check_registers(classifier, family["num_registers"])
-    check_choice("mlp", family["mlp"], vit_layers.MLPS)
+    check_choice("mlp", family["mlp"], MLPS)
+    rope = family["rope"]
+    if not isinstance(rope, bool) and not (
+        isinstance(rope, dict) and {"class_name", "config"} <= rope.keys()
+    ):
+        raise ValueError(
+            "rope must be True, False or a rotary embedding layer's config "
+            f"(keras.saving.serialize_keras_object(layer)), got {rope!r}."
+        )
     if family["rope_reference_grid"] is not None:
-        if not family["rope"]:
+        if rope is not True:
             raise ValueError(
-                "rope_reference_grid scales the rotary position embedding, which needs "
-                "rope=True: pass both, or neither."
+                "rope_reference_grid scales EVA-02's rotary position embedding, which needs "
+                f"rope=True (got rope={rope!r}; a rope layer's config holds its own "
+                "settings): pass both, or neither."
             )
         family["rope_reference_grid"] = _pair(family["rope_reference_grid"], "rope_reference_grid")
     return family
+
+
+def _rotary_embedding(rope, *, head_dim, grid_size, num_prefix_tokens, reference_grid):
+    """The model's rotary embedding layer, named `rope`: EVA-02's `RotaryEmbedding` for
+    `rope=True`, else the registered layer whose config `rope` is, made for this
+    model's head width, patch grid and prefix tokens (in the model's dtype policy)."""
+    if rope is True:
+        return vit_layers.RotaryEmbedding(
+            head_dim, grid_size=grid_size, reference_grid=reference_grid,
+            num_prefix_tokens=num_prefix_tokens, name="rope",
+        )
+    config = {k: v for k, v in rope["config"].items() if k != "dtype"}
+    config.update(head_dim=head_dim, grid_size=grid_size, num_prefix_tokens=num_prefix_tokens,
+                  name="rope")
+    # Its class and config only: a serialized built layer also records how it was built.
+    spec = {k: rope[k] for k in ("module", "class_name", "registered_name") if k in rope}
+    layer = keras.saving.deserialize_keras_object({**spec, "config": config})
+    if not isinstance(layer, keras.layers.Layer):
+        raise ValueError(f"rope must name a Keras layer, got {type(layer).__name__} from {rope!r}.")
+    return layer
 
 
 def _check_registers(classifier, count):
@@ -834,13 +829,13 @@ def _build_graph(
         x = pre(x)
     rotary = table = None
     if rope:  # one table of the patch grid's rotations, which every block applies
-        rotary = vit_layers.RotaryEmbedding(
-            hidden_dim // num_heads,
+        rotary = _rotary_embedding(
+            rope,
+            head_dim=hidden_dim // num_heads,
             grid_size=grid,
-            reference_grid=rope_reference_grid,
             num_prefix_tokens=sum(t is not None for t in (class_token, distillation_token))
             + num_registers,
-            name="rope",
+            reference_grid=rope_reference_grid,
         )
         table = rotary(patch_grid)
     blocks = []
@@ -861,7 +856,7 @@ def _build_graph(
                 layer_norm_epsilon=layer_norm_epsilon,
                 mlp=mlp,
                 quick_gelu=quick_gelu,
-                rope=rope,
+                rope=bool(rope),
                 mlp_norm=mlp_norm,
                 name=names[i],
             )

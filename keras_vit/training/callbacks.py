@@ -289,7 +289,7 @@ class EpochCheckpoints(keras.callbacks.Callback):
     @classmethod
     def find(cls, directory):
         """The checkpoints in `directory`, oldest epoch first."""
-        return sorted(p for p in _epoch_entries(directory) if model_files.is_model(p))
+        return sorted(p for p in _epoch_entries(directory) if p.endswith(model_files.SUFFIXES))
 
     def on_train_begin(self, logs=None):
         # A resumed run also prunes the checkpoints written before the restart, and the
@@ -357,7 +357,7 @@ def _remove(path):
     (atomic), so that a kill while deleting leaves no part of it under a checkpoint's name."""
     if tf.io.gfile.isdir(path):
         # (Not in a bucket, where a rename copies.)
-        if model_files.is_model(path) and "://" not in path:
+        if path.endswith(model_files.SUFFIXES) and "://" not in path:
             tf.io.gfile.rename(path, path + ".removed", overwrite=True)
             path += ".removed"
         tf.io.gfile.rmtree(path)

@@ -23,7 +23,9 @@ import tensorflow as tf
 from keras_vit import data as vit_data
 from keras_vit.models import mpp as vit_mpp
 from keras_vit.models import size
-from keras_vit.models.vit import SIZE_ARGUMENTS, ViT, input_stride, resolve_architecture, vit_parts
+from keras_vit.models.vit import (
+    SIZE_ARGUMENTS, VisionTransformer, input_stride, resolve_architecture, vit_parts,
+)
 from keras_vit.training import distribute, multiworker, runs
 from keras_vit.training.callbacks import (
     EpochCheckpoints,
@@ -199,10 +201,11 @@ def check_run(config):
     init_from = config.model.init_from
     if init_from:
         # Before anything is written: a missing file or an unreachable URL is bad input.
-        if not tf.io.gfile.exists(runs.resolve_from(init_from)):
+        weights = runs.resolve_from(init_from).path
+        if not tf.io.gfile.exists(weights):
             raise FileNotFoundError(f"model.init_from (--from) {init_from!r} does not exist.")
         # Resolved, so that a link or `..` in either cannot hide the one inside the other.
-        weights = os.path.realpath(runs.resolve_from(init_from))
+        weights = os.path.realpath(weights)
         if weights.startswith(os.path.realpath(config.out) + os.sep):
             raise ValueError(
                 f"out={config.out!r} holds the model.init_from weights {weights!r}: the run "
@@ -504,13 +507,14 @@ def plan_run(config, train_source):
 
 def run_preprocessing(config):
     """The preprocessing of a run: `model.kwargs["preprocessing"]`, else what the
-    `model.init_from` weights expect (`runs.source_preprocessing`: a DeiT's ImageNet
-    mean and std), else None (pixels scaled to [-1, 1]). The pipelines normalise with
-    it and the run's model records it."""
+    `model.init_from` weights expect (`Source.preprocessing` of `runs.resolve_from`: a
+    DeiT's ImageNet mean and std, what a `.keras` model or run was built with), else
+    None (pixels scaled to [-1, 1]). The pipelines normalise with it and the run's
+    model records it."""
     model = config.model
     if model.kwargs.get("preprocessing") is not None:
         return model.kwargs["preprocessing"]
-    return runs.source_preprocessing(model.init_from) if model.init_from else None
+    return runs.resolve_from(model.init_from).preprocessing if model.init_from else None
 
 
 def make_pipelines(config, sources, plan, strategy, position):
@@ -573,7 +577,7 @@ def _build_model(config, num_classes):
     if head_bias is None:
         head_bias = -10.0 if optimization.loss == "sigmoid" else 0.0
     variant = None if model.variant == "custom" else model.variant
-    return ViT(
+    return VisionTransformer(
         variant,
         image_size=model.image_size,
         num_classes=num_classes,

@@ -6,7 +6,7 @@ backend (nothing is placed until a distribution is set).
 
 import keras
 
-from keras_vit.models.layers import TransformerBlock
+from keras_vit.layers.block import TransformerBlock
 from keras_vit.models.vit import BLOCK_NAME
 
 # Megatron-style tensor parallelism: the first Dense of each of a block's projection

@@ -8,7 +8,8 @@ plain architecture. Backend-agnostic (`keras` only).
 """
 
 
-from keras_vit.models.layers import MAPHead, TransformerBlock
+from keras_vit.layers.block import TransformerBlock
+from keras_vit.layers.pooling import MAPHead
 from keras_vit.models.vit import vit_parts
 from keras_vit.utils.checks import check_positive_int
 

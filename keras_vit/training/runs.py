@@ -28,7 +28,6 @@ import logging
 import os
 import socket
 import tempfile
-import zipfile
 
 import tensorflow as tf
 
@@ -42,17 +41,9 @@ from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS
 from keras_vit.training.callbacks import EpochCheckpoints, TrainingBackup
 from keras_vit.training.config import TrainConfig
-from keras_vit.utils.model_files import SHARDED, DamagedModel, is_model, read_keras
-from keras_vit.weights.download import resolve_weights
-from keras_vit.weights import registry
-from keras_vit.weights.formats import holds_safetensors
-from keras_vit.weights.pretrained import (
-    NotFiniteWeights,
-    load_pretrained,
-    pretrained,
-    source_arguments,
-)
-from keras_vit.weights.pretrained import source_preprocessing as pretrained_preprocessing
+from keras_vit.utils.model_files import DamagedModel, read_keras
+from keras_vit.weights.pretrained import NotFiniteWeights, load_pretrained, pretrained
+from keras_vit.weights.sources import Source, resolve_source
 
 logger = logging.getLogger(__name__)
 
@@ -204,43 +195,38 @@ def latest_checkpoint(run_dir):
 
 
 def resolve_from(source):
-    """Turns a `--from` argument into a file to load.
+    """The `keras_vit.weights.sources.Source` of a `--from` argument (a `Source` is
+    returned as it is), a run folder's bound to the model to read.
 
     A run's output folder gives its final `model.keras`, or its newest checkpoint while
-    it is unfinished; a `.keras` file is itself; a registry name
-    (`keras_vit.list_weights()`), `hf:ORG/NAME`, `timm:NAME` or an `https://` URL is
-    downloaded once into the cache and gives the cached file; anything else (an official
-    `.npz`, a `.safetensors` file, a Hugging Face folder, a `gs://` URL) is returned
-    unchanged for `keras_vit.load_pretrained`.
+    it is unfinished (`Source.path`); every other source is `resolve_source`'s (a
+    registry name, `hf:ORG/NAME`, `timm:NAME` or an `https://` URL is downloaded on
+    first use of its `path`). A folder keras-vit writes that holds no model (the demo's,
+    few-shot results) is refused naming what to pass.
 
     Example:
 
-    >>> resolve_from("ViT-B_16.npz")
-    'ViT-B_16.npz'
+    >>> resolve_from("gs://vit_models/imagenet21k/ViT-B_16.npz").kind
+    'npz'
     """
+    if isinstance(source, Source):
+        return source
     if not isinstance(source, str) or not source:
         raise ValueError(f"--from needs a path, got {source!r}.")
-    # An HF transformers model folder has a config.json too: its safetensors tell it apart.
-    run_folder = (
-        tf.io.gfile.isdir(source)
-        and tf.io.gfile.exists(os.path.join(source, CONFIG))
-        and not holds_safetensors(source)
-    )
-    if tf.io.gfile.isdir(source) and not run_folder:
+    if tf.io.gfile.isdir(source) and not tf.io.gfile.exists(os.path.join(source, CONFIG)):
         check_not_a_results_folder(source)
-    if run_folder:
-        final = os.path.join(source, MODEL)
-        if tf.io.gfile.exists(final):
-            return final
-        checkpoint = latest_checkpoint(source)
-        if checkpoint is None:
-            raise FileNotFoundError(
-                f"Run folder {source!r} has neither {MODEL} nor a checkpoint in {CHECKPOINTS}/ yet."
-            )
-        return checkpoint
-    if is_model(source) and not tf.io.gfile.exists(source):
-        raise FileNotFoundError(f"No such model file: {source!r}.")
-    return resolve_weights(source)
+    described = resolve_source(source)
+    if described.kind != "run":
+        return described
+    final = os.path.join(source, MODEL)
+    if tf.io.gfile.exists(final):
+        return described.at(final)
+    checkpoint = latest_checkpoint(source)
+    if checkpoint is None:
+        raise FileNotFoundError(
+            f"Run folder {source!r} has neither {MODEL} nor a checkpoint in {CHECKPOINTS}/ yet."
+        )
+    return described.at(checkpoint)
 
 
 def check_not_a_results_folder(folder):
@@ -286,7 +272,7 @@ def run_config(source):
 
     Example:
 
-    >>> run_config("ViT-B_16.npz") is None
+    >>> run_config("gs://vit_models/imagenet21k/ViT-B_16.npz") is None
     True
     """
     path = _run_file(source, CONFIG)
@@ -306,17 +292,19 @@ def with_run_architecture(config, source):
 
     Example:
 
-    >>> with_run_architecture(TrainConfig(), "ViT-B_16.npz")[1] is None
+    >>> source = "gs://vit_models/imagenet21k/ViT-B_16.npz"
+    >>> with_run_architecture(TrainConfig(), source)[1] is None
     True
     """
     if not source:
         return config, None
     shape_keys = (*ARCHITECTURE, *FAMILY_DEFAULTS)
-    run = run_config(source)
+    described = resolve_from(source)
+    run = run_config(described)
     if run is not None:
         variant, channels, theirs = run.model.variant, run.model.channels, run.model.kwargs
     else:
-        theirs = source_arguments(source.removeprefix("timm:"))
+        theirs = described.arguments
         if theirs is None:
             return config, None
         variant, channels = theirs.get("variant") or "custom", theirs.get("channels", 3)
@@ -342,7 +330,7 @@ def class_names(source):
 
     Example:
 
-    >>> class_names("ViT-B_16.npz") is None
+    >>> class_names("gs://vit_models/imagenet21k/ViT-B_16.npz") is None
     True
     """
     path = _run_file(source, LABELS)
@@ -369,13 +357,16 @@ def read_labels(path):
 
 
 def _run_file(source, name):
-    """`name` in the run folder of the file `source` resolves to (the folder itself,
-    or the one above `checkpoints/`), or None."""
-    folder = os.path.dirname(os.path.abspath(resolve_from(source)))
+    """`name` in the run folder of the Keras model `source` resolves to (a run folder,
+    the folder of its `model.keras`, or the one above `checkpoints/`), or None: other
+    sources (weights files, HF and timm folders, registry names) belong to no run."""
+    described = resolve_from(source)
+    if not described.is_model or "://" in described.location:
+        return None
+    folder = os.path.dirname(os.path.abspath(described.path))
     for candidate in (folder, os.path.dirname(folder)):
         path = os.path.join(candidate, name)
-        # An HF model folder's config.json describes a transformers model, not a run.
-        if tf.io.gfile.exists(path) and not holds_safetensors(candidate):
+        if tf.io.gfile.exists(path):
             return path
     return None
 
@@ -447,57 +438,34 @@ def load_model(source):
     >>> load_model(path).output_shape
     (None, 10)
     """
-    path = resolve_from(source)
-    if is_model(path):
-        return _read_model(source, path)[1]
-    if source_arguments(source.removeprefix("timm:")) is not None:
-        return pretrained(source)
+    described = resolve_from(source)
+    if described.is_model:
+        return _read_model(described)[1]
+    if described.arguments is not None:
+        return pretrained(described)
     raise ValueError(
-        f"{source!r} holds weights only; build the model (keras_vit.ViT) and load them "
-        "with keras_vit.load_pretrained, or pass a run folder, a .keras file, a registry "
-        "name or an HF model folder."
+        f"{described.given!r} holds weights only; build the model (keras_vit.ViT) and load "
+        "them with keras_vit.load_pretrained, or pass a run folder, a .keras file, a "
+        "registry name or an HF model folder."
     )
 
 
-def _read_model(source, path):
-    """`(path, model)`: the model `source` resolves to (`path`), read whole. Where that is
-    the newest checkpoint of an unfinished run, a damaged one (`DamagedModel`: truncated,
-    corrupt, or not finite) gives way to the newest earlier one that reads, with a
-    warning; the error of the last one tried where none does."""
-    candidates = [path]
-    if tf.io.gfile.isdir(source) and path == latest_checkpoint(source):
-        candidates = EpochCheckpoints.find(os.path.join(source, CHECKPOINTS))[::-1]
+def _read_model(source):
+    """`(source, model)`: the model of the resolved `source` (`resolve_from`), read
+    whole, and `source` bound to the file read. Where that is the newest checkpoint
+    of an unfinished run, a damaged one (`DamagedModel`: truncated, corrupt, or not
+    finite) gives way to the newest earlier one that reads, with a warning; the error
+    of the last one tried where none does."""
+    candidates = [source.path]
+    if source.kind == "run" and source.path == latest_checkpoint(source.location):
+        candidates = EpochCheckpoints.find(os.path.join(source.location, CHECKPOINTS))[::-1]
     for index, candidate in enumerate(candidates):
         try:
-            return candidate, read_keras(candidate)
+            return source.at(candidate), read_keras(candidate)
         except DamagedModel as error:
             if index + 1 == len(candidates):
                 raise
             logger.warning("%s Reading the checkpoint before it: %s.", error, candidates[index + 1])
-
-
-def source_preprocessing(source):
-    """The preprocessing the weights of a `--from` source expect: a registry entry's or
-    an HF directory's (`keras_vit.weights.pretrained.source_preprocessing`), a `.keras`
-    model's or a run's; None where the source records none (`DEFAULT`: [-1, 1]).
-
-    Example:
-
-    >>> source_preprocessing("vit_base_patch16_224.augreg_in21k") is None
-    True
-    """
-    recorded = pretrained_preprocessing(source)
-    if recorded is not None or registry.is_registered(source.removeprefix("timm:")):
-        return recorded
-    path = resolve_from(source)
-    if not is_model(path):
-        return None
-    if path.endswith(SHARDED):
-        from keras_vit.utils import sharded_state
-
-        return sharded_state.architecture(path)["config"].get("preprocessing")
-    with tf.io.gfile.GFile(path, "rb") as file, zipfile.ZipFile(file) as archive:
-        return json.loads(archive.read("config.json"))["config"].get("preprocessing")
 
 
 def load_weights(model, source, *, interpolation=None):
@@ -520,9 +488,9 @@ def load_weights(model, source, *, interpolation=None):
     >>> load_weights(keras_vit.ViT(image_size=32, num_classes=10, **tiny), path)  # doctest: +ELLIPSIS
     'copied 21 weights from ...tiny.keras'
     """
-    path = resolve_from(source)
-    if is_model(path):
-        path, saved = _read_model(source, path)
+    described = resolve_from(source)
+    if described.is_model:
+        described, saved = _read_model(described)
         mine = {v.path: v for v in model.weights}
         theirs = {v.path: v for v in saved.weights}
         same = mine.keys() == theirs.keys() and all(
@@ -531,12 +499,12 @@ def load_weights(model, source, *, interpolation=None):
         if same:  # read_keras refused NaN or infinite weights
             for key, variable in mine.items():
                 variable.assign(theirs[key].value)
-            return f"copied {len(mine)} weights from {path}"
+            return f"copied {len(mine)} weights from {described.path}"
     try:
-        report = load_pretrained(model, path, interpolation=interpolation)
+        report = load_pretrained(model, described, interpolation=interpolation)
     except NotFiniteWeights as error:  # its strict=False is no way to start a run
         raise _diverged(error.problem) from None
-    return " ".join([f"loaded {source}:", *report.messages])
+    return " ".join([f"loaded {described.given}:", *report.messages])
 
 
 def _diverged(problem):

@@ -7,9 +7,11 @@ a cost in system CPU time on every step (the README's Performance section gives 
 figures, measured with `bench/contenders.py` and `bench/allocator.py`). TensorFlow's
 allocator already keeps its memory.
 
-`import keras_vit` calls `configure_for_backend()`: it keeps freed memory under JAX,
-and under PyTorch on CPUs without AMX (on an Intel Xeon with AMX, PyTorch's bfloat16
-training ran 1.5-1.8x slower with it), unless the environment sets
+`configure_for_backend()` (`keras_vit.configure_for_backend`) opts a process in: the
+`keras-vit` command and the benchmarks call it before Keras starts; `import keras_vit`
+does not, since the setting holds for every allocation of the process, the user's own
+included. It keeps freed memory under JAX, and under PyTorch on CPUs without AMX (where
+PyTorch's bfloat16 training slowed with it), unless the environment sets
 `KERAS_VIT_MALLOC=system` (never) or `KERAS_VIT_MALLOC=keep` (on any CPU). It reads
 the backend as Keras will (`keras_backend()`), without importing Keras.
 """

@@ -5,14 +5,45 @@ draws its randomness, RandAugment's list of operations, the optimizer's gradient
 clipping, the epoch `fit` resumes at, whether a model was built under a distribution
 strategy, and two trainer hooks (how `jit_compile="auto"` is resolved, and which batch
 builds the model before `fit`); and, for keras-cv's layers, their random generator and
-whether they augment a batch as a whole. Each is wrapped here, and `tests/test_keras_compat.py`
+whether they augment a batch as a whole; and a layer without a name scope of its own
+(`InParentNameScope`). Each is wrapped here, and `tests/test_keras_compat.py`
 checks that each still exists and behaves as relied on, so that a Keras release that
 changes one fails there, by name, rather than somewhere in training. `progress_verbosity`
 works around how Keras' progress bar writes to a file or a pipe. `pyproject.toml`
 keeps `keras` below the next major version.
 """
 
+import contextlib
 import sys
+
+
+class InParentNameScope:
+    """Mixin (before `keras.layers.Layer` in the bases) for a layer that opens no name
+    scope of its own: its sublayers' variables are named in its parent's scope.
+
+    Keras names a variable by the scopes of the layers around it when it is created
+    (`Layer._open_name_scope`); a block made of such parts keeps its variables' paths,
+    `block/qkv/kernel` rather than `block/attention/qkv/kernel`.
+
+    Example:
+
+    >>> import keras
+    >>> class Part(InParentNameScope, keras.layers.Layer):
+    ...     def build(self, input_shape):
+    ...         self.dense = keras.layers.Dense(2, name="dense")
+    ...         self.dense.build(input_shape)
+    >>> class Whole(keras.layers.Layer):
+    ...     def build(self, input_shape):
+    ...         self.part = Part(name="part")
+    ...         self.part.build(input_shape)
+    >>> whole = Whole(name="whole")
+    >>> whole.build((1, 3))
+    >>> [v.path for v in whole.weights]
+    ['whole/dense/kernel', 'whole/dense/bias']
+    """
+
+    def _open_name_scope(self):
+        return contextlib.nullcontext()
 
 
 def sublayers(layer):

@@ -12,26 +12,13 @@ import zipfile
 import keras
 import numpy as np
 
+from keras_vit.utils.errors import DamagedModel
+
 # The two kinds of whole model: one host's `.keras` file, or a sharded folder.
 SHARDED = ".orbax"
 SUFFIXES = (".keras", SHARDED)
 
 
-class DamagedModel(ValueError):
-    """A model file or sharded checkpoint that cannot serve: truncated or corrupt, or
-    holding NaN or infinite weights (what a diverged run saves)."""
-
-
-def is_model(path):
-    """Whether the file or folder `path` holds a whole Keras model that `read_keras`
-    reads: a `.keras` file or a sharded checkpoint (`epoch_NNNN.orbax`).
-
-    Example:
-
-    >>> is_model("runs/b16/checkpoints/epoch_0003.orbax"), is_model("ViT-B_16.npz")
-    (True, False)
-    """
-    return path.endswith(SUFFIXES)
 
 
 def read_keras(path):
@@ -51,7 +38,7 @@ def read_keras(path):
     >>> read_keras(path)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    keras_vit.utils.model_files.DamagedModel: ...cut.keras is not a complete .keras file (14 bytes, truncated or corrupt)...
+    keras_vit.utils.errors.DamagedModel: ...cut.keras is not a complete .keras file (14 bytes, truncated or corrupt)...
     """
     if path.endswith(SHARDED):
         from keras_vit.utils import sharded_state  # imports JAX: an optional extra

@@ -16,7 +16,7 @@ import jax
 import keras
 import numpy as np
 
-from keras_vit.utils.model_files import DamagedModel
+from keras_vit.utils.errors import DamagedModel
 
 
 def _orbax_path(path):

@@ -279,26 +279,3 @@ def fetch_hub(source):
     except Exception as err:  # the hub's errors: offline, unknown repository, ...
         reason = " ".join(str(err).split())[:300]
         raise DownloadError(f"Cannot get {source} from the Hugging Face Hub ({reason}).") from None
-
-
-def resolve_weights(source):
-    """A local file (or folder) for a `weights=` / `--from` source.
-
-    A registry name is downloaded (once) from its URL, `hf:` / `timm:` sources through
-    `huggingface_hub`, `http(s)://` URLs into the cache; paths and `gs://` URLs are
-    returned unchanged.
-
-    Example:
-
-    >>> resolve_weights("my_weights.npz")
-    'my_weights.npz'
-    """
-    source = os.fspath(source)
-    if registry.is_registered(source):
-        entry = registry.get_weights(source)
-        return fetch(entry.url, sha256=entry.sha256, size=entry.size)
-    if source.startswith(("hf:", "timm:")):
-        return fetch_hub(source)
-    if source.startswith(("http://", "https://")):
-        return fetch(source)
-    return source

@@ -3,8 +3,10 @@
 The official layout is the keys of the released vit_jax `.npz` files (`cls`,
 `embedding/kernel`, `Transformer/posembed_input/pos_embedding`,
 `Transformer/encoderblock_{i}/MultiHeadDotProductAttention_1/query/kernel`, ...).
-big_vision `.npz` files and HF transformers / timm safetensors are converted to it
-by key-renaming tables and reshapes; `keras_vit.weights.pretrained` maps it onto a model.
+big_vision `.npz` files and HF transformers / timm safetensors are converted to it:
+one reader per format, the HF and timm ones by the key renames, conversions and HF
+config readings that the families of `keras_vit.families` declare (this module knows
+no family by name); `keras_vit.weights.pretrained` maps the layout onto a model.
 Paths may be local or URLs such as `gs://...` (read through `tf.io.gfile`).
 """
 
@@ -17,18 +19,18 @@ import re
 import ml_dtypes
 import numpy as np
 
-POS_KEY = "Transformer/posembed_input/pos_embedding"
-QKV = ("query", "key", "value")
-BLOCK_KEY = "Transformer/encoderblock_{i}/"
-ATTENTION_KEY = BLOCK_KEY + "MultiHeadDotProductAttention_1"
-# Beyond vit_jax: big_vision's MAP head (SigLIP), CLIP's LayerNorm before the blocks and
-# its projection to the image-text embedding.
-MAP_HEAD_KEY = "MAPHead_0"
-MAP_ATTENTION_KEY = MAP_HEAD_KEY + "/MultiHeadDotProductAttention_0"
-PRE_NORM_KEY = "pre_norm"
-PROJECTION_KEY = "projection"
-# EVA-02's LayerNorm before the MLP's last Dense, under each block's key.
-MLP_NORM_KEY = "MlpBlock_3/LayerNorm_0"
+from keras_vit.families import FAMILIES
+from keras_vit.families.family import (  # noqa: F401 (the official keys, for pretrained)
+    ATTENTION_KEY,
+    BLOCK_KEY,
+    MAP_ATTENTION_KEY,
+    MAP_HEAD_KEY,
+    MLP_NORM_KEY,
+    POS_KEY,
+    PRE_NORM_KEY,
+    PROJECTION_KEY,
+    QKV,
+)
 
 # ---------------------------------------------------------------------------
 # Files: local paths, or gs:// and other URLs through TensorFlow's file systems.
@@ -233,163 +235,37 @@ def _divisible(kind, value):
     return kind not in _FUSED or value.shape[0] % len(_FUSED[kind]) == 0
 
 
-_HF_LAYER = r"encoder\.layer\.(?P<i>\d+)\."
-_TIMM_BLOCK = r"blocks\.(?P<i>\d+)\."
-# official module, conversion, HF transformers name, timm name (None: not in that format).
-# Beyond vit_jax's keys: DeiT's distillation token `dist` and head `head_dist`, the
-# layer scales of DeiT III and DINOv2 (timm's `ls1`, `ls2`) under
-# `LayerScale_{attention,mlp}`, and the register tokens `reg` (1, count, D).
-_TORCH_NAMES = [
-    ("cls", "copy", r"embeddings\.cls_token", r"cls_token"),
-    ("dist", "copy", r"embeddings\.distillation_token", r"dist_token"),
-    ("reg", "copy", r"embeddings\.register_tokens", r"reg_token"),
-    (POS_KEY, "copy", r"embeddings\.position_embeddings", r"pos_embed"),
-    ("embedding", "conv", r"embeddings\.patch_embeddings\.projection", r"patch_embed\.proj"),
-    (BLOCK_KEY + "LayerNorm_0", "norm", _HF_LAYER + "layernorm_before", _TIMM_BLOCK + "norm1"),
-    (
-        ATTENTION_KEY + "/{name}",
-        "heads_in",
-        _HF_LAYER + r"attention\.attention\.(?P<name>query|key|value)",
-        None,
-    ),
-    (ATTENTION_KEY, "qkv", None, _TIMM_BLOCK + r"attn\.qkv"),
-    (
-        ATTENTION_KEY + "/out",
-        "heads_out",
-        _HF_LAYER + r"attention\.output\.dense",
-        _TIMM_BLOCK + r"attn\.proj",
-    ),
-    (
-        BLOCK_KEY + "LayerScale_attention/scale",
-        "scale",
-        _HF_LAYER + r"layer_scale1\.lambda1",
-        _TIMM_BLOCK + r"ls1\.gamma",
-    ),
-    (BLOCK_KEY + "LayerNorm_2", "norm", _HF_LAYER + "layernorm_after", _TIMM_BLOCK + "norm2"),
-    (
-        BLOCK_KEY + "MlpBlock_3/Dense_0",
-        "dense",
-        _HF_LAYER + r"intermediate\.dense",
-        _TIMM_BLOCK + r"mlp\.fc1",
-    ),
-    (
-        BLOCK_KEY + "MlpBlock_3/Dense_1",
-        "dense",
-        _HF_LAYER + r"output\.dense",
-        _TIMM_BLOCK + r"mlp\.fc2",
-    ),
-    (
-        BLOCK_KEY + "LayerScale_mlp/scale",
-        "scale",
-        _HF_LAYER + r"layer_scale2\.lambda1",
-        _TIMM_BLOCK + r"ls2\.gamma",
-    ),
-    ("Transformer/encoder_norm", "norm", r"layernorm", r"norm"),
-    # ViTModel's pooler is the representation layer: Dense + tanh on the class token.
-    ("pre_logits", "dense", r"pooler\.dense", None),
-    # DeiTForImageClassificationWithTeacher: cls_classifier and distillation_classifier.
-    ("head", "dense", r"(cls_)?classifier", r"head"),
-    ("head_dist", "dense", r"distillation_classifier", r"head_dist"),
-    # SigLIP and CLIP vision towers (HF SiglipVisionModel, CLIPVisionModel[WithProjection];
-    # timm's SigLIP `attn_pool`): HF's class token and table without a batch axis.
-    ("cls", "token", r"embeddings\.class_embedding", None),
-    (POS_KEY, "rows", r"embeddings\.position_embedding\.weight", None),
-    (PRE_NORM_KEY, "norm", r"pre_layrnorm", r"norm_pre"),
-    (MAP_HEAD_KEY + "/probe", "copy", r"head\.probe", r"attn_pool\.latent"),
-    (MAP_ATTENTION_KEY, "qkv", r"head\.attention\.in_proj", None),
-    (MAP_ATTENTION_KEY + "/query", "heads_in", None, r"attn_pool\.q"),
-    (MAP_ATTENTION_KEY, "kv", None, r"attn_pool\.kv"),
-    (MAP_ATTENTION_KEY + "/out", "heads_out", r"head\.attention\.out_proj", r"attn_pool\.proj"),
-    (MAP_HEAD_KEY + "/LayerNorm_0", "norm", r"head\.layernorm", r"attn_pool\.norm"),
-    (MAP_HEAD_KEY + "/MlpBlock_0/Dense_0", "dense", r"head\.mlp\.fc1", r"attn_pool\.mlp\.fc1"),
-    (MAP_HEAD_KEY + "/MlpBlock_0/Dense_1", "dense", r"head\.mlp\.fc2", r"attn_pool\.mlp\.fc2"),
-    (PROJECTION_KEY, "dense", r"visual_projection", r"visual_projection"),
-    # EVA-02 (timm eva.py): the LayerNorm inside the MLP, and the norm after the pooling.
-    (BLOCK_KEY + MLP_NORM_KEY, "norm", None, _TIMM_BLOCK + r"mlp\.norm"),
-    ("Transformer/encoder_norm", "norm", None, r"fc_norm"),
-]
+def _unique(items):
+    """`items` without repeats, in order (families share some rows, as SigLIP CLIP's)."""
+    return list(dict.fromkeys(items))
 
 
 def _rules(column):
-    """`(pattern, official target, conversion)` for one format of `_TORCH_NAMES`."""
+    """`(pattern, official target, conversion)` for one format (`"hf"` or `"timm"`) of
+    every family's `TorchName`s."""
     rules = []
-    for target, kind, *names in _TORCH_NAMES:
-        name = names[column]
-        if name is not None:
-            suffix = "" if kind in ("copy", "scale", "token", "rows") else r"\.(?P<param>weight|bias)"
-            rules.append((name + suffix, target, kind))
+    for name in _unique(row for family in FAMILIES for row in family.torch_names):
+        pattern = getattr(name, column)
+        if pattern is not None:
+            whole = name.kind in ("copy", "scale", "token", "rows")
+            suffix = "" if whole else r"\.(?P<param>weight|bias)"
+            rules.append((pattern + suffix, name.target, name.kind))
     return rules
 
 
-_HF_RULES, _TIMM_RULES = _rules(0), _rules(1)
-_HF_RENAMES = [
-    (r"^(vit|deit|dinov2|dinov2_with_registers)\.", ""),
-    # DINOv2's files name the block's parts as timm does; SwiGLU's packed `weights_in`
-    # (gate | up, as timm's SwiGLUPacked `fc1`) and `weights_out` are its fc1 and fc2.
-    (r"^encoder\.layer\.(\d+)\.norm1\.", r"encoder.layer.\1.layernorm_before."),
-    (r"^encoder\.layer\.(\d+)\.norm2\.", r"encoder.layer.\1.layernorm_after."),
-    (r"^encoder\.layer\.(\d+)\.mlp\.(fc1|weights_in)\.", r"encoder.layer.\1.intermediate.dense."),
-    (r"^encoder\.layer\.(\d+)\.mlp\.(fc2|weights_out)\.", r"encoder.layer.\1.output.dense."),
-    # SigLIP and CLIP vision towers (`vision_model.` in their full models' files): their
-    # encoder's names as transformers 5.x ViT's, which the rules below rename.
-    (r"^vision_model\.", ""),
-    (r"^encoder\.layers\.(\d+)\.self_attn\.([qkv])_proj\.", r"layers.\1.attention.\2_proj."),
-    (r"^encoder\.layers\.(\d+)\.self_attn\.out_proj\.", r"layers.\1.attention.o_proj."),
-    (r"^encoder\.layers\.(\d+)\.layer_norm1\.", r"layers.\1.layernorm_before."),
-    (r"^encoder\.layers\.(\d+)\.layer_norm2\.", r"layers.\1.layernorm_after."),
-    (r"^encoder\.layers\.(\d+)\.mlp\.", r"layers.\1.mlp."),
-    # transformers 5.x module names (in memory); its files keep the older names.
-    (r"^layers\.(\d+)\.attention\.q_proj\.", r"encoder.layer.\1.attention.attention.query."),
-    (r"^layers\.(\d+)\.attention\.k_proj\.", r"encoder.layer.\1.attention.attention.key."),
-    (r"^layers\.(\d+)\.attention\.v_proj\.", r"encoder.layer.\1.attention.attention.value."),
-    (r"^layers\.(\d+)\.attention\.o_proj\.", r"encoder.layer.\1.attention.output.dense."),
-    (r"^layers\.(\d+)\.mlp\.fc1\.", r"encoder.layer.\1.intermediate.dense."),
-    (r"^layers\.(\d+)\.mlp\.fc2\.", r"encoder.layer.\1.output.dense."),
-    (r"^layers\.(\d+)\.", r"encoder.layer.\1."),
-    (r"^embeddings\.patch_embedding\.", r"embeddings.patch_embeddings.projection."),
-    (r"^post_layernorm\.", "layernorm."),
-    (r"^head\.attention\.in_proj_(weight|bias)$", r"head.attention.in_proj.\1"),
-]
+_HF_RULES, _TIMM_RULES = _rules("hf"), _rules("timm")
+# The module names HF puts in front of a model's tensors (`dinov2.`, `vision_model.`).
+_HF_PREFIX = "(" + "|".join(_unique(p for family in FAMILIES for p in family.hf_prefixes)) + r")\."
+_HF_RENAMES = [("^" + _HF_PREFIX, "")] + _unique(
+    rename for family in FAMILIES for rename in family.hf_renames
+)
 # The text tower and the contrastive scalars of a full SiglipModel / CLIPModel file.
 _HF_TEXT_TOWER = r"(text_model\.|text_projection\.|logit_scale$|logit_bias$)"
 
 
-# HF transformers architectures keras-vit builds: the `keras_vit.ViT` switches of each.
-# `*Model` outputs `pooler_output` (the pooler is `pre_logits`), or the tokens without one.
-_HF_ARCHITECTURES = {
-    "ViTForImageClassification": {},
-    "ViTModel": dict(include_top=False),
-    "DeiTForImageClassificationWithTeacher": dict(distilled=True),
-    "DeiTForImageClassification": dict(distilled=True, distillation_head=False),
-    "DeiTModel": dict(distilled=True, distillation_head=False, include_top=False),
-    # `pooler_output` is the normed class token; any size runs, the position table
-    # resampled as `interpolate_pos_encoding` does (plain bicubic; antialiased with
-    # registers).
-    "Dinov2Model": dict(include_top=False, dynamic_image_size=True, pos_interpolation="bicubic"),
-    "Dinov2WithRegistersModel": dict(
-        include_top=False, dynamic_image_size=True, pos_interpolation="bicubic_antialias"
-    ),
-    # The head reads the class token and the mean of the patch tokens.
-    "Dinov2ForImageClassification": dict(
-        classifier="token_gap", dynamic_image_size=True, pos_interpolation="bicubic"
-    ),
-    "Dinov2WithRegistersForImageClassification": dict(
-        classifier="token_gap", dynamic_image_size=True, pos_interpolation="bicubic_antialias"
-    ),
-    # Vision towers: SigLIP's `pooler_output` (the MAP head), CLIP's (the class token
-    # after the final norm), or with the projection its `image_embeds` (a full
-    # SiglipModel / CLIPModel directory: its vision_config, the image features).
-    "SiglipVisionModel": dict(classifier="map", include_top=False),
-    "SiglipModel": dict(classifier="map", include_top=False),
-    "CLIPVisionModel": dict(pre_norm=True, patch_bias=False, include_top=False),
-    "CLIPVisionModelWithProjection": dict(pre_norm=True, patch_bias=False, include_top=False),
-    "CLIPModel": dict(pre_norm=True, patch_bias=False, include_top=False),
-}
-# What a tower's config.json leaves out takes its config class's default (transformers
-# SiglipVisionConfig, CLIPVisionConfig / CLIPConfig).
-_HF_TOWER_DEFAULTS = {
-    "Siglip": dict(layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh"),
-    "CLIP": dict(layer_norm_eps=1e-5, hidden_act="quick_gelu", patch_size=32, projection_dim=512),
+# HF transformers architectures keras-vit builds, each with its family.
+_HF_FAMILIES = {
+    architecture: family for family in FAMILIES for architecture in family.hf_architectures
 }
 # HF `hidden_act` -> `gelu_approximate` (`quick_gelu`: CLIP's, `quick_gelu=True`).
 _HF_GELU = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True, "quick_gelu": False}
@@ -410,23 +286,12 @@ def _checkpoint_shapes(source):
     return shapes
 
 
-# The `model_type` each family of `_HF_ARCHITECTURES` (by the architecture's first
-# word) writes beside it: a config.json naming another contradicts itself.
-_HF_MODEL_TYPES = {
-    "Dinov2WithRegisters": ("dinov2_with_registers",),
-    "Dinov2": ("dinov2",),
-    "DeiT": ("deit",),
-    "ViT": ("vit",),
-    "Siglip": ("siglip", "siglip_vision_model"),
-    "CLIP": ("clip", "clip_vision_model"),
-}
-
-
 def _check_model_type(path, config, architecture):
     """Raises a `ValueError` naming `path` when its `model_type` is not the one its
-    architecture (`architectures[0]`) writes."""
-    family = next(f for f in _HF_MODEL_TYPES if architecture.startswith(f))
-    model_type, expected = config.get("model_type"), _HF_MODEL_TYPES[family]
+    architecture (`architectures[0]`) writes (its family's `hf_model_types`)."""
+    types = _HF_FAMILIES[architecture].hf_model_types
+    expected = types[max((name for name in types if architecture.startswith(name)), key=len)]
+    model_type = config.get("model_type")
     if model_type not in expected:
         given = "has no model_type" if model_type is None else f"has model_type={model_type!r}"
         raise ValueError(
@@ -444,7 +309,7 @@ def _check_config_fits_tensors(path, args, shapes):
     tokens = sum(bool(re.fullmatch(r"(\w+\.)?embeddings\.(cls_token|distillation_token|"
                                    r"class_embedding)", key)) for key in shapes)
     for key, shape in shapes.items():
-        name = re.sub(r"^(vit|deit|dinov2|dinov2_with_registers|vision_model)\.", "", key)
+        name = re.sub("^" + _HF_PREFIX, "", key)
         # (config key, its value, whether the tensor fits it, what the tensor holds)
         found = []
         patch_kernel = re.fullmatch(r"embeddings\.patch_embeddings?(\.projection)?\.weight", name)
@@ -499,18 +364,18 @@ def hf_model_arguments(source):
             f"{source} is not an HF transformers model directory: it holds no config.json "
             "(save the model with save_pretrained, or pass hf:ORG/NAME)."
         )
-    config = top = _read_json(path)
-    architectures = config.get("architectures") or []
+    top = _read_json(path)
+    architectures = top.get("architectures") or []
     architecture = architectures[0] if architectures else None
-    if architecture not in _HF_ARCHITECTURES:
+    if architecture not in _HF_FAMILIES:
         raise ValueError(
-            f"{path} describes a {architecture or config.get('model_type')!r} model: "
-            f"keras-vit builds {', '.join(_HF_ARCHITECTURES)}."
+            f"{path} describes a {architecture or top.get('model_type')!r} model: "
+            f"keras-vit builds {', '.join(_HF_FAMILIES)}."
         )
-    _check_model_type(path, config, architecture)
-    tower = next((family for family in _HF_TOWER_DEFAULTS if architecture.startswith(family)), None)
-    if tower is not None:
-        config = {**_HF_TOWER_DEFAULTS[tower], **config.get("vision_config", config)}
+    _check_model_type(path, top, architecture)
+    family = _HF_FAMILIES[architecture]
+    # A full image-text model's vision tower has a config of its own.
+    config = {**family.hf_config_defaults, **top.get("vision_config", top)}
     activation = config.get("hidden_act", "gelu")
     if activation not in _HF_GELU:
         raise ValueError(
@@ -519,7 +384,6 @@ def hf_model_arguments(source):
     if not config.get("qkv_bias", True):
         raise ValueError(f"{path} has qkv_bias=false: keras-vit's attention has biases.")
     hidden = config.get("hidden_size", 768)
-    dinov2 = architecture.startswith("Dinov2")
     args = dict(
         image_size=config.get("image_size", 224),
         patch_size=config.get("patch_size", 16),
@@ -529,49 +393,30 @@ def hf_model_arguments(source):
         mlp_dim=config.get("intermediate_size", 3072),
         channels=config.get("num_channels", 3),
         # transformers' own default, which config.json leaves out when it is used.
-        layer_norm_epsilon=config.get("layer_norm_eps", 1e-6 if dinov2 else 1e-12),
+        layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
         gelu_approximate=_HF_GELU[activation],
-        **_HF_ARCHITECTURES[architecture],
+        **family.hf_architectures[architecture],
     )
-    if dinov2:  # its `*Model` pools the class token, with no pooler
-        args.update(_dinov2_arguments(config))
-    shapes = _checkpoint_shapes(source)
     if activation == "quick_gelu":
         args["quick_gelu"] = True
-    if architecture in ("CLIPVisionModelWithProjection", "CLIPModel"):
-        args["projection_dim"] = top.get("projection_dim", config["projection_dim"])
-    if tower is not None:
-        if not config.get("vision_use_head", True):  # a SigLIP without its MAP head
-            args["pooling"] = False  # last_hidden_state
-    elif args.get("include_top", True):
+    if family.hf_arguments is not None:
+        args.update(family.hf_arguments(config, top, architecture))
+    shapes = _checkpoint_shapes(source)
+    if args.get("include_top", True):
         args["num_classes"] = len(config.get("id2label") or {}) or config.get("num_labels", 2)
-    elif any(re.match(r"((vit|deit)\.)?pooler\.", key) for key in shapes):
+    elif any(re.match(f"({_HF_PREFIX})?pooler\\.", key) for key in shapes):
         if config.get("pooler_act", "tanh") != "tanh":
             raise ValueError(
                 f"{path} has pooler_act={config['pooler_act']!r}: keras-vit's pre_logits is tanh."
             )
         args["representation_size"] = config.get("pooler_output_size", hidden)
-    elif not dinov2:
+    elif not family.hf_pools:
         args["pooling"] = False  # last_hidden_state
     _check_config_fits_tensors(path, args, shapes)
     preprocessing = hf_preprocessing(source)
     if preprocessing is not None:
         args["preprocessing"] = preprocessing
     return args
-
-
-def _dinov2_arguments(config):
-    """The `keras_vit.ViT` switches of an HF DINOv2 config: layer scale, the MLP (its
-    width from `mlp_ratio`, SwiGLU's two thirds of it rounded up to a multiple of 8, as
-    `Dinov2SwiGLUFFN`) and the registers."""
-    width = int(config.get("hidden_size", 768) * config.get("mlp_ratio", 4))
-    swiglu = bool(config.get("use_swiglu_ffn", False))
-    return dict(
-        mlp_dim=(int(width * 2 / 3) + 7) // 8 * 8 if swiglu else width,
-        mlp="swiglu" if swiglu else "gelu",
-        layer_scale_init=float(config.get("layerscale_value", 1.0)),
-        num_registers=int(config.get("num_register_tokens", 0)),
-    )
 
 
 # PIL's resampling filters by number, as HF image-processor configs store them (PIL's
@@ -777,75 +622,6 @@ def _from_npz(arrays, source, grid=None, checkpoint_grid=None):
     return ("big_vision" if big_vision else "vit_jax"), params, origin, notes
 
 
-def _timm_clip_projection(arrays, notes):
-    """timm holds a CLIP tower's image projection as its head, with a zero bias
-    (`_convert_openai_clip`): a tower (`norm_pre`) whose head has no bias, or a zero
-    one, gets it back as the bias-free `projection`."""
-    bias = arrays.get("head.bias")
-    if "norm_pre.weight" in arrays and "head.weight" in arrays and (bias is None or not bias.any()):
-        arrays["visual_projection.weight"] = arrays.pop("head.weight")
-        arrays.pop("head.bias", None)
-        notes.append("timm's CLIP head without a bias is the image projection (projection_dim).")
-
-
-# What timm `eva.py` builds every `eva02_*` SwiGLU model with (`use_rot_pos_emb=True`,
-# `ref_feat_shape=(16, 16)`): rope has no tensors, so the file alone does not say it.
-EVA02_ROPE = dict(rope=True, rope_reference_grid=(16, 16))
-
-
-def _timm_eva_layout(arrays, notes):
-    """EVA's timm names (timm `eva.py`) as the other timm ViTs': its q and v biases
-    (`attn.q_bias`, `attn.v_bias`; EVA-02 base and large: separate `attn.{q,k,v}_proj`)
-    as one `attn.qkv` with a zero key bias, and EVA-02's SwiGLU's `mlp.fc1_g` (gate) and
-    `mlp.fc1_x` as the packed `mlp.fc1` (gate | up).
-
-    Returns:
-        The arguments no tensor shows that the checkpoint was trained with:
-        `EVA02_ROPE` for an EVA-02 (that attention with a SwiGLU MLP, packed `fc1` twice
-        as wide as `fc2` takes, or `fc1_g`/`fc1_x`); `{}` for another file, EVA-01's
-        (the same attention with a plain MLP, no rope) too.
-    """
-    def pop_bias(name, like):
-        bias = arrays.pop(name, None)
-        return np.zeros(like.shape[0], like.dtype) if bias is None else bias
-
-    fc1, fc2 = (arrays.get(f"blocks.0.mlp.fc{i}.weight") for i in (1, 2))
-    swiglu = "blocks.0.mlp.fc1_g.weight" in arrays or (
-        fc1 is not None and fc2 is not None and fc1.shape[0] == 2 * fc2.shape[-1]
-    )
-    found = False
-    for key in sorted(arrays):
-        attention = re.fullmatch(r"(blocks\.\d+\.attn\.)(q_bias|q_proj\.weight)", key)
-        mlp = re.fullmatch(r"(blocks\.\d+\.mlp\.)fc1_g\.weight", key)
-        if attention:
-            p = attention[1]
-            if attention[2] == "q_proj.weight":
-                weights = [arrays.pop(f"{p}{name}_proj.weight") for name in "qkv"]
-                arrays[p + "qkv.weight"] = np.concatenate(weights)
-                q, v = (pop_bias(f"{p}{name}_proj.bias", weights[0]) for name in "qv")
-                arrays.pop(p + "k_proj.bias", None)  # none in timm's EVA
-            else:
-                q, v = arrays.pop(p + "q_bias"), arrays.pop(p + "v_bias")
-            arrays[p + "qkv.bias"] = np.concatenate([q, np.zeros_like(q), v])
-            found = True
-        elif mlp:
-            p = mlp[1]
-            gate, up = (arrays.pop(f"{p}fc1_{name}.weight") for name in "gx")
-            arrays[p + "fc1.weight"] = np.concatenate([gate, up])
-            arrays[p + "fc1.bias"] = np.concatenate(
-                [pop_bias(f"{p}fc1_{name}.bias", w) for name, w in (("g", gate), ("x", up))]
-            )
-    rope = [key for key in arrays if key.startswith("rope.")]
-    for key in rope:  # computed from the patch grid, not learned
-        del arrays[key]
-    if found:
-        notes.append(
-            "EVA-02's attention has no key bias: loaded as zeros (a key bias adds the same "
-            "logit to every key of a query, which the softmax removes)."
-        )
-    return dict(EVA02_ROPE) if found and swiglu else {}
-
-
 def read_official(source, heads, grid=None, checkpoint_grid=None):
     """Reads a checkpoint file or HF directory in the official layout.
 
@@ -865,7 +641,7 @@ def read_official(source, heads, grid=None, checkpoint_grid=None):
         `"big_vision"`, `"hf"` or `"timm"`), the tensors by official key, the source key
         of each official key, notes on what was ignored or adapted, and the
         `keras_vit.ViT` arguments the checkpoint was trained with that no tensor shows
-        (EVA-02's rope), as far as its keys tell them.
+        (EVA-02's rope: the families' `timm_layout`), as far as its keys tell them.
     """
     arrays = {}
     for path in _checkpoint_files(source):
@@ -873,15 +649,15 @@ def read_official(source, heads, grid=None, checkpoint_grid=None):
     if any("/" in key for key in arrays):
         return (*_from_npz(arrays, source, grid, checkpoint_grid), {})
     if "patch_embed.proj.weight" in arrays:
-        notes = []
-        _timm_clip_projection(arrays, notes)
-        trained_with = _timm_eva_layout(arrays, notes)
+        notes, trained_with = [], {}
+        for family in FAMILIES:
+            if family.timm_layout is not None:
+                trained_with.update(family.timm_layout(arrays, notes))
         params, origin = _from_torch_layout(arrays, _TIMM_RULES, [], heads)
         _add_prefix_rows(params, notes, grid, "timm's no_embed_class model", checkpoint_grid)
         return "timm", params, origin, notes, trained_with
     if any(re.match(
-        r"((vit|deit|dinov2|dinov2_with_registers|vision_model)\.)?embeddings\.patch_embeddings?\.",
-        key) for key in arrays
+        f"({_HF_PREFIX})?embeddings\\.patch_embeddings?\\.", key) for key in arrays
     ):
         text = [key for key in arrays if re.match(_HF_TEXT_TOWER, key)]
         notes = [_text_tower_note(len(text))] if text else []

@@ -15,11 +15,10 @@ import os
 import keras
 import numpy as np
 
-from keras_vit.models import flexi, posembed
-from keras_vit.models.preprocessing import DEFAULT
-from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS, ViT
-from keras_vit.weights import registry
-from keras_vit.weights.download import refuse_cached, resolve_weights
+from keras_vit.layers import posembed
+from keras_vit.models import flexi
+from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS, VisionTransformer
+from keras_vit.weights.download import refuse_cached
 from keras_vit.weights.formats import (
     ATTENTION_KEY,
     BLOCK_KEY,
@@ -30,15 +29,14 @@ from keras_vit.weights.formats import (
     PRE_NORM_KEY,
     PROJECTION_KEY,
     QKV,
-    hf_model_arguments,
-    hf_preprocessing,
-    holds_safetensors,
     read_official,
 )
-from keras_vit.models.layers import MAPHead, sincos_2d_table
+from keras_vit.layers.embedding import sincos_2d_table
+from keras_vit.layers.pooling import MAPHead
 from keras_vit.models.vit import vit_parts
 from keras_vit.utils.files import atomic_write
-from keras_vit.utils.model_files import is_model, read_keras, weight_problems
+from keras_vit.utils.model_files import read_keras, weight_problems
+from keras_vit.weights.sources import resolve_source
 
 logger = logging.getLogger(__name__)
 
@@ -631,7 +629,8 @@ def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoin
 
     Args:
         model: a `keras_vit.ViT` model; its `classifier` must match the checkpoint's.
-        source: path or URL of the checkpoint file, or of an HF model directory.
+        source: the checkpoint: a `keras_vit.weights.sources.Source`, or what
+            `resolve_source` resolves (a name, path or URL, as above).
         strict: if True, any missing, unexpected or mis-shaped tensor raises one
             `ValueError` that lists them all, and so do NaN or infinite values; if
             False, what fits is loaded and one logged warning (also in the report's
@@ -664,9 +663,10 @@ def load_pretrained(model, source, *, strict=True, interpolation=None, checkpoin
     """
     if interpolation is not None:
         posembed.check_interpolation(interpolation)
-    source = resolve_weights(os.fspath(source))
+    described = resolve_source(source)
+    source = described.path
     layout = _ModelLayout(model)
-    if is_model(source):  # a .keras file, or a sharded run checkpoint (`epoch_NNNN.orbax`)
+    if described.is_model:  # a .keras file, or a sharded run checkpoint (`epoch_NNNN.orbax`)
         (params, grid), fmt, origin, notes = _keras_file_params(source), "vit_jax", {}, []
         checkpoint_grid, trained_with = checkpoint_grid or grid, {}
     else:
@@ -769,51 +769,19 @@ def _official_params(model):
     return params
 
 
-def _hf_directory(source):
-    """The local HF transformers model directory `source` names (a directory holding
-    `config.json` and safetensors, or `hf:ORG/NAME`, downloaded), or None."""
-    if registry.is_registered(source) or not isinstance(source, (str, os.PathLike)):
-        return None
-    source = os.fspath(source)
-    if not (source.startswith("hf:") or os.path.isdir(source)):
-        return None
-    directory = resolve_weights(source)
-    if os.path.exists(os.path.join(directory, "config.json")) and holds_safetensors(directory):
-        return directory
-    return None
-
-
-def source_arguments(source):
-    """The `keras_vit.ViT` arguments that build the registry checkpoint or HF
-    transformers model directory (or `hf:ORG/NAME`) `source` as released, or None for
-    another source.
-
-    Example:
-
-    >>> source_arguments("vit_base_patch16_siglip_224.webli")["include_top"]
-    False
-    >>> source_arguments("model.npz") is None
-    True
-    """
-    directory = _hf_directory(source)
-    if directory is not None:
-        return hf_model_arguments(directory)
-    if registry.is_registered(source):
-        return registry.get_weights(source).build_args()
-    return None
-
-
 def source_defaults(weights, args):
     """`keras_vit.ViT` arguments with what a registry checkpoint or an HF model
     directory fixes filled in.
 
-    When `weights` is a registry name, or an HF transformers directory (or
-    `hf:ORG/NAME`) whose `config.json` describes the model, the architecture (unless
+    When `weights` (a `keras_vit.weights.sources.Source`, or what `resolve_source`
+    resolves) is a registry name (`timm:NAME` of one, a timm folder of one), or an HF
+    transformers directory (or `hf:ORG/NAME`) whose `config.json` describes the model
+    (`Source.arguments`), the architecture (unless
     `args` gives one), `image_size`, `num_classes`, `gelu_approximate` and the family
     switches (`distilled`, `layer_scale_init`, ...) left as None come from it;
     `representation_size` does not (fine-tuning drops `pre_logits`, as vit_jax does).
     A source without a classifier (a backbone or image tower) given neither
-    `num_classes` nor `include_top` is built as released (`source_arguments`, as
+    `num_classes` nor `include_top` is built as released (`Source.arguments`, as
     `pretrained` builds it: its `pooler_output` or `image_embeds`), with the other
     `args` given. A variant other than the checkpoint's is a `ValueError`. Other
     sources leave `args` as they are.
@@ -824,7 +792,8 @@ def source_defaults(weights, args):
     >>> source_defaults("vit_base_patch16_224.augreg_in21k", args)
     {'variant': 'B/16', 'image_size': 224, 'num_classes': 10, 'gelu_approximate': True}
     """
-    own = source_arguments(weights)
+    source = resolve_source(weights)
+    own, weights = source.arguments, source.given
     if own is None:
         return args
     variant = args.get("variant")
@@ -854,27 +823,6 @@ def source_defaults(weights, args):
     return filled
 
 
-def source_preprocessing(source):
-    """The preprocessing the weights `source` expect where it records one: a registry
-    entry's other than `DEFAULT` (`timm:NAME` too), an HF directory's (or `hf:ORG/NAME`)
-    `preprocessor_config.json`; else None.
-
-    Example:
-
-    >>> source_preprocessing("deit_tiny_patch16_224.fb_in1k")["interpolation"]
-    'bicubic'
-    >>> source_preprocessing("vit_base_patch16_224.augreg_in21k") is None
-    True
-    """
-    if isinstance(source, str) and source.startswith("timm:"):
-        source = source[len("timm:"):]
-    if registry.is_registered(source):
-        preprocessing = registry.get_weights(source).preprocessing
-        return None if preprocessing == DEFAULT else preprocessing
-    directory = _hf_directory(source)
-    return None if directory is None else hf_preprocessing(directory)
-
-
 def pretrained(name, **kwargs):
     """A ready `keras_vit.ViT` model with the weights of a registry checkpoint or of
     an HF transformers model.
@@ -883,7 +831,8 @@ def pretrained(name, **kwargs):
     representation layer, the DeiT switches) comes from the registry entry
     (`keras_vit.list_weights()`); the file is downloaded once into the cache (see
     `keras_vit.weights.download`). `timm:NAME` loads timm's copy of the registry
-    checkpoint `NAME` from the Hugging Face Hub instead. The entry is kept as
+    checkpoint `NAME` from the Hugging Face Hub instead, and a timm model folder of one
+    (its hub `config.json` names it) loads that folder's file. The entry is kept as
     `model.weights_entry` (its label set and activation serve `keras_vit.classify`).
 
     For an HF transformers model directory (`config.json` and safetensors, as
@@ -895,7 +844,8 @@ def pretrained(name, **kwargs):
 
     Args:
         name: a registry name, e.g. `"vit_base_patch16_384.augreg_in21k_ft_in1k"`,
-            `"timm:" + name`, an HF model directory or `hf:ORG/NAME`.
+            `"timm:" + name`, a timm model folder of one, an HF model directory or
+            `hf:ORG/NAME` (or their `keras_vit.weights.sources.Source`).
         **kwargs: other `keras_vit.ViT` arguments that leave the weights as they are,
             e.g. `include_top=False`, `dropout_rate`, `name`.
 
@@ -910,58 +860,65 @@ def pretrained(name, **kwargs):
     >>> pretrained("hf:facebook/deit-tiny-distilled-patch16-224").output_shape  # doctest: +SKIP
     (None, 1000)
     """
-    source = name
-    if isinstance(name, str) and name.startswith("timm:") and registry.is_registered(name[5:]):
-        name = name[5:]
-    directory = _hf_directory(name)
-    if directory is None and isinstance(name, (str, os.PathLike)) and os.path.isdir(name):
-        raise ValueError(
-            f"{os.fspath(name)} is not an HF transformers model directory: pretrained() "
-            "needs its config.json and model.safetensors, as save_pretrained writes them."
-        )
-    if directory is not None:
-        arguments = source_arguments(directory)
+    try:
+        source = resolve_source(name)
+    except FileNotFoundError:  # a folder that holds no checkpoint: say what pretrained needs
+        if isinstance(name, (str, os.PathLike)) and os.path.isdir(name):
+            raise _not_a_model_folder(os.fspath(name)) from None
+        raise
+    given = source.given
+    if source.kind in ("hf", "hf_directory"):
+        arguments = source.arguments
         # What leaves the weights as they are may be changed.
         free = {"include_top", "pooling", "dynamic_image_size", "pos_interpolation"}
         clashes = sorted(set(kwargs) & (set(arguments) - free))
         if clashes:
             raise ValueError(
-                f"pretrained() takes {', '.join(clashes)} from {directory}/config.json; to "
-                f"change them, fine-tune: keras_vit.ViT(weights={os.fspath(name)!r}, "
+                f"pretrained() takes {', '.join(clashes)} from {source.path}/config.json; to "
+                f"change them, fine-tune: keras_vit.ViT(weights={given!r}, "
                 f"{', '.join(f'{k}=...' for k in clashes)})."
             )
-        model = ViT(**{**arguments, **kwargs})
-        load_pretrained(model, directory)
+        model = VisionTransformer(**{**arguments, **kwargs})
+        load_pretrained(model, source)
         return model
-    if not registry.is_registered(name) and isinstance(name, str) and ":" in name:
+    entry = source.entry
+    if entry is None and os.path.isdir(source.location) and source.kind != "timm_directory":
+        raise _not_a_model_folder(given)
+    if entry is None:
         raise ValueError(
-            f"pretrained({name!r}) takes a registry name (keras-vit weights lists them), "
+            f"pretrained({given!r}) takes a registry name (keras-vit weights lists them), "
             "timm:NAME of one, an HF model directory or hf:ORG/NAME; for other weights "
             "build the model and load them: "
-            f"keras_vit.ViT(VARIANT, weights={name!r}, image_size=..., num_classes=...)."
+            f"keras_vit.ViT(VARIANT, weights={given!r}, image_size=..., num_classes=...)."
         )
-    entry = registry.get_weights(name)
-    arguments = source_arguments(name)
+    arguments = source.arguments
     clashes = sorted(set(kwargs) & set(arguments))
     if clashes:
         raise ValueError(
-            f"pretrained() takes {', '.join(clashes)} from the registry entry {name!r}; to "
-            f"change them, fine-tune: keras_vit.ViT({entry.variant!r}, weights={name!r}, "
-            f"{', '.join(f'{k}=...' for k in clashes)})."
+            f"pretrained() takes {', '.join(clashes)} from the registry entry {entry.name!r}; "
+            f"to change them, fine-tune: keras_vit.ViT({entry.variant!r}, weights="
+            f"{entry.name!r}, {', '.join(f'{k}=...' for k in clashes)})."
         )
-    model = ViT(**arguments, **kwargs)
+    model = VisionTransformer(**arguments, **kwargs)
     try:
         load_pretrained(model, source)
     except NotFiniteWeights:  # the entry's checkpoint, diverged: not a wrong download
         raise
     except ValueError as err:
         # The model is the entry's own: a file that does not fit is a wrong download.
-        refused = refuse_cached(entry, kwargs) if source == name else None
+        refused = refuse_cached(entry, kwargs) if source.kind == "registry" else None
         if refused is None:
             raise
         raise ValueError(f"{err}\n{refused}") from None
     model.weights_entry = entry
     return model
+
+
+def _not_a_model_folder(folder):
+    return ValueError(
+        f"{folder} is not an HF transformers model directory: pretrained() "
+        "needs its config.json and model.safetensors, as save_pretrained writes them."
+    )
 
 
 def save_npz(model, path):

@@ -17,10 +17,8 @@ float16 result overflows, a bfloat16 one keeps 8 bits), `dense` adds a bias to i
 before rounding. Elsewhere all are computed as keras.ops computes them.
 
 On PyTorch, `dense` asks for the product and the bias in one call (`addmm`, which adds
-the bias inside the product's output pass instead of a second pass over the output) and
-`dot_product_attention` hands PyTorch's fused attention the strided query, key and value
-that it reads in place, where `keras.ops.dot_product_attention` copies them to
-contiguous tensors first (and its output back). Elsewhere both are the keras.ops forms.
+the bias inside the product's output pass instead of a second pass over the output);
+elsewhere it is the keras.ops form.
 """
 
 import keras
@@ -267,48 +265,3 @@ def dense(inputs, kernel, bias=None):
         return ops.cast(x, inputs.dtype)
     x = matmul(inputs, kernel)
     return x if bias is None else ops.add(x, bias)
-
-
-def dot_product_attention(query, key, value):
-    """`keras.ops.dot_product_attention(query, key, value)`: softmax attention scaled
-    by `1 / sqrt(head_dim)`, without mask or bias, in the `(batch, tokens, heads,
-    head_dim)` layout.
-
-    On PyTorch it calls `torch.nn.functional.scaled_dot_product_attention` on the
-    `(batch, heads, tokens, head_dim)` views of its arguments, as keras.ops does, but
-    without making them contiguous first: the same kernel on the same numbers, reading
-    slices of a fused q|k|v projection in place. Its output comes back in the layout
-    of the query, so the returned `(batch, tokens, heads, head_dim)` view of it is
-    contiguous when the query's tokens are outside its heads. Where gradients will be
-    taken of 16-bit inputs on a CPU, it computes in float32 and rounds the output to
-    the inputs' dtype.
-
-    Args:
-        query, key, value: `(batch, tokens, heads, head_dim)` tensors of one dtype
-            (key and value may have another number of tokens).
-
-    Returns:
-        The `(batch, tokens, heads, head_dim)` attention output.
-
-    Example:
-
-    >>> q = keras.random.normal((2, 5, 3, 8), seed=0)
-    >>> out = dot_product_attention(q, q, q)
-    >>> tuple(out.shape)
-    (2, 5, 3, 8)
-    """
-    if keras.backend.backend() != "torch":
-        return ops.dot_product_attention(query, key, value)
-    import torch
-
-    query, key, value = (ops.convert_to_tensor(x).transpose(1, 2) for x in (query, key, value))
-    dtype = query.dtype
-    if dtype in (torch.bfloat16, torch.float16) and query.device.type == "cpu" and (
-        torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value))
-    ):
-        # On a CPU, PyTorch's 16-bit fused attention computes its gradients slower than
-        # its float32 one (docs/performance.md), so training takes the float32 kernel
-        # and rounds its output once; inference keeps the faster 16-bit forward.
-        query, key, value = (x.float() for x in (query, key, value))
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value)
-    return out.to(dtype).transpose(1, 2)

@@ -1,0 +1,90 @@
+"""SigLIP and SigLIP 2's image tower: timm's copies of Google's release, HF
+transformers' `SiglipVisionModel` and `SiglipModel`, big_vision's and timm's names.
+
+Registry sources: `webli`, `v2_webli` (SigLIP, SigLIP 2): the image towers of Google's
+release (`google/siglip-*`, `google/siglip2-*` on the Hugging Face Hub), as timm's copies
+(timm `vision_transformer.py`: architectures, resolutions). They output the pooled
+features (the MAP head) and have no classes (`num_classes` 0). Their preprocessing is
+the release's (its HF image processor): pixels in [-1, 1] (mean = std = 0.5), the whole
+image resized, bicubically (SigLIP) or bilinearly (SigLIP 2, as big_vision's `resize`).
+timm's `pretrained_cfg` keeps its default 0.9 crop for them.
+
+HF's SigLIP vision encoder is CLIP's (`keras_vit.families.clip.HF_TOWER_RENAMES`);
+big_vision's `.npz` files are read by the generic reader.
+"""
+
+from keras_vit.families.clip import HF_TOWER_NAMES, HF_TOWER_RENAMES
+from keras_vit.families.family import (
+    MAP_ATTENTION_KEY,
+    MAP_HEAD_KEY,
+    TIMM_HUB,
+    Family,
+    TorchName,
+    WeightsEntry,
+)
+
+_SIGLIP = dict(classifier="map", gelu_approximate=True, include_top=False)
+_SO400M = dict(patch_size=14, hidden_dim=1152, mlp_dim=4304, num_heads=16, num_layers=27)
+_PREPROCESSING = dict(mean=(0.5,) * 3, std=(0.5,) * 3, crop_fraction=None)
+# (timm name, variant (None: model_args), resolution, switches, interpolation); the
+# release's HF id in the comment.
+_WEBLI = [
+    ("vit_base_patch16_siglip_224.webli", "B/16", 224,  # google/siglip-base-patch16-224
+     _SIGLIP, "bicubic"),
+    ("vit_so400m_patch14_siglip_384.webli", None, 384,  # google/siglip-so400m-patch14-384
+     dict(_SIGLIP, **_SO400M), "bicubic"),
+    ("vit_base_patch16_siglip_224.v2_webli", "B/16", 224,  # google/siglip2-base-patch16-224
+     _SIGLIP, "bilinear"),
+]
+
+
+def _entries():
+    return [
+        WeightsEntry(
+            name=name, url=TIMM_HUB.format(name=name), variant=variant, image_size=image_size,
+            num_classes=0, pretraining="WebLI", model_args=dict(switches),
+            **dict(_PREPROCESSING, interpolation=interpolation),
+        )
+        for name, variant, image_size, switches, interpolation in _WEBLI
+    ]
+
+
+def _hf_arguments(config, top, architecture):
+    """A SigLIP without its MAP head outputs its `last_hidden_state`."""
+    return {} if config.get("vision_use_head", True) else dict(pooling=False)
+
+
+# The MAP head (HF's `head`, timm's `attn_pool`).
+_TORCH_NAMES = HF_TOWER_NAMES + (
+    TorchName(MAP_HEAD_KEY + "/probe", "copy", r"head\.probe", r"attn_pool\.latent"),
+    TorchName(MAP_ATTENTION_KEY, "qkv", r"head\.attention\.in_proj", None),
+    TorchName(MAP_ATTENTION_KEY + "/query", "heads_in", None, r"attn_pool\.q"),
+    TorchName(MAP_ATTENTION_KEY, "kv", None, r"attn_pool\.kv"),
+    TorchName(MAP_ATTENTION_KEY + "/out", "heads_out", r"head\.attention\.out_proj",
+              r"attn_pool\.proj"),
+    TorchName(MAP_HEAD_KEY + "/LayerNorm_0", "norm", r"head\.layernorm", r"attn_pool\.norm"),
+    TorchName(MAP_HEAD_KEY + "/MlpBlock_0/Dense_0", "dense", r"head\.mlp\.fc1",
+              r"attn_pool\.mlp\.fc1"),
+    TorchName(MAP_HEAD_KEY + "/MlpBlock_0/Dense_1", "dense", r"head\.mlp\.fc2",
+              r"attn_pool\.mlp\.fc2"),
+)
+_HF_SWITCHES = dict(classifier="map", include_top=False)
+
+FAMILY = Family(
+    name="siglip",
+    switches={"siglip": _SIGLIP, "so400m": _SO400M},
+    entries=tuple(_entries()),
+    # `pooler_output` (the MAP head); a full SiglipModel directory: its vision_config,
+    # the image features.
+    hf_architectures={"SiglipVisionModel": _HF_SWITCHES, "SiglipModel": _HF_SWITCHES},
+    hf_model_types={"Siglip": ("siglip", "siglip_vision_model")},
+    # What config.json leaves out takes SiglipVisionConfig's default.
+    hf_config_defaults=dict(layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh"),
+    hf_arguments=_hf_arguments,
+    hf_pools=True,
+    hf_prefixes=("vision_model",),
+    hf_renames=HF_TOWER_RENAMES + (
+        (r"^head\.attention\.in_proj_(weight|bias)$", r"head.attention.in_proj.\1"),
+    ),
+    torch_names=_TORCH_NAMES,
+)

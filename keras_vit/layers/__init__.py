@@ -1,0 +1,38 @@
+"""The Vision Transformer's layers, one kind per module; `keras.ops` only, every backend.
+
+Weight layouts are chosen so that the official checkpoints map onto them by reshapes
+alone (see `keras_vit.weights.pretrained`).
+
+- `normalization`: `LayerNormalization`.
+- `dense`: `Dense`, on the backends' fastest products.
+- `patches`: `Patches`, `PadToMultiple`.
+- `embedding`: `PatchEncoder` (patch and position embedding), `ClassToken`,
+  `sincos_2d_table`.
+- `posembed`: resampling a position-embedding grid to another patch grid.
+- `rope`: `RotaryEmbedding` (EVA-02's), `rotate`.
+- `attention`: `Attention`.
+- `mlp`: `MLP`, `mlp_activation`.
+- `drop_path`: `DropPath`.
+- `pooling`: `TokenPooling`, `MAPHead`.
+- `block`: `TransformerBlock`.
+
+Every module is imported here, so that importing the package registers every layer
+with Keras (for `keras.saving.load_model`).
+"""
+
+from keras_vit.layers.attention import Attention
+from keras_vit.layers.block import TransformerBlock
+from keras_vit.layers.dense import Dense
+from keras_vit.layers.drop_path import DropPath
+from keras_vit.layers.embedding import ClassToken, PatchEncoder, sincos_2d_table
+from keras_vit.layers.mlp import MLP, mlp_activation
+from keras_vit.layers.normalization import LayerNormalization
+from keras_vit.layers.patches import PadToMultiple, Patches
+from keras_vit.layers.pooling import MAPHead, TokenPooling
+from keras_vit.layers.rope import RotaryEmbedding, rotate
+
+__all__ = [
+    "Attention", "ClassToken", "Dense", "DropPath", "LayerNormalization", "MAPHead", "MLP",
+    "PadToMultiple", "PatchEncoder", "Patches", "RotaryEmbedding", "TokenPooling",
+    "TransformerBlock", "mlp_activation", "rotate", "sincos_2d_table",
+]

@@ -1,0 +1,242 @@
+"""Patch and position embedding (`PatchEncoder`, `sincos_2d_table`) and the learned tokens
+put in front of the patches (`ClassToken`: class, distillation and register tokens)."""
+
+import keras
+from keras import ops
+
+from keras_vit.layers.dense import Dense, dense_dtypes_entry
+from keras_vit.layers import posembed
+from keras_vit.utils.checks import check_choice, check_positive_int
+from keras_vit.utils.serialization import serializable
+
+POSITION_EMBEDDINGS = ("learned", "learned2d", "sincos2d", "none")
+
+
+def sincos_2d_table(grid_size, width, temperature=10000.0):
+    """Fixed 2-D sine-cosine position table of shape `(1, rows * cols, width)`.
+
+    As big_vision's `posemb_sincos_2d`: frequencies `temperature ** -(i / (width/4 - 1))`,
+    channels `[sin(col), cos(col), sin(row), cos(row)]`.
+
+    Example:
+
+    >>> table = sincos_2d_table((4, 4), 32)
+    >>> tuple(table.shape)
+    (1, 16, 32)
+    """
+    rows, cols = grid_size
+    if width % 4 or width < 8:
+        raise ValueError(
+            "pos_embedding='sincos2d' needs a width divisible by 4 and at least 8, "
+            f"got hidden_dim={width}."
+        )
+    quarter = width // 4
+    omega = 1.0 / temperature ** (ops.arange(quarter, dtype="float32") / (quarter - 1))
+    y, x = ops.meshgrid(
+        ops.arange(rows, dtype="float32"), ops.arange(cols, dtype="float32"), indexing="ij"
+    )
+    y = ops.reshape(y, (-1, 1)) * omega[None]
+    x = ops.reshape(x, (-1, 1)) * omega[None]
+    table = ops.concatenate([ops.sin(x), ops.cos(x), ops.sin(y), ops.cos(y)], axis=1)
+    return table[None]
+
+
+@serializable
+class PatchEncoder(keras.layers.Layer):
+    """Projects flattened patches to `hidden_dim` and adds position embeddings.
+
+    It takes patches of its grid `(batch, rows * cols, features)`, or a patch grid of
+    any size `(batch, rows, cols, features)` (`Patches(flatten=False)`, rows and cols
+    possibly known only at run time), to which the position table is resampled in the
+    graph (`position_table(grid)`): `"sincos2d"` is computed for that grid. Either way it
+    returns `(batch, patches, hidden_dim)` tokens in row-major order.
+
+    Args:
+        hidden_dim: width D of the token embeddings.
+        grid_size: `(rows, cols)` of the patch grid (an int means a square grid): the
+            grid of the learned tables.
+        pos_embedding: `"learned"` (the paper's 1-D table, default), `"learned2d"`
+            (row and column tables of D/2 each, concatenated), `"sincos2d"`
+            (fixed), or `"none"`.
+        interpolation: how a learned table is resampled to another grid (see
+            `keras_vit.layers.posembed`): `"bicubic_antialias"`, `"bilinear_align_corners"`
+            or `"bicubic"`.
+        dense_dtypes: `{"projection": policy}` once quantized (written
+            by `get_config` after `model.quantize`); None builds it with the default policy.
+        use_bias: False leaves the bias out of the patch embedding (CLIP's convolution
+            has none).
+
+    The position table covers the patches only; the class token's row lives in
+    `ClassToken`, so resolution changes resample a pure patch grid.
+
+    Example:
+
+    >>> patches = keras.random.uniform((2, 16, 48))
+    >>> tuple(PatchEncoder(32, grid_size=4)(patches).shape)
+    (2, 16, 32)
+    >>> tuple(PatchEncoder(32, grid_size=4)(keras.random.uniform((2, 3, 5, 48))).shape)
+    (2, 15, 32)
+    """
+
+    def __init__(
+        self, hidden_dim, grid_size, pos_embedding="learned", interpolation="bicubic_antialias",
+        dense_dtypes=None, use_bias=True, **kwargs
+    ):
+        super().__init__(**kwargs)
+        dense_dtypes = dense_dtypes or {}
+        check_choice("pos_embedding", pos_embedding, POSITION_EMBEDDINGS)
+        posembed.check_interpolation(interpolation)
+        if isinstance(grid_size, int):
+            grid_size = (grid_size, grid_size)
+        self.hidden_dim = int(hidden_dim)
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.pos_embedding = pos_embedding
+        self.interpolation = interpolation
+        if pos_embedding == "learned2d" and self.hidden_dim % 2:
+            raise ValueError(
+                f"pos_embedding='learned2d' needs an even width, got hidden_dim={hidden_dim}."
+            )
+        if pos_embedding == "sincos2d":
+            # Validates the width now rather than at the first call.
+            sincos_2d_table(self.grid_size, self.hidden_dim)
+        self.use_bias = bool(use_bias)
+        self.projection = Dense(
+            self.hidden_dim, use_bias=self.use_bias, name="projection",
+            dtype=dense_dtypes.get("projection"),
+        )
+
+    def build(self, input_shape):
+        rows, cols = self.grid_size
+        if len(input_shape) == 3 and input_shape[1] not in (None, rows * cols):
+            raise ValueError(
+                f"PatchEncoder with grid_size {self.grid_size} expects {rows * cols} "
+                f"patches, got {input_shape[1]}."
+            )
+        self.projection.build(input_shape)
+        init = keras.initializers.RandomNormal(stddev=0.02)
+        if self.pos_embedding == "learned":
+            self.position = self.add_weight(
+                name="position", shape=(1, rows * cols, self.hidden_dim), initializer=init
+            )
+        elif self.pos_embedding == "learned2d":
+            half = self.hidden_dim // 2
+            self.row_position = self.add_weight(
+                name="row_position", shape=(rows, 1, half), initializer=init
+            )
+            self.col_position = self.add_weight(
+                name="col_position", shape=(1, cols, half), initializer=init
+            )
+
+    def position_table(self, grid=None):
+        """The `(1, rows * cols, hidden_dim)` table added to the patches, or None.
+
+        Args:
+            grid: `(rows, cols)` of the patches, ints or scalar integer tensors; the
+                learned tables are resampled to it with `interpolation` (per axis for
+                `"learned2d"`). None (or `grid_size`) gives the tables as they are.
+        """
+        rows, cols = self.grid_size if grid is None else grid
+        if self.pos_embedding == "learned":
+            if grid is None:
+                return self.position
+            table = ops.reshape(self.position, (*self.grid_size, self.hidden_dim))
+            table = posembed.resample_position_tensor(table, (rows, cols), self.interpolation)
+            return ops.reshape(table, (1, rows * cols, self.hidden_dim))
+        if self.pos_embedding == "learned2d":
+            half = self.hidden_dim // 2
+            resample = posembed.resample_position_tensor
+            row_table = resample(self.row_position, (rows, 1), self.interpolation)
+            col_table = resample(self.col_position, (1, cols), self.interpolation)
+            table = ops.concatenate(
+                [
+                    ops.broadcast_to(row_table, (rows, cols, half)),
+                    ops.broadcast_to(col_table, (rows, cols, half)),
+                ],
+                axis=-1,
+            )
+            return ops.reshape(table, (1, rows * cols, self.hidden_dim))
+        if self.pos_embedding == "sincos2d":
+            return sincos_2d_table((rows, cols), self.hidden_dim)
+        return None
+
+    def call(self, patches):
+        x = self.projection(patches)
+        grid = None
+        if len(patches.shape) == 4:
+            shape = ops.shape(patches)
+            grid = (shape[1], shape[2])
+            x = ops.reshape(x, (-1, grid[0] * grid[1], self.hidden_dim))
+        table = self.position_table(grid)
+        if table is None:
+            return x
+        return x + ops.cast(table, x.dtype)
+
+    def compute_output_shape(self, input_shape):
+        if len(input_shape) == 4:
+            batch, rows, cols = input_shape[:3]
+            return (batch, None if rows is None or cols is None else rows * cols, self.hidden_dim)
+        return (*input_shape[:-1], self.hidden_dim)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "hidden_dim": self.hidden_dim,
+            "grid_size": self.grid_size,
+            "pos_embedding": self.pos_embedding,
+            "interpolation": self.interpolation,
+            **dense_dtypes_entry(self, ("projection",)),
+            # Only when off: the configs of the models with a bias stay as they were.
+            **({} if self.use_bias else {"use_bias": False}),
+        }
+
+
+@serializable
+class ClassToken(keras.layers.Layer):
+    """Prepends a learned class token (zero-initialised) to a token sequence.
+
+    Args:
+        use_position: also learn the class token's own position-embedding row
+            (initialised like the position table). The official checkpoints'
+            position table has this row as its first; storing it here keeps the
+            exact parameter count while the patch table stays a pure grid.
+        num_tokens: how many learned tokens it prepends (1; DINOv2's registers: 4).
+
+    Example:
+
+    >>> tokens = keras.random.uniform((2, 16, 32))
+    >>> tuple(ClassToken()(tokens).shape), tuple(ClassToken(num_tokens=4)(tokens).shape)
+    ((2, 17, 32), (2, 20, 32))
+    """
+
+    def __init__(self, use_position=False, num_tokens=1, **kwargs):
+        super().__init__(**kwargs)
+        self.use_position = bool(use_position)
+        self.num_tokens = check_positive_int("num_tokens", num_tokens)
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        shape = (1, self.num_tokens, width)
+        self.token = self.add_weight(name="token", shape=shape, initializer="zeros")
+        if self.use_position:
+            self.position = self.add_weight(
+                name="position",
+                shape=shape,
+                initializer=keras.initializers.RandomNormal(stddev=0.02),
+            )
+
+    def call(self, tokens):
+        token = self.token + self.position if self.use_position else self.token
+        token = ops.cast(token, tokens.dtype)
+        token = ops.broadcast_to(
+            token, (ops.shape(tokens)[0], self.num_tokens, tokens.shape[-1])
+        )
+        return ops.concatenate([token, tokens], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        batch, length, width = input_shape
+        return (batch, None if length is None else length + self.num_tokens, width)
+
+    def get_config(self):
+        # `num_tokens` only when set: the configs of the class tokens stay as they were.
+        count = {} if self.num_tokens == 1 else {"num_tokens": self.num_tokens}
+        return {**super().get_config(), "use_position": self.use_position, **count}

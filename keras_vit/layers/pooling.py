@@ -1,0 +1,173 @@
+"""Pooling the encoder's tokens into one feature vector: by token or mean (`TokenPooling`),
+or by attention (`MAPHead`)."""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_vit.backend import products
+from keras_vit.layers.dense import Dense, dense_dtypes_entry
+from keras_vit.layers.mlp import MLP
+from keras_vit.layers.normalization import LayerNormalization
+from keras_vit.utils.checks import check_choice, check_positive_int
+from keras_vit.utils.serialization import serializable
+
+
+@serializable
+class TokenPooling(keras.layers.Layer):
+    """Pools encoder output tokens: `"token"` takes one (the first, or the one at
+    `index`), `"gap"` averages those from `index` on (all by default), `"distilled"`
+    averages the first two (DeiT's class and distillation tokens, as timm's
+    `pre_logits`), `"token_gap"` concatenates the
+    first with the mean of the tokens from `index` on (the patches: HF's
+    `Dinov2ForImageClassification`), twice the width.
+
+    Example:
+
+    >>> tuple(TokenPooling("gap")(keras.random.uniform((2, 16, 32))).shape)
+    (2, 32)
+    >>> tuple(TokenPooling("token_gap", index=1)(keras.random.uniform((2, 17, 32))).shape)
+    (2, 64)
+    """
+
+    def __init__(self, classifier="token", index=0, **kwargs):
+        super().__init__(**kwargs)
+        check_choice("classifier", classifier, ("token", "gap", "distilled", "token_gap"))
+        self.classifier = classifier
+        self.index = int(index)
+
+    def call(self, tokens):
+        if self.classifier == "token":
+            return tokens[:, self.index]
+        if self.classifier == "distilled":
+            return (tokens[:, 0] + tokens[:, 1]) / 2
+        if self.classifier == "token_gap":
+            patches = ops.mean(tokens[:, self.index:], axis=1)
+            return ops.concatenate([tokens[:, 0], patches], axis=-1)
+        return ops.mean(tokens[:, self.index:], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        width = input_shape[2] * (2 if self.classifier == "token_gap" else 1)
+        return (input_shape[0], width)
+
+    def get_config(self):
+        # `index` only when set: the configs of the paper's models stay as they were.
+        return {
+            **super().get_config(),
+            "classifier": self.classifier,
+            **({"index": self.index} if self.index else {}),
+        }
+
+
+@serializable
+class MAPHead(keras.layers.Layer):
+    """Multi-head attention pooling (big_vision's `MAPHead`, SigLIP's pooling).
+
+    A learned probe token attends over all the tokens, then a residual `MLP` on its
+    LayerNorm: `x = Attention(probe, tokens)`, `x = x + MLP(LN(x))`, and `x[:, 0]` is
+    returned, as HF's `SiglipMultiheadAttentionPoolingHead` and timm's
+    `AttentionPoolLatent` compute it.
+
+    Args:
+        num_heads: attention heads; must divide the width.
+        mlp_dim: hidden width of the MLP.
+        layer_norm_epsilon: epsilon of the LayerNorm.
+        gelu_approximate, quick_gelu: the MLP's activation (see
+            `keras_vit.layers.mlp.mlp_activation`).
+        dense_dtypes: policies of the quantized Dense sublayers by name (written
+            by `get_config` after `model.quantize`).
+
+    Returns:
+        `(batch, width)` pooled features.
+
+    Example:
+
+    >>> head = MAPHead(num_heads=4, mlp_dim=64)
+    >>> tuple(head(keras.random.uniform((2, 16, 32))).shape)
+    (2, 32)
+    """
+
+    DENSE_LAYERS = ("query", "key_value", "attention_output", "mlp_fc1", "mlp_fc2")
+
+    def __init__(self, num_heads, mlp_dim, layer_norm_epsilon=1e-6, gelu_approximate=False,
+                 quick_gelu=False, dense_dtypes=None, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.mlp_dim = check_positive_int("mlp_dim", mlp_dim)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.gelu_approximate = bool(gelu_approximate)
+        self.quick_gelu = bool(quick_gelu)
+        self.dense_dtypes = dict(dense_dtypes or {})
+        self.norm = LayerNormalization(epsilon=self.layer_norm_epsilon, name="norm")
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        if width % self.num_heads:
+            raise ValueError(f"hidden_dim {width} is not divisible by num_heads {self.num_heads}.")
+        self.head_dim = width // self.num_heads
+        self.probe = self.add_weight(
+            name="probe", shape=(1, 1, width), initializer=keras.initializers.RandomNormal(stddev=0.02)
+        )
+        # The probe's query, and the tokens' keys and values (k | v, heads contiguous).
+        for name, units in (("query", width), ("key_value", 2 * width),
+                            ("attention_output", width)):
+            setattr(self, name, Dense(units, name=name, dtype=self.dense_dtypes.get(name)))
+        mlp = MLP(
+            self.mlp_dim, gelu_approximate=self.gelu_approximate, quick_gelu=self.quick_gelu,
+            dense_dtypes={k: v for k, v in self.dense_dtypes.items() if k in MLP.DENSE_LAYERS},
+            name="mlp",
+        )
+        token_shape = tuple(input_shape)
+        probe_shape = (token_shape[0], 1, width)
+        self.key_value.build(token_shape)
+        for layer in (self.query, self.attention_output, self.norm, mlp):
+            layer.build(probe_shape)
+        # The MLP's Dense layers are the head's attributes under their names of always,
+        # set after it (as in `TransformerBlock`): a `.keras` file stores each variable
+        # under the first public attribute path that reaches it.
+        self._mlp = mlp
+        self.mlp_fc1, self.mlp_fc2 = mlp.mlp_fc1, mlp.mlp_fc2
+
+    def projections(self):
+        """The head's `Dense` layers (`DENSE_LAYERS` order)."""
+        return tuple(getattr(self, name) for name in self.DENSE_LAYERS)
+
+    def call(self, tokens, return_attention=False):
+        """Pools `tokens`; with `return_attention`, also returns the probe's float32
+        attention over them, `(batch, heads, tokens)` (where the model looks)."""
+        length, width = ops.shape(tokens)[1], tokens.shape[-1]
+        probe = ops.cast(self.probe, tokens.dtype)
+        query = ops.reshape(self.query(probe), (1, 1, self.num_heads, self.head_dim))
+        query = ops.transpose(query, (0, 2, 1, 3)) * ops.cast(1.0 / math.sqrt(self.head_dim),
+                                                              tokens.dtype)
+        kv = ops.reshape(self.key_value(tokens), (-1, length, 2, self.num_heads, self.head_dim))
+        key, value = (ops.squeeze(part, 0) for part in ops.split(ops.transpose(kv, (2, 0, 3, 1, 4)), 2))
+        # Float32 logits under every policy, as in `Attention`.
+        logits = products.matmul_float32(
+            ops.broadcast_to(query, (ops.shape(tokens)[0], self.num_heads, 1, self.head_dim)),
+            key, transpose_x2=True,
+        )
+        attention = ops.softmax(logits, axis=-1)
+        weights = ops.cast(attention, value.dtype)
+        out = ops.reshape(ops.transpose(products.matmul(weights, value), (0, 2, 1, 3)),
+                          (-1, 1, width))
+        x = self.attention_output(out)
+        pooled = (x + self._mlp(self.norm(x)))[:, 0]
+        if return_attention:
+            return pooled, ops.cast(attention[:, :, 0], "float32")
+        return pooled
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "mlp_dim": self.mlp_dim,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "gelu_approximate": self.gelu_approximate,
+            "quick_gelu": self.quick_gelu,
+            **dense_dtypes_entry(self, self.DENSE_LAYERS),
+        }
