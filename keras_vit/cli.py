@@ -399,11 +399,14 @@ def _load_run_model(source):
 
 def _labels(args):
     """Class names: `--labels FILE`, else those the `--from` run stored, else None."""
+    source = getattr(args, "source", None)
+    if not (args.labels or source):  # (and no TensorFlow: runs reads files with it)
+        return None
     from keras_vit.training import runs
 
     if args.labels:
         return runs.read_labels(args.labels)
-    return runs.class_names(args.source) if getattr(args, "source", None) else None
+    return runs.class_names(source)
 
 
 def _crop_fraction(args, config, model):
@@ -733,7 +736,6 @@ def predict(args):
     import json
 
     from keras_vit.inference import classify
-    from keras_vit.training.runs import output_activation
     from keras_vit.utils.csv_rows import write_rows
     from keras_vit.weights.pretrained import NotFiniteWeights, pretrained
 
@@ -746,10 +748,14 @@ def predict(args):
                 f"{error.problem}: the model would not give finite outputs, and keras-vit "
                 "predict does not load it; delete the file to download it again."
             ) from None
-    else:
+        activation = None  # classify's: the checkpoint's
+        crop_fraction = "model" if args.crop_fraction is None else args.crop_fraction
+    else:  # a run's files (read with TensorFlow: predict --weights needs none)
+        from keras_vit.training.runs import output_activation
+
         model, config = _load_run_model(args.source)
-    activation = output_activation(config) if config is not None else None
-    crop_fraction = _crop_fraction(args, config, model)
+        activation = output_activation(config) if config is not None else None
+        crop_fraction = _crop_fraction(args, config, model)
     results = classify(
         model, args.images, top_k=args.top_k, labels=labels, activation=activation,
         crop_fraction=crop_fraction, batch_size=args.batch_size, skip_unreadable=True,

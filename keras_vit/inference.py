@@ -22,8 +22,8 @@ from keras_vit.weights import registry
 
 logger = logging.getLogger("keras_vit")
 
-# Decoding waits on TensorFlow's kernels, which release the GIL: threads overlap it with
-# the model's batch.
+# Decoding and resizing wait in PIL and NumPy, which release the GIL: threads overlap them
+# with the model's batch.
 DECODE_THREADS = max(2, os.cpu_count() or 1)
 
 

@@ -93,7 +93,7 @@ def test_hf_directory_builds_and_matches_transformers(kind, references):
     assert config.get("mlp", "gelu") == ("swiglu" if kind == "swiglu" else "gelu")
     assert config["preprocessing"] == dict(
         mean=PROCESSOR["image_mean"], std=PROCESSOR["image_std"], interpolation="bicubic",
-        crop_fraction=224 / 256,
+        antialias=True, crop_fraction=224 / 256,
     )
     assert relative_error(outputs(model, images()), hf_outputs(hf, images())) < 1e-4
 
@@ -351,7 +351,7 @@ def test_registry_lists_the_dinov2_backbones_with_their_switches():
             giant.model_args["mlp_dim"]) == (518, "swiglu", 4, 4096)
     assert entries["vit_base_patch14_dinov2.lvd142m"].preprocessing == dict(
         mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], interpolation="bicubic",
-        crop_fraction=1.0)
+        antialias=True, crop_fraction=1.0)
     name = "vit_small_patch14_reg4_dinov2.lvd142m"
     assert source_defaults(name, {"image_size": 224, "include_top": False}) == dict(
         variant="S/14", image_size=224, include_top=False, num_classes=0, layer_scale_init=1e-5,

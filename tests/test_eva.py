@@ -298,7 +298,7 @@ def test_registry_lists_eva02_with_its_sources_values():
     assert (base.image_size, base.num_classes, base.top1) == (448, 1000, 88.678)
     assert base.preprocessing == dict(
         mean=[0.48145466, 0.4578275, 0.40821073], std=[0.26862954, 0.26130258, 0.27577711],
-        interpolation="bicubic", crop_fraction=None)  # crop_mode="squash"
+        interpolation="bicubic", antialias=True, crop_fraction=None)  # crop_mode="squash"
     tiny = entries["eva02_tiny_patch14_224.mim_in22k"]
     assert tiny.build_args() == dict(
         image_size=224, num_classes=0, patch_size=14, hidden_dim=192, num_heads=3,

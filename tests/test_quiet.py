@@ -57,6 +57,44 @@ def test_predict_prints_no_tensorflow_log_line(model_and_image, backend):
     assert _noise(process) == []
 
 
+@pytest.fixture(scope="module")
+def hf_directory_and_photos(tmp_path_factory):
+    """A tiny HF ViT classifier with HF ViT's image processor (PIL bilinear, resample
+    2) at 32 px, and scikit-learn's two sample photos (real JPEGs)."""
+    from sklearn.datasets import load_sample_images
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    folder = tmp_path_factory.mktemp("hf_vit")
+    ViTForImageClassification(ViTConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        image_size=32, patch_size=8, num_labels=3)).save_pretrained(folder)
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    return folder, list(load_sample_images().filenames)
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_predict_and_weights_run_without_tensorflow_on_jax_and_torch(
+        hf_directory_and_photos, backend):
+    """`keras-vit predict --weights` decodes and resizes without TensorFlow (PIL and
+    NumPy, `keras_vit.data.images`), and `keras-vit weights` needs none: neither imports
+    it on JAX or PyTorch. (`--from` a run's files reads them with TensorFlow.)"""
+    folder, photos = hf_directory_and_photos
+    code = (
+        "import sys\n"
+        "from keras_vit import cli\n"
+        f"assert cli.main(['predict', '--weights', {str(folder)!r}, *{photos!r}, "
+        "'--top-k', '2']) == 0\n"
+        "assert cli.main(['weights', 'vit_base_patch16_224*']) == 0\n"
+        "print('tensorflow imported:', 'tensorflow' in sys.modules)\n"
+    )
+    process = _python("-c", code, backend=backend)
+    lines = process.stdout.splitlines()
+    assert [line for line in lines if line in photos] == photos  # each photo classified
+    assert any(line.startswith("vit_base_patch16_224") for line in lines)
+    assert lines[-1] == "tensorflow imported: False"
+    assert _noise(process) == []
+
+
 @pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
 def test_weights_prints_no_tensorflow_log_line(backend):
     process = _command("weights", "vit_base_patch16_224*", backend=backend)

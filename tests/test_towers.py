@@ -76,7 +76,8 @@ def test_hf_siglip_vision_model_builds_and_matches_transformers(siglip):
     assert {key: config[key] for key in SIGLIP} == SIGLIP
     assert "cls" not in str([w.path for w in model.weights])  # no class token
     assert config["preprocessing"] == dict(mean=[0.5] * 3, std=[0.5] * 3,
-                                           interpolation="bicubic", crop_fraction=None)
+                                           interpolation="bicubic", antialias=True,
+                                           crop_fraction=None)
     assert model.output_shape == (None, WIDTH)
     assert relative_error(outputs(model), reference) < 1e-4
 
@@ -88,7 +89,8 @@ def test_hf_clip_with_projection_builds_and_matches_image_embeds(clip):
     assert {key: config[key] for key in CLIP} == CLIP
     assert config["projection_dim"] == PROJECTION and config["classifier"] == "token"
     assert config["preprocessing"] == dict(mean=OPENAI_MEAN, std=OPENAI_STD,
-                                           interpolation="bicubic", crop_fraction=1.0)
+                                           interpolation="bicubic", antialias=True,
+                                           crop_fraction=1.0)
     assert relative_error(outputs(model), reference) < 1e-4
 
 
@@ -528,7 +530,8 @@ def test_registry_lists_the_towers_with_their_switches_and_preprocessing():
     entry = entries["vit_base_patch32_clip_224.openai"]
     assert entry.url == registry.TIMM_HUB.format(name=entry.name)
     assert entry.preprocessing == dict(mean=OPENAI_MEAN, std=OPENAI_STD,
-                                       interpolation="bicubic", crop_fraction=1.0)
+                                       interpolation="bicubic", antialias=True,
+                                       crop_fraction=1.0)
     assert entries["vit_base_patch16_siglip_224.v2_webli"].preprocessing["interpolation"] == "bilinear"
     # What ViT(weights=NAME) takes from the entry: the tower's switches, not the projection.
     assert source_defaults("vit_base_patch16_clip_224.openai", {"num_classes": 5}) == dict(

@@ -1,23 +1,21 @@
-"""Decoding and geometry: image files to pixels, crops and resizes (TensorFlow-only).
+"""Decoding and geometry in `tf.data`: image files to pixels, crops and resizes.
 
 `decode_pixels` decodes any of the image formats to 1 or 3 channels, `decode_crop`
 decodes a payload inside a crop window (JPEGs only inside it), the
 `*_window` functions draw windows, and `eval_resize` / `central_crop` bring images to
-the model's size as evaluation does. `read_images` reads files as one batch of inputs.
+the model's size as evaluation does. JPEGs are decoded with libjpeg's accurate integer
+IDCT (`DCT_METHOD`), as PIL decodes them, so `keras_vit.data.images` (files to inputs
+without TensorFlow) gets the same pixels.
 """
 
-import logging
-import os
-
-import keras
 import tensorflow as tf
 
-from keras_vit.data import headers, libjpeg
-from keras_vit.models.preprocessing import DEFAULT, INTERPOLATIONS, check_preprocessing
-from keras_vit.models.vit import preprocess
-from keras_vit.utils.checks import check_choice, check_in_range
+from keras_vit.data import headers
+from keras_vit.models.preprocessing import resize_filter
+from keras_vit.utils.checks import check_in_range
 
-logger = logging.getLogger("keras_vit")
+# libjpeg's JDCT_ISLOW, PIL's (TensorFlow's own default is the fast, less exact IDCT).
+DCT_METHOD = "INTEGER_ACCURATE"
 
 
 def to_channels(image, channels):
@@ -50,7 +48,11 @@ def decode_pixels(payload, channels):
     """
 
     def decode(channels):
-        return tf.io.decode_image(payload, channels=channels, expand_animations=False)
+        return tf.cond(
+            tf.io.is_jpeg(payload),
+            lambda: tf.io.decode_jpeg(payload, channels=channels, dct_method=DCT_METHOD),
+            lambda: tf.io.decode_image(payload, channels=channels, expand_animations=False),
+        )
 
     if channels != 1:
         image = decode(channels)
@@ -184,7 +186,8 @@ def decode_crop(payload, encoded, channels, window_fn):
         window = tf.stack([offset[0], offset[1], size[0], size[1]])
 
         def crop(channels):
-            return tf.image.decode_and_crop_jpeg(payload, window, channels=channels)
+            return tf.image.decode_and_crop_jpeg(payload, window, channels=channels,
+                                                 dct_method=DCT_METHOD)
 
         if channels != 1:
             return crop(channels)
@@ -240,10 +243,10 @@ def resize_square(image, image_size, channels):
     return image
 
 
-def central_crop(image, image_size, crop_fraction, interpolation="bilinear"):
+def central_crop(image, image_size, crop_fraction, interpolation="bilinear", antialias=None):
     """Resizes the short side to `image_size / crop_fraction`, then cuts the central
     `image_size` square: the eval preprocessing (big_vision's resize_small + central_crop,
-    timm's Resize + CenterCrop with `crop_pct`).
+    timm's Resize + CenterCrop with `crop_pct`), with the filter of `resize`.
     `image` is one image `(height, width, channels)` or a batch of images of one size.
 
     Example:
@@ -254,7 +257,7 @@ def central_crop(image, image_size, crop_fraction, interpolation="bilinear"):
     shape = tf.cast(tf.shape(image)[-3:-1], tf.float32)
     scale = (image_size / crop_fraction) / tf.reduce_min(shape)
     resized = tf.maximum(tf.cast(tf.round(shape * scale), tf.int32), image_size)
-    image = resize(image, resized, interpolation)
+    image = resize(image, resized, interpolation, antialias)
     top = (resized[0] - image_size) // 2
     left = (resized[1] - image_size) // 2
     image = image[..., top : top + image_size, left : left + image_size, :]
@@ -262,27 +265,36 @@ def central_crop(image, image_size, crop_fraction, interpolation="bilinear"):
     return image
 
 
-def resize(images, size, interpolation="bilinear"):
-    """Float32 `images` resized to `size` with a checkpoint's `interpolation`.
+def resize(images, size, interpolation="bilinear", antialias=None):
+    """Float32 `images` resized to `size` with a checkpoint's filter (see
+    `keras_vit.models.preprocessing`).
 
-    `"bilinear"` is TensorFlow's (no antialiasing), as vit_jax evaluates; `"bicubic"`
-    antialiases when shrinking and is clipped to [0, 255], as PIL's bicubic resize
-    (timm's and HF's image processors) does on 8-bit images.
+    Args:
+        images: float32 pixels in [0, 255], one image or a batch.
+        size: `(height, width)`.
+        interpolation: `"bilinear"` or `"bicubic"`.
+        antialias: False: TensorFlow's resize, as vit_jax evaluates (bilinear only);
+            True: the filter widened when shrinking, as PIL's resize (timm's and HF's
+            image processors); None: `interpolation`'s (`resize_filter`). Bicubic is
+            clipped to [0, 255], as PIL's 8-bit result is.
+
+    Example:
+
+    >>> resize(tf.constant([[[0.0], [10.0]]]), (1, 4))[..., 0].numpy().tolist()
+    [[0.0, 2.5, 7.5, 10.0]]
     """
-    if interpolation == "bilinear":
-        return tf.image.resize(images, size, method="bilinear")
-    check_choice("interpolation", interpolation, INTERPOLATIONS)
-    return tf.clip_by_value(tf.image.resize(images, size, method="bicubic", antialias=True),
-                            0.0, 255.0)
+    interpolation, antialias = resize_filter(interpolation, antialias)
+    resized = tf.image.resize(images, size, method=interpolation, antialias=antialias)
+    return tf.clip_by_value(resized, 0.0, 255.0) if interpolation == "bicubic" else resized
 
 
-def eval_resize(images, size, crop_fraction=None, interpolation="bilinear"):
+def eval_resize(images, size, crop_fraction=None, interpolation="bilinear", antialias=None):
     """Images (one, or a batch of one size) brought to the model's `size`, as float32.
 
-    `crop_fraction=None` resizes the whole image (bilinear), as the official vit_jax
+    `crop_fraction=None` resizes the whole image, as the official vit_jax
     evaluation does for its checkpoints; a fraction in (0, 1] takes the `central_crop`
     of the engine's `eval_dataset` (a run's `evaluation.crop_fraction`), for square sizes.
-    `interpolation` is the checkpoint's resize method (see `resize`).
+    `interpolation` and `antialias` are the checkpoint's resize filter (see `resize`).
 
     Example:
 
@@ -292,8 +304,8 @@ def eval_resize(images, size, crop_fraction=None, interpolation="bilinear"):
     height, width = check_crop_fraction(crop_fraction, size)
     images = tf.cast(images, tf.float32)
     if crop_fraction is None:
-        return resize(images, (height, width), interpolation)
-    return central_crop(images, height, crop_fraction, interpolation)
+        return resize(images, (height, width), interpolation, antialias)
+    return central_crop(images, height, crop_fraction, interpolation, antialias)
 
 
 def check_crop_fraction(crop_fraction, size):
@@ -309,49 +321,3 @@ def check_crop_fraction(crop_fraction, size):
             f"got {height}x{width}; use crop_fraction=None to resize whole images."
         )
     return height, width
-
-
-def read_images(paths, image_size, *, channels=3, crop_fraction=None, preprocessing=None):
-    """Image files as one batch of model inputs, `(len(paths), size, size, channels)`.
-
-    Checked without decoding first (`headers.image_problem`: damaged files and those
-    over the pixel limit are refused), decoded (JPEG, PNG, GIF, BMP, WebP), brought to
-    `image_size` by `eval_resize` (the whole image, or a run's central crop) with the
-    interpolation of `preprocessing` (a model's: `model_preprocessing`) and normalised
-    by it (`keras_vit.preprocess`; None: scaled to [-1, 1]). A missing, unreadable (no
-    permission, a folder), damaged or oversize file is an error naming it; a JPEG that
-    decodes with a libjpeg warning is used, named in one logged line (`libjpeg.kept_line`).
-
-    Example:
-
-    >>> import tempfile
-    >>> path = os.path.join(tempfile.mkdtemp(), "grey.png")
-    >>> tf.io.write_file(path, tf.io.encode_png(tf.fill([20, 30, 3], tf.constant(255, tf.uint8))))
-    >>> read_images([path], 16).shape
-    (1, 16, 16, 3)
-    """
-    interpolation = check_preprocessing(preprocessing or DEFAULT)["interpolation"]
-    images = []
-    for path in paths:
-        if not tf.io.gfile.exists(path):
-            raise FileNotFoundError(f"No such image file: {path!r}.")
-        if tf.io.gfile.isdir(path):
-            raise IsADirectoryError(f"{path!r} is a folder, not an image file.")
-        try:
-            payload = tf.io.read_file(path)
-        except tf.errors.OpError as error:  # no read permission, an I/O error
-            reason = error.message.rpartition("; ")[2] or error.__class__.__name__
-            raise OSError(f"{path!r} cannot be read: {reason}.") from None
-        problem = headers.image_problem(payload.numpy())
-        if problem:
-            raise ValueError(f"{path!r} is not a readable image: {problem}.")
-        warning = libjpeg.warning(payload.numpy())  # cheap for the files of a call
-        if warning:
-            logger.warning(libjpeg.kept_line(path, warning))
-        try:
-            image = decode_crop(payload, True, channels, full_window)
-        except tf.errors.InvalidArgumentError as error:
-            reason = error.message.splitlines()[0]
-            raise ValueError(f"{path!r} is not a readable image: {reason}") from None
-        images.append(eval_resize(image, image_size, crop_fraction, interpolation))
-    return keras.ops.convert_to_numpy(preprocess(tf.stack(images).numpy(), preprocessing))

@@ -20,8 +20,6 @@ import logging
 import os
 from typing import Optional
 
-import tensorflow as tf
-
 from keras_vit.data import headers
 from keras_vit.utils.files import atomic_write
 from keras_vit.utils.image_files import IMAGE_EXTENSIONS
@@ -148,6 +146,8 @@ def scan(folder):
             for entry in entries:
                 (folders if is_folder(entry) else files).append(entry.name)
         return folders, files
+    import tensorflow as tf  # its file systems; local folders are listed without it
+
     folders, files = [], []
     for name in tf.io.gfile.listdir(folder):
         if name.endswith("/"):
@@ -171,31 +171,39 @@ def stamp(path):
 def damage(path):
     """Why `path` is not a readable image, or None: a local file is read whole and
     judged by `headers.image_problem`, a remote one by its first and last bytes."""
+    if is_remote(path):
+        return remote_damage(path)
+    try:  # Positioned reads, no buffering: a fraction of the syscalls of open().
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            head = os.pread(fd, os.fstat(fd).st_size, 0)
+        finally:
+            os.close(fd)
+    except OSError as error:
+        return f"unreadable ({error.strerror or error.__class__.__name__})"
+    return headers.image_problem(head)
+
+
+def remote_damage(path):
+    """`damage` of a remote file (`gs://`, ...), judged by its first and last bytes."""
+    import tensorflow as tf  # its file systems; local folders are listed without it
+
     try:
-        if is_remote(path):
-            with tf.io.gfile.GFile(path, "rb") as f:
-                head = f.read(HEAD)
-                size = f.size()  # (GFile.seek returns None)
-                f.seek(max(size - TAIL, 0))
-                tail = f.read()
-        else:  # Positioned reads, no buffering: a fraction of the syscalls of open().
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                head = os.pread(fd, os.fstat(fd).st_size, 0)
-            finally:
-                os.close(fd)
+        with tf.io.gfile.GFile(path, "rb") as f:
+            head = f.read(HEAD)
+            size = f.size()  # (GFile.seek returns None)
+            f.seek(max(size - TAIL, 0))
+            tail = f.read()
     except OSError as error:
         return f"unreadable ({error.strerror or error.__class__.__name__})"
     except tf.errors.OpError as error:
         return f"unreadable ({error.__class__.__name__})"
-    if is_remote(path):
-        complete = size <= len(head)
-        problem = headers.image_problem(head, complete=complete)
-        marker = END_MARKERS.get(headers.image_format(head))
-        if problem is None and not complete and marker and marker not in tail:
-            problem = f"truncated {headers.image_format(head).upper()} (no end marker)"
-        return problem
-    return headers.image_problem(head)
+    complete = size <= len(head)
+    problem = headers.image_problem(head, complete=complete)
+    marker = END_MARKERS.get(headers.image_format(head))
+    if problem is None and not complete and marker and marker not in tail:
+        problem = f"truncated {headers.image_format(head).upper()} (no end marker)"
+    return problem
 
 
 def in_parallel(function, items, chunk=CHECK_CHUNK):

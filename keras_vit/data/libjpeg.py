@@ -15,7 +15,6 @@ import os
 import threading
 
 import simplejpeg
-import tensorflow as tf
 
 from keras_vit.data import headers
 from keras_vit.data.folders import is_remote, save_listing
@@ -26,15 +25,18 @@ logger = logging.getLogger("keras_vit")
 SAVE_EVERY = 4096
 
 
-def warning(payload):
+def message(payload):
     """libjpeg's warning on decoding the JPEG `payload` (every bit of its entropy-coded
-    data, at 1/8 scale), or None: none, not a JPEG, or an error (TensorFlow then fails
-    to decode it, which the pipelines report).
+    data, at 1/8 scale), or None: none, not a JPEG, or an error (the decoder then fails,
+    which its caller reports).
 
     Example:
 
-    >>> import numpy as np, tensorflow as tf
-    >>> warning(tf.io.encode_jpeg(np.zeros((8, 8, 1), np.uint8)).numpy()) is None
+    >>> import io
+    >>> from PIL import Image
+    >>> buffer = io.BytesIO()
+    >>> Image.new("L", (8, 8)).save(buffer, "JPEG")
+    >>> message(buffer.getvalue()) is None
     True
     """
     if headers.image_format(payload) != "jpeg":
@@ -43,12 +45,29 @@ def warning(payload):
         simplejpeg.decode_jpeg(payload, colorspace="GRAY", min_factor=8, strict=True)
         return None
     except ValueError as error:
-        message = str(error) or "an unnamed warning"
-    try:  # TensorFlow's decoder, which training uses, decodes it: a warning, not an error.
+        return str(error) or "an unnamed warning"
+
+
+def warning(payload):
+    """`message` of the JPEG `payload` where TensorFlow's decoder, which training uses,
+    decodes it (a warning, not an error), else None.
+
+    Example:
+
+    >>> import numpy as np, tensorflow as tf
+    >>> warning(tf.io.encode_jpeg(np.zeros((8, 8, 1), np.uint8)).numpy()) is None
+    True
+    """
+    found = message(payload)
+    if found is None:
+        return None
+    import tensorflow as tf  # only for a warned file: the check of a clean one needs none
+
+    try:
         tf.io.decode_jpeg(payload, channels=1, ratio=8)
     except tf.errors.OpError:
         return None
-    return message
+    return found
 
 
 def kept_line(path, message):

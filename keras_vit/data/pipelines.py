@@ -312,7 +312,7 @@ def eval_dataset(
     preprocessing=None,
 ):
     """One pass over `source`: `eval_resize` (by default a central crop) with the
-    interpolation of `preprocessing`, normalised by it (None: scaled to [-1, 1]),
+    resize filter of `preprocessing`, normalised by it (None: scaled to [-1, 1]),
     one-hot labels.
 
     The last batch may be smaller, so every example counts once.
@@ -327,7 +327,8 @@ def eval_dataset(
     height, width = check_crop_fraction(crop_fraction, image_size)
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels!r}.")
-    interpolation = check_preprocessing(preprocessing or DEFAULT)["interpolation"]
+    checked = check_preprocessing(preprocessing or DEFAULT)
+    method = checked["interpolation"], checked["antialias"]
     num_classes = source.num_classes
     records, _ = shard(source.records, input_context)
     local_batch = (
@@ -338,7 +339,7 @@ def eval_dataset(
 
     def prepare(position, key, label):
         image = decode_crop(read(key), source.encoded, channels, full_window)
-        image = eval_resize(image, image_size, crop_fraction, interpolation)
+        image = eval_resize(image, image_size, crop_fraction, *method)
         return image, tf.one_hot(label, num_classes, dtype=tf.float32)
 
     dataset = decoded_or_flagged(records.enumerate(), prepare, source, channels, read, name,

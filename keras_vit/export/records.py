@@ -8,7 +8,7 @@ import keras
 import numpy as np
 
 from keras_vit import __version__
-from keras_vit.models.preprocessing import DEFAULT, describe, model_preprocessing
+from keras_vit.models.preprocessing import DEFAULT, describe, model_preprocessing, resize_name
 from keras_vit.utils.extras import optional_import
 
 # The metadata key under which an ONNX export holds its record.
@@ -70,7 +70,7 @@ def export_record(model, what, input_name, *, crop_fraction=None, labels=None, m
     """
     height, width, channels = image_input_size(model, what)
     preprocessing = model_preprocessing(model)
-    method = preprocessing["interpolation"]
+    method = resize_name(preprocessing)
     resize = (
         f"{method} resize of the whole image to image_size" if crop_fraction is None
         else f"{method} resize of the short side to image_size / {crop_fraction}, "

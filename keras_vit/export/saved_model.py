@@ -21,6 +21,7 @@ from keras_vit.models.preprocessing import (
     check_preprocessing,
     describe,
     model_preprocessing,
+    resize_name,
     shift_and_scale,
 )
 from keras_vit.models.vit import preprocess, vit_parts
@@ -72,7 +73,7 @@ def _check_labels(labels, num_classes):
     return labels
 
 
-def _to_model_size(images, height, width, crop_fraction, interpolation):
+def _to_model_size(images, height, width, crop_fraction, interpolation, antialias):
     """Float32 pixels in [0, 255] at (height, width) (`eval_resize`); images already at
     that size are only cast."""
     shape = tf.shape(images)
@@ -80,7 +81,7 @@ def _to_model_size(images, height, width, crop_fraction, interpolation):
     return tf.cond(
         same_size,
         lambda: tf.cast(images, tf.float32),
-        lambda: eval_resize(images, (height, width), crop_fraction, interpolation),
+        lambda: eval_resize(images, (height, width), crop_fraction, interpolation, antialias),
     )
 
 
@@ -145,7 +146,7 @@ def _serving_functions(
         if native:
             return _at_own_size(images, multiple, pad, zero_pixel)
         return _to_model_size(images, height, width, crop_fraction,
-                              preprocessing["interpolation"])
+                              preprocessing["interpolation"], preprocessing["antialias"])
 
     def predictions(pixels):
         if not native:
@@ -346,9 +347,9 @@ def export_saved_model(
                else f" (height and width multiples of {multiple})")
             + f", then {describe(preprocessing)}"
         ) if native_resolution else (
-            f"{preprocessing['interpolation']} resize of the whole image"
+            f"{resize_name(preprocessing)} resize of the whole image"
             if crop_fraction is None
-            else f"{preprocessing['interpolation']} resize of the short side to image_size "
+            else f"{resize_name(preprocessing)} resize of the short side to image_size "
             f"/ {crop_fraction}, central image_size crop"
         ) + f" unless already image_size, then {describe(preprocessing)}",
         "preprocessing_config": preprocessing,

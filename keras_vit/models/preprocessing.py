@@ -1,13 +1,24 @@
-"""The preprocessing a checkpoint expects: pixel mean and std, resize method and crop.
+"""The preprocessing a checkpoint expects: pixel mean and std, resize filter and crop.
 
 A preprocessing is a dict of the fields that timm's `pretrained_cfg` (`mean`, `std`,
 `interpolation`, `crop_pct`) and HF's image-processor config (`image_mean`,
 `image_std`, `resample`, crop size over resize size) record for a checkpoint:
 `{"mean": [r, g, b], "std": [r, g, b], "interpolation": "bilinear" | "bicubic",
-"crop_fraction": None | fraction}`. A model built with one keeps it
+"antialias": bool, "crop_fraction": None | fraction}`. A model built with one keeps it
 (`VisionTransformer(preprocessing=...)`, recorded in its config); a model without one
 takes `DEFAULT`, the official ViT checkpoints' (pixels scaled to [-1, 1], the whole
-image resized bilinearly, as vit_jax evaluates them).
+image resized bilinearly without antialiasing, as vit_jax evaluates them).
+
+The resize is the filter `interpolation` (the triangle or Keys' a=-0.5 cubic) sampled
+at pixel centres; `antialias` widens it by the shrink factor when shrinking:
+- `antialias=False` (bilinear only) is TensorFlow's `tf.image.resize` (vit_jax's and
+  big_vision's evaluation): each output pixel from its 2 by 2 nearest input pixels.
+- `antialias=True` is PIL's `Image.resize` filter (timm's and HF's image processors:
+  `resample` 2 bilinear, 3 bicubic), computed in float (PIL rounds to uint8 after each
+  of its two passes) and, for bicubic, clipped to [0, 255] as PIL's 8-bit result is.
+A dict without `antialias` (written before the field existed: models' configs, run
+folders, registry entries) means what its `interpolation` meant then: bicubic
+antialiased, bilinear not (`resize_filter`).
 
 `normalize` is the one map from float pixels in [0, 255] to the model's input, used
 by `keras_vit.preprocess`, `read_images` (`classify`, `keras-vit predict`), the
@@ -22,7 +33,7 @@ from keras_vit.utils.checks import check_choice, check_in_range
 
 INTERPOLATIONS = ("bilinear", "bicubic")
 DEFAULT = {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "interpolation": "bilinear",
-           "crop_fraction": None}
+           "antialias": False, "crop_fraction": None}
 # torchvision's ImageNet statistics (timm's IMAGENET_DEFAULT_MEAN / _STD).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -32,16 +43,19 @@ OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 def check_preprocessing(preprocessing):
-    """The preprocessing dict in its recorded form (lists of floats), once checked.
+    """The preprocessing dict in its recorded form (lists of floats, every field), once
+    checked.
 
-    Missing fields take `DEFAULT`'s; an unknown field or a bad value is a `ValueError`
-    naming it.
+    Missing fields take `DEFAULT`'s, but a missing `antialias` takes its
+    `interpolation`'s (`resize_filter`); an unknown field or a bad value is a
+    `ValueError` naming it.
 
     Example:
 
-    >>> check_preprocessing({"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
-    ...                      "interpolation": "bicubic", "crop_fraction": 0.9})["crop_fraction"]
-    0.9
+    >>> checked = check_preprocessing({"mean": (0.485, 0.456, 0.406),
+    ...     "std": (0.229, 0.224, 0.225), "interpolation": "bicubic", "crop_fraction": 0.9})
+    >>> checked["antialias"], checked["crop_fraction"]
+    (True, 0.9)
     """
     if not isinstance(preprocessing, dict):
         raise ValueError(
@@ -54,7 +68,7 @@ def check_preprocessing(preprocessing):
             f"preprocessing has unknown fields {', '.join(unknown)}: it takes "
             f"{', '.join(DEFAULT)}."
         )
-    checked = {**DEFAULT, **preprocessing}
+    checked = {**DEFAULT, "antialias": None, **preprocessing}
     for name in ("mean", "std"):
         value = checked[name]
         try:
@@ -67,12 +81,39 @@ def check_preprocessing(preprocessing):
                 f"units{', positive' if name == 'std' else ''}), got {value!r}."
             )
         checked[name] = values
-    check_choice("preprocessing interpolation", checked["interpolation"], INTERPOLATIONS)
+    checked["antialias"] = resize_filter(checked["interpolation"], checked["antialias"])[1]
     if checked["crop_fraction"] is not None:
         check_in_range("preprocessing crop_fraction", checked["crop_fraction"], "(0, 1]",
                        optional=True)
         checked["crop_fraction"] = float(checked["crop_fraction"])
     return checked
+
+
+def resize_filter(interpolation, antialias=None):
+    """`(interpolation, antialias)` once checked; `antialias=None` (a preprocessing
+    recorded before the field existed) takes what `interpolation` meant then: bicubic
+    antialiased (PIL's), bilinear not (TensorFlow's). A bad value is a `ValueError`
+    naming it.
+
+    Example:
+
+    >>> resize_filter("bilinear"), resize_filter("bicubic")
+    (('bilinear', False), ('bicubic', True))
+    """
+    check_choice("preprocessing interpolation", interpolation, INTERPOLATIONS)
+    if antialias is None:
+        return interpolation, interpolation == "bicubic"
+    if not isinstance(antialias, bool):
+        raise ValueError(
+            f"preprocessing antialias must be True (PIL's resize, as timm and HF) or False "
+            f"(TensorFlow's, as vit_jax), got {antialias!r}."
+        )
+    if interpolation == "bicubic" and not antialias:
+        raise ValueError(
+            "preprocessing antialias=False is TensorFlow's bilinear resize only: bicubic "
+            "is PIL's, antialias=True."
+        )
+    return interpolation, antialias
 
 
 def model_preprocessing(model):
@@ -86,9 +127,12 @@ def model_preprocessing(model):
     >>> model_preprocessing(model)["interpolation"]
     'bilinear'
     """
-    get_config = getattr(model, "get_config", None)
-    config = get_config() if callable(get_config) else {}
-    return check_preprocessing((config or {}).get("preprocessing") or DEFAULT)
+    recorded = getattr(model, "preprocessing", None)  # a keras_vit.ViT's, without get_config
+    if recorded is None:  # (Keras' serialisation imports TensorFlow where it is installed)
+        get_config = getattr(model, "get_config", None)
+        config = get_config() if callable(get_config) else {}
+        recorded = (config or {}).get("preprocessing")
+    return check_preprocessing(recorded or DEFAULT)
 
 
 def normalize(pixels, preprocessing=None):
@@ -130,6 +174,18 @@ def shift_and_scale(preprocessing=None):
         else np.asarray(values, "float64").astype("float32") * np.float32(255)
         for values in (preprocessing["mean"], preprocessing["std"])
     )
+
+
+def resize_name(preprocessing=None):
+    """The resize filter of `preprocessing` in words, for the records exports write.
+
+    Example:
+
+    >>> resize_name(), resize_name({"interpolation": "bicubic"})
+    ('bilinear', 'antialiased bicubic')
+    """
+    preprocessing = check_preprocessing(preprocessing or DEFAULT)
+    return "antialiased " * preprocessing["antialias"] + preprocessing["interpolation"]
 
 
 def describe(preprocessing=None):

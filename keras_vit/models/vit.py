@@ -21,7 +21,7 @@ from keras_vit.layers.embedding import POSITION_EMBEDDINGS
 from keras_vit.layers.mlp import MLPS
 from keras_vit.layers import posembed
 from keras_vit.models import resnet, size
-from keras_vit.models.preprocessing import check_preprocessing, normalize
+from keras_vit.models.preprocessing import DEFAULT, check_preprocessing, normalize
 from keras_vit.models.variants import VARIANTS, parse_variant
 from keras_vit.utils import keras_compat
 from keras_vit.utils.checks import check_choice, check_in_range, check_positive_int
@@ -409,7 +409,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         quantized: `{layer path: mode}` of layers to quantize (`model.quantize`) once
             built; what `get_config` records for a quantized model.
         preprocessing: the pixel preprocessing the weights expect (mean, std, resize
-            interpolation, crop fraction; `keras_vit.models.preprocessing`), which
+            filter, crop fraction; `keras_vit.models.preprocessing`), which
             `classify`, export, few-shot and the engine apply; None (recorded nowhere)
             is `DEFAULT`, pixels scaled to [-1, 1].
 
@@ -574,6 +574,12 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
     def parts(self):
         """The model's `ViTParts`: its layers by role."""
         return self._parts
+
+    @property
+    def preprocessing(self):
+        """The preprocessing dict the model was built with (`check_preprocessing`'s
+        form), `DEFAULT`'s without one."""
+        return check_preprocessing(self._arguments.get("preprocessing") or DEFAULT)
 
     def kernels(self):
         """The matrix kernels weight decay applies to (`ViTParts.kernels`)."""

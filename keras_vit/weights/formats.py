@@ -419,7 +419,8 @@ def hf_model_arguments(source):
     return args
 
 
-# PIL's resampling filters by number, as HF image-processor configs store them.
+# PIL's resampling filters by number, as HF image-processor configs store them (PIL's
+# resize antialiases: its filter widens when shrinking).
 _PIL_RESAMPLE = {2: "bilinear", 3: "bicubic"}
 
 
@@ -428,10 +429,10 @@ def hf_preprocessing(source):
     directory `source`, read from its `preprocessor_config.json`, or None without one.
 
     `image_mean` / `image_std` (0 and 1 with `do_normalize` false), `resample` (PIL's
-    2 bilinear or 3 bicubic) and the crop: `crop_size` over `size` with
-    `do_center_crop` (HF's DeiT: 224 of 256, 0.875), else `crop_pct`, else the whole
-    image. HF resizes to `size` before its crop, keras-vit resizes the short side: the
-    same on square images. Anything else it cannot apply is a `ValueError` naming it.
+    2 bilinear or 3 bicubic, both antialiased as PIL's resize is) and the crop:
+    `crop_size` over `size` with `do_center_crop` (HF's DeiT: 224 of 256, 0.875), else
+    `crop_pct`, else the whole image. HF resizes to `size` before its crop, keras-vit
+    resizes the short side: the same on square images. Anything else it cannot apply is a `ValueError` naming it.
     """
     path = _join(source, "preprocessor_config.json")
     if not _exists(path):
@@ -463,6 +464,7 @@ def hf_preprocessing(source):
         mean=config.get("image_mean", (0.5, 0.5, 0.5)) if normalized else (0.0, 0.0, 0.0),
         std=config.get("image_std", (0.5, 0.5, 0.5)) if normalized else (1.0, 1.0, 1.0),
         interpolation=_PIL_RESAMPLE[resample],
+        antialias=True,
         crop_fraction=crop_fraction,
     )
 
