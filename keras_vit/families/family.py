@@ -12,6 +12,8 @@ knows no family by name.
 import dataclasses
 from collections.abc import Callable, Mapping
 
+import numpy as np
+
 from keras_vit.models.preprocessing import DEFAULT, check_preprocessing
 
 OFFICIAL_BASE = "https://storage.googleapis.com/vit_models/"
@@ -116,12 +118,30 @@ MLP_NORM_KEY = "MlpBlock_3/LayerNorm_0"
 # How a PyTorch tensor becomes official ones (`keras_vit.weights.formats`): "copy" as it
 # is, "scale" a layer scale, "token" / "rows" HF's class token and position table without
 # their batch axis, "norm" a LayerNorm, "conv" the patch embedding, "dense" a Linear,
-# "heads_in" / "heads_out" an attention projection split by heads, "qkv" / "kv" fused ones.
+# "heads_in" / "heads_out" an attention projection split by heads, "qkv" / "kv" fused ones,
+# "qkv_rotate_half" a fused q|k|v whose rope rotates each query and key channel with the
+# one half a head away (`rotate_half`, DINOv3's): each head's q and k channels are read in
+# `rotate_half_order`, the interleaved pairs keras-vit's attention rotates.
 CONVERSIONS = ("copy", "scale", "token", "rows", "norm", "conv", "dense", "heads_in",
-               "heads_out", "qkv", "kv")
+               "heads_out", "qkv", "kv", "qkv_rotate_half")
 # The prefix of a block's index in HF transformers and timm names (group `i`).
 HF_LAYER = r"encoder\.layer\.(?P<i>\d+)\."
 TIMM_BLOCK = r"blocks\.(?P<i>\d+)\."
+
+
+def rotate_half_order(head_dim):
+    """The order of one head's channels that makes `rotate_half`'s pairs (each channel
+    with the one `head_dim / 2` away) interleaved pairs: `(0, h/2, 1, h/2 + 1, ...)`.
+    Reordering the queries and keys alike leaves every product of a query with a key,
+    hence the attention, unchanged.
+
+    Example:
+
+    >>> rotate_half_order(8).tolist()
+    [0, 4, 1, 5, 2, 6, 3, 7]
+    """
+    half = head_dim // 2
+    return np.stack([np.arange(half), np.arange(half) + half], axis=-1).reshape(-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +206,12 @@ class Family:
             place into the names of `torch_names` (appending to `notes` what it adapted)
             and returns the `keras_vit.ViT` arguments the file was trained with that no
             tensor shows (EVA-02's rope); None: none.
+        hf_layout: `(arrays, notes) -> dict`, the same for an HF state dict, before the
+            renames (DINOv3's separate q, k, v and gated MLP, fused); None: none.
+        timm_arguments: `(architecture, model_args) -> dict | None`, the `keras_vit.ViT`
+            arguments of a timm model folder's `config.json` (its `architecture` and the
+            `model_args` it was created with), or None for an architecture not of this
+            family; None: its timm folders are built from their registry entry alone.
 
     Example:
 
@@ -207,3 +233,5 @@ class Family:
     hf_renames: tuple = ()
     torch_names: tuple = ()
     timm_layout: Callable[[dict, list], dict] | None = None
+    hf_layout: Callable[[dict, list], dict] | None = None
+    timm_arguments: Callable[[str, dict], dict | None] | None = None

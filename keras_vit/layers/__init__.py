@@ -10,6 +10,7 @@ alone (see `keras_vit.weights.pretrained`).
   `sincos_2d_table`.
 - `posembed`: resampling a position-embedding grid to another patch grid.
 - `rope`: `RotaryEmbedding` (EVA-02's), `rotate`.
+- `dinov3_rope`: `DINOv3RotaryEmbedding` (patch centres on [-1, 1]).
 - `attention`: `Attention`.
 - `mlp`: `MLP`, `mlp_activation`.
 - `drop_path`: `DropPath`.
@@ -23,6 +24,7 @@ with Keras (for `keras.saving.load_model`).
 from keras_vit.layers.attention import Attention
 from keras_vit.layers.block import TransformerBlock
 from keras_vit.layers.dense import Dense
+from keras_vit.layers.dinov3_rope import DINOv3RotaryEmbedding
 from keras_vit.layers.drop_path import DropPath
 from keras_vit.layers.embedding import ClassToken, PatchEncoder, sincos_2d_table
 from keras_vit.layers.mlp import MLP, mlp_activation
@@ -32,7 +34,7 @@ from keras_vit.layers.pooling import MAPHead, TokenPooling
 from keras_vit.layers.rope import RotaryEmbedding, rotate
 
 __all__ = [
-    "Attention", "ClassToken", "Dense", "DropPath", "LayerNormalization", "MAPHead", "MLP",
+    "Attention", "ClassToken", "DINOv3RotaryEmbedding", "Dense", "DropPath", "LayerNormalization", "MAPHead", "MLP",
     "PadToMultiple", "PatchEncoder", "Patches", "RotaryEmbedding", "TokenPooling",
     "TransformerBlock", "mlp_activation", "rotate", "sincos_2d_table",
 ]

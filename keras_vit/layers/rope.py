@@ -64,12 +64,9 @@ class RotaryEmbedding(keras.layers.Layer):
         # arange(0, n): jax2onnx (JAX ONNX export) takes no arange(n) with stop None.
         exponents = ops.arange(0, bands, dtype="float32") / bands
         frequencies = 1.0 / ops.power(ops.cast(self.temperature, "float32"), exponents)
-        axes = []
-        for size, reference in zip((rows, cols), self.reference_grid or (None, None)):
-            index = ops.arange(0, size, dtype="float32")
-            if reference is not None:  # timm's order: index / size * reference
-                index = index / ops.cast(size, "float32") * reference
-            axes.append(index[:, None] * frequencies)  # (size, bands)
+        # (size, bands) angles of the rows, then of the columns
+        axes = [self.positions(size, axis)[:, None] * frequencies
+                for axis, size in enumerate((rows, cols))]
         # Row-major grid: the row's angles, then the column's, for each patch.
         angles = ops.concatenate([
             ops.repeat(axes[0][:, None, :], cols, axis=1),
@@ -82,6 +79,17 @@ class RotaryEmbedding(keras.layers.Layer):
             ops.ones((self.num_prefix_tokens, self.head_dim)),
         ], axis=-1)
         return ops.concatenate([prefix, table], axis=0)
+
+    def positions(self, size, axis):
+        """The float32 positions of the `size` patches along one grid axis (`axis` 0:
+        rows, 1: columns) that the frequencies multiply: their indices, scaled to
+        `reference_grid` when it is set. A rotary embedding of another family places
+        its patches by overriding it."""
+        index = ops.arange(0, size, dtype="float32")
+        if self.reference_grid is None:
+            return index
+        # timm's order: index / size * reference
+        return index / ops.cast(size, "float32") * self.reference_grid[axis]
 
     def compute_output_spec(self, patches):
         patches_count = None

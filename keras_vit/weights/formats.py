@@ -30,6 +30,7 @@ from keras_vit.families.family import (  # noqa: F401 (the official keys, for pr
     PRE_NORM_KEY,
     PROJECTION_KEY,
     QKV,
+    rotate_half_order,
 )
 
 # ---------------------------------------------------------------------------
@@ -196,7 +197,7 @@ def _convert(kind, target, param, value, heads):
         if kind in _FUSED:
             names = _FUSED[kind]
             return [
-                (f"{target}/{name}/bias", _split_heads(part, heads, 0))
+                (f"{target}/{name}/bias", _interleaved(kind, name, _split_heads(part, heads, 0)))
                 for name, part in zip(names, np.split(value, len(names)))
             ]
         split = _split_heads(value, heads, 0) if kind == "heads_in" else value
@@ -207,7 +208,7 @@ def _convert(kind, target, param, value, heads):
     if kind in _FUSED:
         names = _FUSED[kind]
         return [
-            (f"{target}/{name}/kernel", _split_heads(part, heads, 1))
+            (f"{target}/{name}/kernel", _interleaved(kind, name, _split_heads(part, heads, 1)))
             for name, part in zip(names, np.split(kernel, len(names), axis=1))
         ]
     if kind == "heads_in":
@@ -218,7 +219,15 @@ def _convert(kind, target, param, value, heads):
 
 
 # Fused projections: q|k|v (and timm's MAP head's k|v), split into the official ones.
-_FUSED = {"qkv": QKV, "kv": QKV[1:]}
+_FUSED = {"qkv": QKV, "kv": QKV[1:], "qkv_rotate_half": QKV}
+
+
+def _interleaved(kind, name, part):
+    """A query or key part of a "qkv_rotate_half" projection, split by heads (last axis
+    `head_dim`), with each head's channels in `rotate_half_order`; other parts as they are."""
+    if kind != "qkv_rotate_half" or name == "value" or part.ndim < 2:
+        return part
+    return part[..., rotate_half_order(part.shape[-1])]
 
 
 def _expected_ndim(kind, param):
@@ -376,8 +385,10 @@ def hf_model_arguments(source):
     family = _HF_FAMILIES[architecture]
     # A full image-text model's vision tower has a config of its own.
     config = {**family.hf_config_defaults, **top.get("vision_config", top)}
+    extra = {} if family.hf_arguments is None else family.hf_arguments(config, top, architecture)
     activation = config.get("hidden_act", "gelu")
-    if activation not in _HF_GELU:
+    # A SwiGLU's activation is its gate's, which the family checks (DINOv3's `silu`).
+    if activation not in _HF_GELU and extra.get("mlp") != "swiglu":
         raise ValueError(
             f"{path} has hidden_act={activation!r}: keras-vit builds {', '.join(_HF_GELU)}."
         )
@@ -394,13 +405,12 @@ def hf_model_arguments(source):
         channels=config.get("num_channels", 3),
         # transformers' own default, which config.json leaves out when it is used.
         layer_norm_epsilon=config.get("layer_norm_eps", 1e-12),
-        gelu_approximate=_HF_GELU[activation],
+        gelu_approximate=_HF_GELU.get(activation, False),
         **family.hf_architectures[architecture],
     )
     if activation == "quick_gelu":
         args["quick_gelu"] = True
-    if family.hf_arguments is not None:
-        args.update(family.hf_arguments(config, top, architecture))
+    args.update(extra)
     shapes = _checkpoint_shapes(source)
     if args.get("include_top", True):
         args["num_classes"] = len(config.get("id2label") or {}) or config.get("num_labels", 2)
@@ -417,6 +427,43 @@ def hf_model_arguments(source):
     if preprocessing is not None:
         args["preprocessing"] = preprocessing
     return args
+
+
+def timm_model_arguments(source):
+    """The `keras_vit.ViT` arguments of the timm model folder `source` (`config.json`
+    beside `model.safetensors`, as timm's `save_for_hf` writes them: `architecture`,
+    `model_args`, `pretrained_cfg`), as the family of its architecture reads them (its
+    `timm_arguments`), with the preprocessing of its `pretrained_cfg`; None when no
+    family builds the architecture from its config."""
+    config = _read_json(_join(source, "config.json"))
+    architecture, model_args = config.get("architecture"), config.get("model_args") or {}
+    for family in FAMILIES:
+        args = None if family.timm_arguments is None else family.timm_arguments(
+            architecture, model_args)
+        if args is not None:
+            preprocessing = timm_preprocessing(source)
+            return args if preprocessing is None else {**args, "preprocessing": preprocessing}
+    return None
+
+
+def timm_preprocessing(source):
+    """The preprocessing dict of the timm model folder `source`, from its config.json's
+    `pretrained_cfg` (`mean`, `std`, `interpolation`, `crop_pct`), or None without one;
+    a resize keras-vit does not apply is a `ValueError` naming it."""
+    path = _join(source, "config.json")
+    cfg = _read_json(path).get("pretrained_cfg") or {}
+    if not {"mean", "std"} <= set(cfg):
+        return None
+    interpolation = cfg.get("interpolation", "bicubic")
+    if interpolation not in _PIL_RESAMPLE.values():
+        raise ValueError(
+            f"{path} has interpolation={interpolation!r}: keras-vit resizes with "
+            f"{' or '.join(_PIL_RESAMPLE.values())}."
+        )
+    crop = cfg.get("crop_pct")
+    # timm resizes with PIL, which antialiases.
+    return dict(mean=cfg["mean"], std=cfg["std"], interpolation=interpolation, antialias=True,
+                crop_fraction=None if crop is None else float(crop))
 
 
 # PIL's resampling filters by number, as HF image-processor configs store them (PIL's
@@ -666,5 +713,10 @@ def read_official(source, heads, grid=None, checkpoint_grid=None):
         notes += [f"{key} (masked-image pretraining only) is not used at inference: ignored."
                   for key in masks]
         vision = {key: value for key, value in arrays.items() if key not in set(text + masks)}
-        return ("hf", *_from_torch_layout(vision, _HF_RULES, _HF_RENAMES, heads), notes, {})
+        trained_with = {}
+        for family in FAMILIES:
+            if family.hf_layout is not None:
+                trained_with.update(family.hf_layout(vision, notes))
+        params, origin = _from_torch_layout(vision, _HF_RULES, _HF_RENAMES, heads)
+        return "hf", params, origin, notes, trained_with
     _unknown_layout(source, arrays)

@@ -539,10 +539,14 @@ def _check_rope(layout, trained_with, source, report, strict):
     keys: EVA-02's) fits a model without it and would answer wrong numbers: refused
     naming the switches, or with `strict=False` a warning. A model with rope whose
     reference grid is not the checkpoint's is noted: a file does not record the grid."""
-    if not trained_with.get("rope"):
+    wanted = trained_with.get("rope")
+    if not wanted:
+        return
+    rope = layout.parts.rope
+    if isinstance(wanted, dict):  # another family's rotary embedding, as a layer config
+        _check_rope_layer(rope, wanted, source, report, strict)
         return
     grid = trained_with["rope_reference_grid"]
-    rope = layout.parts.rope
     if rope is None:
         problem = (
             f"Checkpoint {source} is an EVA-02 (timm eva.py: q and v biases, a SwiGLU MLP), "
@@ -558,6 +562,24 @@ def _check_rope(layout, trained_with, source, report, strict):
             f"the model's rope scales to a {rope.reference_grid or layout.encoder.grid_size} "
             f"grid; timm's EVA-02 are trained with rope_reference_grid={grid}."
         )
+
+
+def _check_rope_layer(rope, wanted, source, report, strict):
+    """`_check_rope` for a checkpoint trained with the rotary embedding layer whose
+    config is `wanted` (DINOv3's): a model without it, or with another kind, is refused
+    naming the switch (`strict=False`: a warning)."""
+    kind = wanted["class_name"]
+    has = None if rope is None else keras.saving.get_registered_name(type(rope))
+    if has == kind:
+        return
+    problem = (
+        f"Checkpoint {source} was trained with the rotary position embedding {kind}, which "
+        f"has no tensors, but the model has {'none' if has is None else has}: build the "
+        f"model with rope={wanted!r}."
+    )
+    if strict:
+        raise ValueError(problem)
+    report._note(f"strict=False: {problem}", logging.WARNING)
 
 
 def _swiglu_checkpoint(params):
@@ -809,9 +831,11 @@ def source_defaults(weights, args):
     filled = dict(args)
     if all(args.get(key) is None for key in ARCHITECTURE):
         filled.update({key: own[key] for key in ARCHITECTURE if key in own})
-    # The family switches are architecture too: the weights need them; not CLIP's
-    # projection, which fine-tuning drops as it drops pre_logits.
-    for key in ("image_size", "num_classes", "gelu_approximate", "classifier", *FAMILY_DEFAULTS):
+    # The family switches are architecture too: the weights need them (and the position
+    # embedding: DINOv3's none); not CLIP's projection, which fine-tuning drops as it
+    # drops pre_logits.
+    for key in ("image_size", "num_classes", "gelu_approximate", "classifier", "pos_embedding",
+                *FAMILY_DEFAULTS):
         if filled.get(key) is None and key in own and key != "projection_dim":
             filled[key] = own[key]
     if filled.get("num_classes") == 0 and filled.get("include_top", True):
@@ -867,7 +891,9 @@ def pretrained(name, **kwargs):
             raise _not_a_model_folder(os.fspath(name)) from None
         raise
     given = source.given
-    if source.kind in ("hf", "hf_directory"):
+    # An HF folder, or a timm folder its family reads, describes its own architecture.
+    own_config = source.kind == "timm_directory" and source.arguments is not None
+    if source.kind in ("hf", "hf_directory") or own_config:
         arguments = source.arguments
         # What leaves the weights as they are may be changed.
         free = {"include_top", "pooling", "dynamic_image_size", "pos_interpolation"}

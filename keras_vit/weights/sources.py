@@ -102,7 +102,14 @@ class Source:
         """The `keras_vit.ViT` arguments that build it as released: its registry entry's
         (`build_args`) or its HF `config.json`'s
         (`keras_vit.weights.formats.hf_model_arguments`); None for a source that does
-        not describe its architecture. An `hf:` source is fetched to read it."""
+        not describe its architecture. An `hf:` source is fetched to read it. A timm
+        folder's own `config.json` comes first where its family reads it
+        (`keras_vit.weights.formats.timm_model_arguments`): it records the sizes the
+        model was created with, which its registry entry may not have."""
+        if self.kind == "timm_directory":
+            arguments = _formats().timm_model_arguments(self.path)
+            if arguments is not None:
+                return arguments
         if self.entry is not None:
             return self.entry.build_args()
         if self.kind in ("hf", "hf_directory"):
@@ -115,6 +122,8 @@ class Source:
         (`keras_vit.models.preprocessing`): its registry entry's unless `DEFAULT`, an HF
         folder's `preprocessor_config.json`, what a Keras model was built with; else
         None (pixels scaled to [-1, 1])."""
+        if self.kind == "timm_directory" and self.arguments is not None:
+            return self.arguments.get("preprocessing")
         if self.entry is not None:
             return None if self.entry.preprocessing == DEFAULT else self.entry.preprocessing
         if self.kind in ("hf", "hf_directory"):
