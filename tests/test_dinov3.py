@@ -286,7 +286,8 @@ RELEASED = {  # timm name: (width, depth, heads, MLP width, MLP), timm eva.py
 def test_registry_lists_the_released_checkpoints_with_hfs_preprocessing():
     """S, S+, B, L, H+ and 7B on LVD-1689M, L and 7B on SAT-493M: timm's copies, sizes as
     timm's architectures, preprocessing as HF's `DINOv3ViTImageProcessor` (224 x 224,
-    the whole image, bilinear, ImageNet mean and std; the satellite statistics for SAT)."""
+    the whole image, antialiased bilinear, ImageNet mean and std; the satellite
+    statistics for SAT)."""
     entries = {e.name: e for e in keras_vit.list_weights("*_dinov3.*")}
     assert sorted(entries) == sorted(
         [f"{arch}.lvd1689m" for arch in RELEASED]
@@ -303,7 +304,7 @@ def test_registry_lists_the_released_checkpoints_with_hfs_preprocessing():
         assert entry.preprocessing == dict(
             mean=[0.43, 0.411, 0.296] if satellite else [0.485, 0.456, 0.406],
             std=[0.213, 0.156, 0.143] if satellite else [0.229, 0.224, 0.225],
-            interpolation="bilinear", crop_fraction=None)
+            interpolation="bilinear", antialias=True, crop_fraction=None)
 
 
 @pytest.mark.parametrize("name, gated", [("vit_small_patch16_dinov3.lvd1689m", False),

@@ -21,9 +21,9 @@ Registry sources: timm's copies on the Hugging Face Hub (timm `eva.py`:
 `vit_{small,small_plus,base,large,huge_plus,7b}_patch16_dinov3.{lvd1689m,sat493m}`),
 the weights of HF's `facebook/dinov3-{vits16,vits16plus,vitb16,vitl16,vith16plus,
 vit7b16}-pretrain-{lvd1689m,sat493m}`, backbones without a head. Their preprocessing is
-HF's `DINOv3ViTImageProcessor`: the whole image resized to 224 x 224, bilinearly, with
-ImageNet's mean and std; the satellite (SAT-493M) models take the release's satellite
-statistics (DINOv3 README, timm's `pretrained_cfg`).
+HF's `DINOv3ViTImageProcessor`: the whole image resized to 224 x 224 by the antialiased
+bilinear filter (PIL's), with ImageNet's mean and std; the satellite (SAT-493M) models
+take the release's satellite statistics (DINOv3 README, timm's `pretrained_cfg`).
 """
 
 import re
@@ -122,7 +122,7 @@ def _entries():
             model_args=dict(SWITCHES, patch_size=16, **_timm_sizes(arch)),
             mean=SAT493M_MEAN if tag == "sat493m" else IMAGENET_MEAN,
             std=SAT493M_STD if tag == "sat493m" else IMAGENET_STD,
-            interpolation="bilinear", crop_fraction=None,
+            interpolation="bilinear", antialias=True, crop_fraction=None,
         )
         for arch, tag in _WEIGHTS
     )

@@ -51,6 +51,9 @@ class WeightsEntry:
             was trained with: 0.5 for the official ViT files (pixels in [-1, 1]),
             ImageNet's for DeiT (timm's `pretrained_cfg`).
         interpolation: the resize method of its evaluation, `"bilinear"` or `"bicubic"`.
+        antialias: whether that resize antialiases (PIL's, as timm and HF resize) or not
+            (TensorFlow's, as vit_jax and big_vision resize); None for the
+            interpolation's own default (`keras_vit.models.preprocessing`).
         crop_fraction: the central crop of its evaluation (timm's `crop_pct`), or None
             for the whole image resized (vit_jax's evaluation).
     """
@@ -72,6 +75,7 @@ class WeightsEntry:
     mean: tuple = tuple(DEFAULT["mean"])
     std: tuple = tuple(DEFAULT["std"])
     interpolation: str = DEFAULT["interpolation"]
+    antialias: bool | None = None
     crop_fraction: float | None = DEFAULT["crop_fraction"]
 
     @property
@@ -80,6 +84,7 @@ class WeightsEntry:
         return check_preprocessing(dict(
             mean=self.mean, std=self.std, interpolation=self.interpolation,
             crop_fraction=self.crop_fraction,
+            **({} if self.antialias is None else {"antialias": self.antialias}),
         ))
 
     def build_args(self):
