@@ -24,7 +24,7 @@ from transformers import ViTConfig, ViTForImageClassification, ViTModel
 import keras_vit
 from helpers import randomise_weights, tiny_vit
 from references import randomise, timm_from_hf
-from keras_vit.weights.pretrained import POS_KEY
+from keras_vit.families.family import POS_KEY
 
 HEADS, LAYERS, WIDTH = 4, 2, 32
 CONFIG = dict(

@@ -20,18 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from keras_vit.families import FAMILIES
-from keras_vit.families.family import (  # noqa: F401 (the official keys, for pretrained)
-    ATTENTION_KEY,
-    BLOCK_KEY,
-    MAP_ATTENTION_KEY,
-    MAP_HEAD_KEY,
-    MLP_NORM_KEY,
-    POS_KEY,
-    PRE_NORM_KEY,
-    PROJECTION_KEY,
-    QKV,
-    rotate_half_order,
-)
+from keras_vit.families.family import POS_KEY, QKV, rotate_half_order
 
 # ---------------------------------------------------------------------------
 # Files: local paths, or gs:// and other URLs through TensorFlow's file systems.

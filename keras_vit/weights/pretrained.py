@@ -15,11 +15,7 @@ import os
 import keras
 import numpy as np
 
-from keras_vit.layers import posembed
-from keras_vit.models import flexi
-from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS, VisionTransformer
-from keras_vit.weights.download import refuse_cached
-from keras_vit.weights.formats import (
+from keras_vit.families.family import (
     ATTENTION_KEY,
     BLOCK_KEY,
     MAP_ATTENTION_KEY,
@@ -29,8 +25,12 @@ from keras_vit.weights.formats import (
     PRE_NORM_KEY,
     PROJECTION_KEY,
     QKV,
-    read_official,
 )
+from keras_vit.layers import posembed
+from keras_vit.models import flexi
+from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS, VisionTransformer
+from keras_vit.weights.download import refuse_cached
+from keras_vit.weights.formats import read_official
 from keras_vit.layers.embedding import sincos_2d_table
 from keras_vit.layers.pooling import MAPHead
 from keras_vit.models.vit import vit_parts
