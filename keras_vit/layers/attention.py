@@ -167,7 +167,8 @@ class Attention(InParentNameScope, keras.layers.Layer):
         return ops.cast(out / ops.sum(exp, axis=-1, keepdims=True), v.dtype)
 
     def compute_output_spec(self, x, training=False, return_attention=False, rope=None):
-        # From the shapes alone, as `TransformerBlock.compute_output_spec`.
+        # From the shapes alone. Outputs are in the compute dtype (Keras casts the inputs
+        # to it), the attention weights in float32.
         outputs = keras.KerasTensor(x.shape, self.compute_dtype)
         if not return_attention:
             return outputs

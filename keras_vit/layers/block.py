@@ -195,13 +195,9 @@ class TransformerBlock(keras.layers.Layer):
 
     def compute_output_spec(self, x, training=False, return_attention=False, rope=None):
         # From the shapes alone: Keras would otherwise trace `call` on every symbolic
-        # call, most of the time it takes to build a model. Outputs are in the compute
-        # dtype (Keras casts the inputs to it), the attention weights in float32.
-        outputs = keras.KerasTensor(x.shape, self.compute_dtype)
-        if not return_attention:
-            return outputs
-        batch, tokens = x.shape[0], x.shape[1]
-        return outputs, keras.KerasTensor((batch, self.num_heads, tokens, tokens), "float32")
+        # call, most of the time it takes to build a model. The block's outputs and
+        # attention weights have its attention's shapes and dtypes.
+        return self._attention.compute_output_spec(x, return_attention=return_attention)
 
     def get_config(self):
         return {
