@@ -1,8 +1,9 @@
 """The Vision Transformer model (`VisionTransformer`), its paper variants and its declared
 structure.
 
-`VisionTransformer(...)` is a functional `keras.Model` built from architecture arguments,
-which its `get_config` keeps (`keras_vit.ViT`, in `keras_vit.weights.factory`, builds one
+`VisionTransformer(...)` is a functional `keras.Model` built from its architecture arguments,
+checked as one `keras_vit.models.architecture.Architecture`, which its `get_config` keeps
+(`keras_vit.ViT`, in `keras_vit.weights.factory`, builds one
 and loads pretrained weights into it); `model.parts` (`ViTParts`) names its layers by
 role for every module that works on a model's weights or intermediate outputs.
 """
@@ -207,8 +208,9 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
 
     `keras_vit.ViT(...)` builds one (and loads pretrained `weights`). The model maps NHWC
     images scaled to [-1, 1] (see `preprocess`) to logits. It declares its structure:
-    `get_config()` returns the architecture arguments below (`from_config` builds the
-    model again from them), and `model.parts` gives its layers as a `ViTParts`.
+    `get_config()` returns the architecture arguments below, checked and normalised as
+    one `Architecture` (`model.architecture`; `from_config` builds the model again from
+    them), and `model.parts` gives its layers as a `ViTParts`.
 
     `compile`'s default `jit_compile="auto"` (also what an uncompiled model's
     `predict` uses) means XLA for `fit`, `evaluate` and `predict` on TensorFlow also
