@@ -383,7 +383,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         remat=False,
         **kwargs,
     ):
-        given = locals()
+        given = locals()  # the architecture arguments, read by the fields' names
         arch = Architecture(**{
             field.name: given[field.name] for field in dataclasses.fields(Architecture)
         })
