@@ -84,6 +84,36 @@ def _outputs(model, seed=1):
     return keras.ops.convert_to_numpy(model(x.astype("float32")))
 
 
+def test_vit_arguments_are_the_architecture_fields_with_the_same_defaults():
+    """`ViT`'s keyword arguments are `Architecture`'s fields and the Keras model's own
+    (`name`, `dtype`, `quantized`), with the same defaults: one description."""
+    import dataclasses
+    import inspect
+
+    from keras_vit.models.architecture import MODEL_ARGUMENTS, Architecture
+
+    parameters = inspect.signature(keras_vit.VisionTransformer.__init__).parameters
+    given = {k: p.default for k, p in parameters.items() if k not in ("self", "kwargs")}
+    fields = {f.name: f.default for f in dataclasses.fields(Architecture)}
+    assert {k: v for k, v in given.items() if k not in MODEL_ARGUMENTS} == fields
+
+
+@pytest.mark.parametrize("arguments", [
+    dict(variant="R+Ti/16", image_size=32, num_layers=1),
+    dict(patch_size=8, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=64, image_size=(32, 48),
+         distilled=True, num_registers=2, layer_scale_init=1e-6, dynamic_image_size=1, remat=True),
+    dict(variant="Ti/16", rope=True, rope_reference_grid=14, classifier="avg", fc_norm=True,
+         preprocessing={"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}),
+])
+def test_an_architecture_rebuilds_from_its_config(arguments):
+    """`Architecture(**arch.get_config())` is the same description: normalising twice
+    changes nothing, and what `get_config` leaves out are the defaults."""
+    from keras_vit.models.architecture import Architecture
+
+    arch = Architecture(**arguments)
+    assert Architecture(**arch.get_config()) == arch
+
+
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
 def test_config_keeps_the_architecture_and_rebuilds_the_model(name):
     kwargs = dict(ARCHITECTURES[name])

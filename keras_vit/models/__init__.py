@@ -1,8 +1,10 @@
 """The Vision Transformer models, built from `keras_vit.layers`; `keras.ops` only, every backend.
 
-- `vit`: the `ViT` model (built from its architecture arguments, which its config
-  keeps), its paper variants, `preprocess`, and `ViTParts` / `vit_parts`: the
-  model's layers by role, which every other module reads the structure from.
+- `architecture`: `Architecture`, the model's architecture arguments as one checked
+  description, which its config records.
+- `vit`: the `ViT` model (built from its `Architecture`), its paper variants,
+  `preprocess`, and `ViTParts` / `vit_parts`: the model's layers by role, which every
+  other module reads the structure from.
 - `preprocessing`: the pixel mean, std, resize and crop a checkpoint expects, and
   `normalize`, the one map from pixels to model inputs.
 - `resnet`: the BiT-style ResNet trunk of the hybrid models.

@@ -1,8 +1,9 @@
 """The Vision Transformer model (`VisionTransformer`), its paper variants and its declared
 structure.
 
-`VisionTransformer(...)` is a functional `keras.Model` built from architecture arguments,
-which its `get_config` keeps (`keras_vit.ViT`, in `keras_vit.weights.factory`, builds one
+`VisionTransformer(...)` is a functional `keras.Model` built from its architecture arguments,
+checked as one `keras_vit.models.architecture.Architecture`, which its `get_config` keeps
+(`keras_vit.ViT`, in `keras_vit.weights.factory`, builds one
 and loads pretrained weights into it); `model.parts` (`ViTParts`) names its layers by
 role for every module that works on a model's weights or intermediate outputs.
 """
@@ -11,20 +12,16 @@ import contextlib
 import dataclasses
 from typing import Optional
 
-import inspect
-
 import keras
 from keras import ops
 
 from keras_vit import layers as vit_layers
-from keras_vit.layers.embedding import POSITION_EMBEDDINGS
-from keras_vit.layers.mlp import MLPS
-from keras_vit.layers import posembed
 from keras_vit.models import resnet, size
+from keras_vit.models.architecture import CLASS_TOKEN_CLASSIFIERS, Architecture, input_stride
 from keras_vit.models.preprocessing import DEFAULT, check_preprocessing, normalize
-from keras_vit.models.variants import VARIANTS, parse_variant
+# The paper's variants, which `ViT` names (`parse_variant` read from here too).
+from keras_vit.models.variants import VARIANTS, parse_variant  # noqa: F401
 from keras_vit.utils import keras_compat
-from keras_vit.utils.checks import check_choice, check_in_range, check_positive_int
 from keras_vit.utils.serialization import serializable
 
 # The blocks' layer names: `.keras` files and the JAX layouts address their weights by them.
@@ -188,55 +185,6 @@ def vit_parts(model):
     return parts
 
 
-SIZE_ARGUMENTS = ("patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim")
-# The switches of the ViT family (DeiT, DeiT III, registers, DINOv2, CLIP, ...): keyword
-# arguments of `VisionTransformer`, whose defaults there (`FAMILY_DEFAULTS`) give the
-# paper's ViT. `get_config` records one only when it differs, so the configs (and `.keras`
-# files) of the paper's models stay as keras-vit wrote them before these existed.
-FAMILY_SWITCHES = (
-    "distilled", "distillation_head", "no_embed_class", "layer_scale_init",
-    "layer_norm_epsilon", "num_registers", "mlp", "pre_norm", "quick_gelu", "patch_bias",
-    "projection_dim", "rope", "rope_reference_grid", "mlp_norm", "fc_norm",
-)
-RATE_ARGUMENTS = ("dropout_rate", "attention_dropout_rate", "drop_path_rate")
-CLASSIFIERS = ("token", "gap", "token_gap", "map", "avg")
-# The classifiers that put a class token in front of the patches.
-CLASS_TOKEN_CLASSIFIERS = ("token", "token_gap", "avg")
-# What fixes the shapes of the weights (with the family switches): the arguments a
-# checkpoint or a run decides, whatever a recipe or a caller says.
-ARCHITECTURE = ("variant", "patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim",
-                "resnet_stages")
-
-
-def check_arguments(arguments):
-    """Raises `ValueError` naming the first entry of `arguments` (keyword arguments of
-    `ViT`) that `ViT` does not take, or whose value is not of the kind it needs.
-
-    Example:
-
-    >>> check_arguments(dict(num_layers=2, dropout_rate=0.1))
-    >>> check_arguments(dict(num_layers="abc"))
-    Traceback (most recent call last):
-    ...
-    ValueError: num_layers must be a positive integer, got 'abc'.
-    """
-    known = [
-        name for name in inspect.signature(VisionTransformer.__init__).parameters
-        if name not in ("self", "variant", "kwargs")
-    ]
-    for name, value in arguments.items():
-        if name not in known:
-            raise ValueError(f"ViT takes no argument {name!r}; its arguments: {', '.join(known)}.")
-        if value is None:
-            continue
-        if name in SIZE_ARGUMENTS:
-            check_positive_int(name, value)
-        if name in RATE_ARGUMENTS:
-            check_in_range(name, value, "[0, 1)")
-        if name == "remat" and not isinstance(value, bool):  # "false" would switch it on
-            raise ValueError(f"remat must be True or False, got {value!r}.")
-
-
 def default_image_size(model):
     """The `(height, width)` tools bring images to for `model` (a `keras_vit.ViT`): its
     input size, or for a `dynamic_image_size` model the size its position table is for.
@@ -254,55 +202,15 @@ def default_image_size(model):
     return height, width
 
 
-def _pair(size, name):
-    pair = (size, size) if isinstance(size, int) else tuple(size)
-    if len(pair) != 2 or not all(isinstance(s, int) and s > 0 for s in pair):
-        raise ValueError(f"{name} must be a positive int or (height, width), got {size!r}.")
-    return pair
-
-
-def resolve_architecture(variant=None, resnet_stages=None, **sizes):
-    """The architecture `ViT(variant, resnet_stages=..., **sizes)` builds: the variant's
-    (`parse_variant`), with the `SIZE_ARGUMENTS` in `sizes` that are not None in place of
-    its own; a `ValueError` names those missing without a variant.
-
-    Example:
-
-    >>> resolve_architecture("B/16", num_layers=2)
-    {'patch_size': 16, 'hidden_dim': 768, 'mlp_dim': 3072, 'num_heads': 12, 'num_layers': 2, 'resnet_stages': None}
-    """
-    arch = parse_variant(variant) if variant is not None else {"resnet_stages": None}
-    arch.update({k: v for k, v in sizes.items() if v is not None})
-    if resnet_stages is not None:
-        arch["resnet_stages"] = tuple(resnet_stages)
-    missing = [k for k in SIZE_ARGUMENTS if k not in arch]
-    if missing:
-        raise ValueError(
-            f"Without a variant, ViT needs {', '.join(missing)}; or pass a variant, "
-            f"one of {', '.join(VARIANTS)}."
-        )
-    return arch
-
-
-def input_stride(patch_size, resnet_stages=None):
-    """The input pixels per patch side: the patch size, times a hybrid trunk's stride.
-
-    Example:
-
-    >>> input_stride(16), input_stride(1, (3, 4, 9))
-    (16, 16)
-    """
-    return patch_size if resnet_stages is None else patch_size * resnet.trunk_stride(resnet_stages)
-
-
 @serializable
 class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
     """The Vision Transformer: a functional `keras.Model` built from its architecture.
 
     `keras_vit.ViT(...)` builds one (and loads pretrained `weights`). The model maps NHWC
     images scaled to [-1, 1] (see `preprocess`) to logits. It declares its structure:
-    `get_config()` returns the architecture arguments below (`from_config` builds the
-    model again from them), and `model.parts` gives its layers as a `ViTParts`.
+    `get_config()` returns the architecture arguments below, checked and normalised as
+    one `Architecture` (`model.architecture`; `from_config` builds the model again from
+    them), and `model.parts` gives its layers as a `ViTParts`.
 
     `compile`'s default `jit_compile="auto"` (also what an uncompiled model's
     `predict` uses) means XLA for `fit`, `evaluate` and `predict` on TensorFlow also
@@ -475,100 +383,47 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         remat=False,
         **kwargs,
     ):
-        given = dict(locals())  # the family switches are read by name (FAMILY_SWITCHES)
-        data_format = data_format or keras.config.image_data_format()
-        if data_format != "channels_last":
-            raise ValueError(
-                f"data_format {data_format!r} is not supported: keras-vit models take "
-                "channels_last (NHWC) images; transpose channels_first data with "
-                "keras.ops.transpose(images, (0, 2, 3, 1))."
-            )
-        sizes = (patch_size, hidden_dim, num_layers, num_heads, mlp_dim)
-        arch = resolve_architecture(variant, resnet_stages, **dict(zip(SIZE_ARGUMENTS, sizes)))
-        stages = arch.pop("resnet_stages")
-        check_arguments(
-            dict(arch, dropout_rate=dropout_rate, attention_dropout_rate=attention_dropout_rate,
-                 drop_path_rate=drop_path_rate, remat=remat)
-        )
-        check_choice("classifier", classifier, CLASSIFIERS)
-        check_choice("pos_embedding", pos_embedding, POSITION_EMBEDDINGS)
-        check_choice("pos_interpolation", pos_interpolation, posembed.INTERPOLATIONS)
-        family = _check_family(classifier, **{name: given[name] for name in FAMILY_SWITCHES})
-        if quick_gelu and gelu_approximate:
-            raise ValueError(
-                "quick_gelu=True replaces GELU, which gelu_approximate=True sets: pass one of them."
-            )
-        if dynamic_image_pad and not dynamic_image_size:
-            raise ValueError(
-                "dynamic_image_pad=True pads images of any size, which needs "
-                "dynamic_image_size=True: pass both."
-            )
-        height, width = _pair(image_size, "image_size")
-        stride = input_stride(arch["patch_size"], stages)
-        if height % stride or width % stride:
-            raise ValueError(
-                f"image_size {(height, width)} is not divisible by patch_size {stride}"
-                + ("" if stages is None else " (ResNet trunk stride times feature-map patch size)")
-                + f": use a multiple of {stride}."
-            )
+        given = locals()  # the architecture arguments, read by the fields' names
+        arch = Architecture(**{
+            field.name: given[field.name] for field in dataclasses.fields(Architecture)
+        })
         if name is None:
             name = "vit" if variant is None else f"vit-{variant.replace('/', '_')}"
         policy = keras.dtype_policies.get(dtype)
+        rows, cols = arch.grid_size
         # Before any layer is made: a model too large would grow until the system stops it.
         parameters = size.parameter_count(
-            tokens=(height // stride) * (width // stride) + 1,
-            patch_values=0 if stages else arch["patch_size"] ** 2 * channels,
-            hidden_dim=arch["hidden_dim"], mlp_dim=arch["mlp_dim"],
-            num_layers=arch["num_layers"], num_classes=num_classes if include_top else 0,
+            tokens=rows * cols + 1,
+            patch_values=0 if arch.resnet_stages else arch.patch_size ** 2 * arch.channels,
+            hidden_dim=arch.hidden_dim, mlp_dim=arch.mlp_dim,
+            num_layers=arch.num_layers, num_classes=arch.num_classes if arch.include_top else 0,
         )
         size.check_fits(
             parameters * (2 if "16" in policy.variable_dtype else 4),
             f"This ViT ({parameters:,} parameters)",
             "make it smaller (num_layers, hidden_dim, mlp_dim, image_size).",
         )
-        arguments = dict(
-            variant=variant,
-            image_size=(height, width),
-            dynamic_image_size=bool(dynamic_image_size),
-            dynamic_image_pad=bool(dynamic_image_pad),
-            pos_interpolation=pos_interpolation,
-            num_classes=num_classes,
-            **arch,
-            resnet_stages=stages,
-            classifier=classifier,
-            representation_size=representation_size,
-            pos_embedding=pos_embedding,
-            dropout_rate=dropout_rate,
-            attention_dropout_rate=attention_dropout_rate,
-            drop_path_rate=drop_path_rate,
-            gelu_approximate=gelu_approximate,
-            include_top=include_top,
-            pooling=pooling,
-            channels=channels,
-            head_bias_init=head_bias_init,
-            **{k: v for k, v in family.items() if v != FAMILY_DEFAULTS[k]},
-            data_format=data_format,
-            # Only when set: configs of models without it stay as they were.
-            **({"remat": True} if remat else {}),
-        )
         # The layers take the policy as they are made (nested layers too), as when a
         # model is built under a global policy.
         previous = keras.config.dtype_policy()
         keras.config.set_dtype_policy(policy)
         try:
-            images, outputs, parts = _build_graph(**{**FAMILY_DEFAULTS, "remat": False, **arguments})
+            images, outputs, parts = _build_graph(arch)
             super().__init__(images, outputs, name=name, **kwargs)
         finally:
             keras.config.set_dtype_policy(previous)
-        if preprocessing is not None:  # recorded only when set: older configs stay as they were
-            arguments["preprocessing"] = check_preprocessing(preprocessing)
-        self._arguments = arguments
+        self._architecture = arch
         self._parts = parts
         # A quantized model (`model.quantize(...)`) is rebuilt float, then quantized
         # again layer by layer, so that `load_model` finds the variables it saved.
         quantized = dict(quantized or {})
         for mode in sorted(set(quantized.values())):
             self.quantize(mode, filters=lambda layer, mode=mode: quantized.get(layer.path) == mode)
+
+    @property
+    def architecture(self):
+        """The model's `Architecture`: the arguments it was built from, checked."""
+        return self._architecture
 
     @property
     def parts(self):
@@ -579,7 +434,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
     def preprocessing(self):
         """The preprocessing dict the model was built with (`check_preprocessing`'s
         form), `DEFAULT`'s without one."""
-        return check_preprocessing(self._arguments.get("preprocessing") or DEFAULT)
+        return check_preprocessing(self._architecture.preprocessing or DEFAULT)
 
     def kernels(self):
         """The matrix kernels weight decay applies to (`ViTParts.kernels`)."""
@@ -590,7 +445,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             "name": self.name,
             "trainable": self.trainable,
             "dtype": keras.dtype_policies.serialize(self.dtype_policy),
-            **self._arguments,
+            **self._architecture.get_config(),
             **self._quantized_entry(),
         }
 
@@ -680,64 +535,6 @@ def _tensorflow_array_batches(model, arrays, batch_size):
     )
 
 
-# The family switches' defaults, as `VisionTransformer`'s signature writes them.
-FAMILY_DEFAULTS = {
-    name: inspect.signature(VisionTransformer.__init__).parameters[name].default
-    for name in FAMILY_SWITCHES
-}
-
-
-def _check_family(classifier, **family):
-    """The family switches (`FAMILY_DEFAULTS`) as given, once checked against each
-    other and `classifier`; a bad one is a `ValueError` naming it."""
-    for name in ("distilled", "distillation_head", "no_embed_class", "pre_norm", "quick_gelu",
-                 "patch_bias", "mlp_norm", "fc_norm"):
-        if not isinstance(family[name], bool):
-            raise ValueError(f"{name} must be True or False, got {family[name]!r}.")
-    if family["distilled"] and classifier not in CLASS_TOKEN_CLASSIFIERS:
-        raise ValueError(
-            f"distilled=True adds a distillation token after the class token, but "
-            f"classifier={classifier!r} has none: pass classifier='token'."
-        )
-    if not family["distillation_head"] and not family["distilled"]:
-        raise ValueError(
-            "distillation_head=False leaves out the head of a distillation token, which "
-            "needs distilled=True: pass both, or neither."
-        )
-    if family["no_embed_class"] and classifier not in CLASS_TOKEN_CLASSIFIERS:
-        raise ValueError(
-            f"no_embed_class=True leaves the class token out of the position embedding, "
-            f"but classifier={classifier!r} has none: pass classifier='token'."
-        )
-    scale = family["layer_scale_init"]
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise ValueError(f"layer_scale_init must be None or a number such as 1e-6, got {scale!r}.")
-    if family["projection_dim"] is not None:
-        check_positive_int("projection_dim", family["projection_dim"])
-    epsilon = family["layer_norm_epsilon"]
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
-        raise ValueError(f"layer_norm_epsilon must be a positive number, got {epsilon!r}.")
-    _check_registers(classifier, family["num_registers"])
-    check_choice("mlp", family["mlp"], MLPS)
-    rope = family["rope"]
-    if not isinstance(rope, bool) and not (
-        isinstance(rope, dict) and {"class_name", "config"} <= rope.keys()
-    ):
-        raise ValueError(
-            "rope must be True, False or a rotary embedding layer's config "
-            f"(keras.saving.serialize_keras_object(layer)), got {rope!r}."
-        )
-    if family["rope_reference_grid"] is not None:
-        if rope is not True:
-            raise ValueError(
-                "rope_reference_grid scales EVA-02's rotary position embedding, which needs "
-                f"rope=True (got rope={rope!r}; a rope layer's config holds its own "
-                "settings): pass both, or neither."
-            )
-        family["rope_reference_grid"] = _pair(family["rope_reference_grid"], "rope_reference_grid")
-    return family
-
-
 def _rotary_embedding(rope, *, head_dim, grid_size, num_prefix_tokens, reference_grid):
     """The model's rotary embedding layer, named `rope`: EVA-02's `RotaryEmbedding` for
     `rope=True`, else the registered layer whose config `rope` is, made for this
@@ -758,165 +555,146 @@ def _rotary_embedding(rope, *, head_dim, grid_size, num_prefix_tokens, reference
     return layer
 
 
-def _check_registers(classifier, count):
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise ValueError(f"num_registers must be a whole number, 0 or more, got {count!r}.")
-    if count and classifier not in CLASS_TOKEN_CLASSIFIERS:
-        raise ValueError(
-            f"num_registers={count} puts register tokens after the class token, but "
-            f"classifier={classifier!r} has none: pass classifier='token'."
-        )
-
-
-def _build_graph(
-    *, variant, image_size, dynamic_image_size, dynamic_image_pad, pos_interpolation,
-    num_classes, patch_size, hidden_dim, num_layers, num_heads,
-    mlp_dim, resnet_stages, classifier, representation_size, pos_embedding, dropout_rate,
-    attention_dropout_rate, drop_path_rate, gelu_approximate, include_top, pooling,
-    channels, head_bias_init, distilled, distillation_head, no_embed_class,
-    layer_scale_init, layer_norm_epsilon, data_format, num_registers, mlp, pre_norm,
-    quick_gelu, patch_bias, projection_dim, rope, rope_reference_grid, mlp_norm, fc_norm,
-    remat,
-):
-    """The model's input, output and `ViTParts`, from checked architecture arguments.
+def _build_graph(arch):
+    """The model's input, output and `ViTParts`, from its `Architecture`.
 
     The layer names are the ones `.keras` files address the weights by, and
     `keras_vit.training.jax_distribution` shards them by: `BLOCK_NAME` for the blocks.
     """
-    height, width = image_size
-    stride = input_stride(patch_size, resnet_stages)
-    grid = (height // stride, width // stride)  # the patches of the trained size
-    shape = (None, None) if dynamic_image_size else (height, width)
-    images = keras.Input((*shape, channels), name="images")
+    grid = arch.grid_size  # the patches of the trained size
+    shape = (None, None) if arch.dynamic_image_size else arch.image_size
+    images = keras.Input((*shape, arch.channels), name="images")
     stem = None
     x = images
-    if dynamic_image_pad:
-        x = vit_layers.PadToMultiple(stride, name="pad")(x)
-    if resnet_stages is not None:
-        x, stem = resnet.resnet_trunk(x, resnet_stages)
+    if arch.dynamic_image_pad:
+        x = vit_layers.PadToMultiple(arch.stride, name="pad")(x)
+    if arch.resnet_stages is not None:
+        x, stem = resnet.resnet_trunk(x, arch.resnet_stages)
     # A dynamic model's patches keep their grid, to which the position table is resampled.
-    patches = vit_layers.Patches(patch_size, flatten=not dynamic_image_size, name="patches")
+    patches = vit_layers.Patches(
+        arch.patch_size, flatten=not arch.dynamic_image_size, name="patches"
+    )
     patch_encoder = vit_layers.PatchEncoder(
-        hidden_dim,
+        arch.hidden_dim,
         grid_size=grid,
-        pos_embedding=pos_embedding,
-        interpolation=pos_interpolation,
-        use_bias=patch_bias,
+        pos_embedding=arch.pos_embedding,
+        interpolation=arch.pos_interpolation,
+        use_bias=arch.patch_bias,
         name="patch_encoder",
     )
     patch_grid = patches(x)
     x = patch_encoder(patch_grid)
     class_token = distillation_token = registers = None
     # Prefix tokens learn their own position rows unless no_embed_class.
-    use_position = pos_embedding.startswith("learned") and not no_embed_class
-    if num_registers:  # prepended first, so that they follow the other prefix tokens
+    use_position = arch.pos_embedding.startswith("learned") and not arch.no_embed_class
+    if arch.num_registers:  # prepended first, so that they follow the other prefix tokens
         # Without position rows, as DINOv2's: added after the position embedding.
-        registers = vit_layers.ClassToken(num_tokens=num_registers, name="registers")
+        registers = vit_layers.ClassToken(num_tokens=arch.num_registers, name="registers")
         x = registers(x)
-    if distilled:  # prepended first, so that it follows the class token
+    if arch.distilled:  # prepended first, so that it follows the class token
         distillation_token = vit_layers.ClassToken(
             use_position=use_position, name="distillation_token"
         )
         x = distillation_token(x)
-    if classifier in CLASS_TOKEN_CLASSIFIERS:
+    if arch.classifier in CLASS_TOKEN_CLASSIFIERS:
         class_token = vit_layers.ClassToken(use_position=use_position, name="class_token")
         x = class_token(x)
-    dropout = keras.layers.Dropout(dropout_rate, name="embedding_dropout")
+    dropout = keras.layers.Dropout(arch.dropout_rate, name="embedding_dropout")
     x = dropout(x)
     pre = None
-    if pre_norm:  # after the position embedding and its dropout, as timm's norm_pre
-        pre = vit_layers.LayerNormalization(epsilon=layer_norm_epsilon, name="pre_norm")
+    if arch.pre_norm:  # after the position embedding and its dropout, as timm's norm_pre
+        pre = vit_layers.LayerNormalization(epsilon=arch.layer_norm_epsilon, name="pre_norm")
         x = pre(x)
     rotary = table = None
-    if rope:  # one table of the patch grid's rotations, which every block applies
+    if arch.rope:  # one table of the patch grid's rotations, which every block applies
         rotary = _rotary_embedding(
-            rope,
-            head_dim=hidden_dim // num_heads,
+            arch.rope,
+            head_dim=arch.hidden_dim // arch.num_heads,
             grid_size=grid,
             num_prefix_tokens=sum(t is not None for t in (class_token, distillation_token))
-            + num_registers,
-            reference_grid=rope_reference_grid,
+            + arch.num_registers,
+            reference_grid=arch.rope_reference_grid,
         )
         table = rotary(patch_grid)
     blocks = []
-    names = [BLOCK_NAME.format(index=i) for i in range(num_layers)]
+    names = [BLOCK_NAME.format(index=i) for i in range(arch.num_layers)]
     # Keras rematerialises a layer made under a RematScope that names it (its sublayers,
     # named otherwise, are recomputed as part of it, not on their own).
-    scope = keras.RematScope("list_of_layers", layer_names=names) if remat else contextlib.nullcontext()
-    for i in range(num_layers):
+    scope = (
+        keras.RematScope("list_of_layers", layer_names=names) if arch.remat
+        else contextlib.nullcontext()
+    )
+    for i in range(arch.num_layers):
         with scope:
             block = vit_layers.TransformerBlock(
-                num_heads,
-                mlp_dim,
-                dropout_rate=dropout_rate,
-                attention_dropout_rate=attention_dropout_rate,
-                drop_path_rate=drop_path_rate * i / max(num_layers - 1, 1),
-                gelu_approximate=gelu_approximate,
-                layer_scale_init=layer_scale_init,
-                layer_norm_epsilon=layer_norm_epsilon,
-                mlp=mlp,
-                quick_gelu=quick_gelu,
-                rope=bool(rope),
-                mlp_norm=mlp_norm,
+                arch.num_heads,
+                arch.mlp_dim,
+                dropout_rate=arch.dropout_rate,
+                attention_dropout_rate=arch.attention_dropout_rate,
+                drop_path_rate=arch.drop_path_rate * i / max(arch.num_layers - 1, 1),
+                gelu_approximate=arch.gelu_approximate,
+                layer_scale_init=arch.layer_scale_init,
+                layer_norm_epsilon=arch.layer_norm_epsilon,
+                mlp=arch.mlp,
+                quick_gelu=arch.quick_gelu,
+                rope=bool(arch.rope),
+                mlp_norm=arch.mlp_norm,
                 name=names[i],
             )
         blocks.append(block)
         x = block(x) if table is None else block(x, rope=table)
     norm = vit_layers.LayerNormalization(
-        epsilon=layer_norm_epsilon, name="fc_norm" if fc_norm else "encoder_norm"
+        epsilon=arch.layer_norm_epsilon, name="fc_norm" if arch.fc_norm else "encoder_norm"
     )
     # With fc_norm the norm follows the pooling; tokens alone are still normalised.
-    pooled_norm = fc_norm and (include_top or pooling)
+    pooled_norm = arch.fc_norm and (arch.include_top or arch.pooling)
     tokens = x = x if pooled_norm else norm(x)
-    two_heads = distilled and distillation_head
-    if two_heads and representation_size:
-        raise ValueError(
-            "representation_size (pre_logits) takes one pooled token, but distilled=True "
-            "classifies two: pass distillation_head=False, or no representation_size."
-        )
+    two_heads = arch.distilled and arch.distillation_head
 
     def new_head(name):
         return keras.layers.Dense(
-            num_classes,
+            arch.num_classes,
             kernel_initializer="zeros",
-            bias_initializer=keras.initializers.Constant(head_bias_init),
+            bias_initializer=keras.initializers.Constant(arch.head_bias_init),
             dtype="float32",
             name=name,
         )
 
     pool = pre_logits = head = head_dist = projection = None
-    if include_top or pooling:
-        if classifier == "map":
+    if arch.include_top or arch.pooling:
+        if arch.classifier == "map":
             pool = vit_layers.MAPHead(
-                num_heads, mlp_dim, layer_norm_epsilon=layer_norm_epsilon,
-                gelu_approximate=gelu_approximate, quick_gelu=quick_gelu, name="pool",
+                arch.num_heads, arch.mlp_dim, layer_norm_epsilon=arch.layer_norm_epsilon,
+                gelu_approximate=arch.gelu_approximate, quick_gelu=arch.quick_gelu, name="pool",
             )
         else:
             pool = vit_layers.TokenPooling(
-                "distilled" if two_heads else "gap" if classifier == "avg" else classifier,
+                "distilled" if two_heads
+                else "gap" if arch.classifier == "avg" else arch.classifier,
                 # token_gap and avg average the patches: after the class token and the registers.
-                index=1 + num_registers + distilled if classifier in ("token_gap", "avg") else 0,
+                index=1 + arch.num_registers + arch.distilled
+                if arch.classifier in ("token_gap", "avg") else 0,
                 name="pool",
             )
         x = pool(tokens)
         if pooled_norm:
             x = norm(x)
-        if representation_size:
+        if arch.representation_size:
             pre_logits = keras.layers.Dense(
-                representation_size, activation="tanh", name="pre_logits"
+                arch.representation_size, activation="tanh", name="pre_logits"
             )
             x = pre_logits(x)
-        if projection_dim:
-            projection = vit_layers.Dense(projection_dim, use_bias=False, name="projection")
+        if arch.projection_dim:
+            projection = vit_layers.Dense(arch.projection_dim, use_bias=False, name="projection")
             x = projection(x)
-    if include_top and two_heads:
+    if arch.include_top and two_heads:
         # Each head reads its own token; the logits are their mean (timm, HF).
         head, head_dist = new_head("head"), new_head("head_dist")
         x = keras.layers.Average(dtype="float32", name="mean_of_heads")([
             head(vit_layers.TokenPooling("token", name="class_pool")(tokens)),
             head_dist(vit_layers.TokenPooling("token", index=1, name="distillation_pool")(tokens)),
         ])
-    elif include_top:
+    elif arch.include_top:
         head = new_head("head")
         x = head(x)
     parts = ViTParts(

@@ -71,7 +71,8 @@ class ModelConfig:
         self.kwargs = dict(self.kwargs)
 
     def validate(self):
-        from keras_vit.models.vit import check_arguments, parse_variant
+        from keras_vit.models.architecture import check_arguments
+        from keras_vit.models.variants import parse_variant
 
         check_positive_int("model.image_size", self.image_size)
         check_choice("model.channels", self.channels, (1, 3))

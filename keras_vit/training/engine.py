@@ -23,9 +23,8 @@ import tensorflow as tf
 from keras_vit import data as vit_data
 from keras_vit.models import mpp as vit_mpp
 from keras_vit.models import size
-from keras_vit.models.vit import (
-    SIZE_ARGUMENTS, VisionTransformer, input_stride, resolve_architecture, vit_parts,
-)
+from keras_vit.models.architecture import SIZE_ARGUMENTS, input_stride, resolve_architecture
+from keras_vit.models.vit import VisionTransformer, vit_parts
 from keras_vit.training import distribute, multiworker, runs
 from keras_vit.training.callbacks import (
     EpochCheckpoints,

@@ -38,7 +38,7 @@ except ImportError:  # Windows: no advisory locks; runs are then not kept apart.
 
 from keras_vit import data as vit_data
 from keras_vit.models.preprocessing import model_preprocessing
-from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS
+from keras_vit.models.architecture import ARCHITECTURE, FAMILY_DEFAULTS
 from keras_vit.training.callbacks import EpochCheckpoints, TrainingBackup
 from keras_vit.training.config import TrainConfig
 from keras_vit.utils.model_files import DamagedModel, read_keras

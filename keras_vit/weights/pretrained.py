@@ -28,7 +28,8 @@ from keras_vit.families.family import (
 )
 from keras_vit.layers import posembed
 from keras_vit.models import flexi
-from keras_vit.models.vit import ARCHITECTURE, FAMILY_DEFAULTS, VisionTransformer
+from keras_vit.models.architecture import ARCHITECTURE, FAMILY_DEFAULTS
+from keras_vit.models.vit import VisionTransformer
 from keras_vit.weights.download import refuse_cached
 from keras_vit.weights.formats import read_official
 from keras_vit.layers.embedding import sincos_2d_table
