@@ -20,6 +20,9 @@ from helpers import build_wheel, compute_device, install_wheel  # noqa: E402
 
 # Scripts the distributed tests start in worker processes; importing one runs it.
 collect_ignore = ["jax_distribution_job.py", "multiworker_job.py"]
+# Fixtures: data, and the scripts that wrote them, run by hand with other code on the path
+# (an older keras-vit, or timm, which does not import here).
+collect_ignore_glob = ["fixtures/*"]
 
 # Docstring examples (keras_vit/, collected by --doctest-modules) that train a model for
 # some epochs: they run in the full suite, not in the quick subset (-m "not slow").
