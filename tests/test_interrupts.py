@@ -12,7 +12,7 @@ from helpers import clean_environment
 
 TINY = [
     "model.kwargs.hidden_dim=16", "model.kwargs.num_layers=1", "model.kwargs.num_heads=2",
-    "model.kwargs.mlp_dim=32", "schedule.epochs=2", "schedule.micro_batches_per_epoch=400",
+    "model.kwargs.mlp_dim=32", "schedule.epochs=2", "schedule.micro_batches_per_epoch=200",
     "checkpointing.backup_every_micro_batches=2", "checkpointing.tensorboard=false",
     "distribution.jit_compile=off", "data.batch_size=32", "evaluation.enabled=false",
 ]
