@@ -13,7 +13,6 @@ Paths may be local or URLs such as `gs://...` (read through `tf.io.gfile`).
 import io
 import json
 import math
-import os
 import re
 
 import ml_dtypes
@@ -21,48 +20,17 @@ import numpy as np
 
 from keras_vit.families import FAMILIES
 from keras_vit.families.family import POS_KEY, QKV, rotate_half_order
+from keras_vit.utils import paths
 
 # ---------------------------------------------------------------------------
 # Files: local paths, or gs:// and other URLs through TensorFlow's file systems.
-
-
-def _gfile():
-    import tensorflow as tf  # only URLs need it; local files load on any backend
-
-    return tf.io.gfile
-
-
-def _is_url(path):
-    return "://" in path
-
-
-def _exists(path):
-    return _gfile().exists(path) if _is_url(path) else os.path.exists(path)
-
-
-def _isdir(path):
-    return _gfile().isdir(path) if _is_url(path) else os.path.isdir(path)
-
-
-def _join(directory, name):
-    if _is_url(directory):
-        return f"{directory.rstrip('/')}/{name}"
-    return os.path.join(directory, name)
-
-
-def _read_bytes(path):
-    if _is_url(path):
-        with _gfile().GFile(path, "rb") as f:
-            return f.read()
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def _read_json(path):
     """The JSON object in the file `path`; a file that holds none is a `ValueError`
     naming it and what is wrong."""
     try:
-        value = json.loads(_read_bytes(path))
+        value = json.loads(paths.read_bytes(path))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(
             f"{path} is not valid JSON ({err}); save the model again with save_pretrained, "
@@ -83,21 +51,21 @@ def holds_safetensors(directory):
     """Whether `directory` is an HF-style model folder: it holds `model.safetensors` or
     a sharded `model.safetensors.index.json` (beside the `config.json` of a transformers
     model, which alone does not tell it from a keras-vit run folder)."""
-    return _isdir(directory) and any(_exists(_join(directory, n)) for n in SAFETENSORS_FILES)
+    return paths.isdir(directory) and any(paths.exists(paths.join(directory, n)) for n in SAFETENSORS_FILES)
 
 
 def _checkpoint_files(source):
-    if _isdir(source):
-        single, index = (_join(source, name) for name in SAFETENSORS_FILES)
-        if _exists(single):
+    if paths.isdir(source):
+        single, index = (paths.join(source, name) for name in SAFETENSORS_FILES)
+        if paths.exists(single):
             return [single]
-        if _exists(index):
+        if paths.exists(index):
             shards = _read_json(index)["weight_map"].values()
-            return [_join(source, name) for name in sorted(set(shards))]
+            return [paths.join(source, name) for name in sorted(set(shards))]
         raise FileNotFoundError(
             f"Directory {source} holds no model.safetensors or model.safetensors.index.json."
         )
-    if not _exists(source):
+    if not paths.exists(source):
         raise FileNotFoundError(f"Checkpoint {source} does not exist.")
     return [source]
 
@@ -148,7 +116,7 @@ def _npz_member(npz, key, path):
 
 
 def _read_arrays(path):
-    data = _read_bytes(path)
+    data = paths.read_bytes(path)
     try:
         if data[:4] == b"PK\x03\x04":  # .npz files are zip archives
             with np.load(io.BytesIO(data), allow_pickle=False) as npz:
@@ -276,7 +244,7 @@ def _checkpoint_shapes(source):
 
     shapes = {}
     for path in _checkpoint_files(source):
-        if _is_url(path) or not path.endswith(".safetensors"):
+        if paths.is_url(path) or not path.endswith(".safetensors"):
             shapes.update((key, value.shape) for key, value in _read_arrays(path).items())
         else:
             with safetensors.safe_open(path, "np") as f:
@@ -356,8 +324,8 @@ def hf_model_arguments(source):
     >>> hf_model_arguments("deit-tiny-distilled")["distilled"]  # doctest: +SKIP
     True
     """
-    path = _join(source, "config.json")
-    if not _isdir(source) or not _exists(path):
+    path = paths.join(source, "config.json")
+    if not paths.isdir(source) or not paths.exists(path):
         raise ValueError(
             f"{source} is not an HF transformers model directory: it holds no config.json "
             "(save the model with save_pretrained, or pass hf:ORG/NAME)."
@@ -424,7 +392,7 @@ def timm_model_arguments(source):
     `model_args`, `pretrained_cfg`), as the family of its architecture reads them (its
     `timm_arguments`), with the preprocessing of its `pretrained_cfg`; None when no
     family builds the architecture from its config."""
-    config = _read_json(_join(source, "config.json"))
+    config = _read_json(paths.join(source, "config.json"))
     architecture, model_args = config.get("architecture"), config.get("model_args") or {}
     for family in FAMILIES:
         args = None if family.timm_arguments is None else family.timm_arguments(
@@ -439,7 +407,7 @@ def timm_preprocessing(source):
     """The preprocessing dict of the timm model folder `source`, from its config.json's
     `pretrained_cfg` (`mean`, `std`, `interpolation`, `crop_pct`), or None without one;
     a resize keras-vit does not apply is a `ValueError` naming it."""
-    path = _join(source, "config.json")
+    path = paths.join(source, "config.json")
     cfg = _read_json(path).get("pretrained_cfg") or {}
     if not {"mean", "std"} <= set(cfg):
         return None
@@ -470,8 +438,8 @@ def hf_preprocessing(source):
     `crop_pct`, else the whole image. HF resizes to `size` before its crop, keras-vit
     resizes the short side: the same on square images. Anything else it cannot apply is a `ValueError` naming it.
     """
-    path = _join(source, "preprocessor_config.json")
-    if not _exists(path):
+    path = paths.join(source, "preprocessor_config.json")
+    if not paths.exists(path):
         return None
     config = _read_json(path)
     normalized = config.get("do_normalize", True)

@@ -27,6 +27,7 @@ import typing
 import zipfile
 
 from keras_vit.models.preprocessing import DEFAULT
+from keras_vit.utils import paths
 from keras_vit.weights import download, registry
 
 # What a source is. `registry`, `timm` and `hf` name checkpoints that are fetched;
@@ -197,9 +198,9 @@ def resolve_source(source):
     remote = "://" in text  # gs:// and TensorFlow's other file systems: read in place
     if remote and known:
         return Source(text, known, text, file=text)
-    if suffix == ".orbax" and _isdir(text):  # a sharded checkpoint is a folder
+    if suffix == ".orbax" and paths.isdir(text):  # a sharded checkpoint is a folder
         return Source(text, "orbax", text, file=text)
-    if _isdir(text):
+    if paths.isdir(text):
         kind = _folder_kind(text)
         entry = _timm_entry(text) if kind == "timm_directory" else None
         return Source(text, kind, text, entry, None if kind == "run" else text)
@@ -219,8 +220,8 @@ def _folder_kind(folder):
     `architectures`), a timm model (its hub `config.json` names one `architecture`),
     safetensors alone, or a keras-vit run (its `config.json` without safetensors);
     a `FileNotFoundError` naming it when none of these."""
-    config = _join(folder, _CONFIG)
-    has_config = _exists(config)
+    config = paths.join(folder, _CONFIG)
+    has_config = paths.exists(config)
     if _formats().holds_safetensors(folder):
         if not has_config:
             return "safetensors"
@@ -236,7 +237,7 @@ def _folder_kind(folder):
 def _timm_entry(folder):
     """The registry entry of the timm model folder `folder` (its `config.json`'s
     `architecture` and `pretrained_cfg.tag`, timm's name for it), or None."""
-    config = _read_json(_join(folder, _CONFIG))
+    config = _read_json(paths.join(folder, _CONFIG))
     tag = (config.get("pretrained_cfg") or {}).get("tag")
     name = f"{config['architecture']}.{tag}" if tag else config["architecture"]
     return registry.get_weights(name) if registry.is_registered(name) else None
@@ -257,30 +258,11 @@ def _formats():
     return formats
 
 
-def _gfile():
-    import tensorflow as tf  # only URLs need it: local sources resolve without it
-
-    return tf.io.gfile
-
-
-def _join(folder, name):
-    return f"{folder.rstrip('/')}/{name}" if "://" in folder else os.path.join(folder, name)
-
-
-def _exists(path):
-    return _gfile().exists(path) if "://" in path else os.path.exists(path)
-
-
-def _isdir(path):
-    return _gfile().isdir(path) if "://" in path else os.path.isdir(path)
-
-
 def _read_json(path):
     """The JSON object in `path`, or `{}` where it holds none (the reader of its kind
     names what is wrong with it)."""
     try:
-        with (_gfile().GFile(path) if "://" in path else open(path, encoding="utf-8")) as f:
-            config = json.load(f)
+        config = json.loads(paths.read_bytes(path))
     except ValueError:
         return {}
     return config if isinstance(config, dict) else {}
@@ -293,5 +275,5 @@ def _recorded_preprocessing(path):
         from keras_vit.utils import sharded_state  # imports JAX: an optional extra
 
         return sharded_state.architecture(path)["config"].get("preprocessing")
-    with _gfile().GFile(path, "rb") as file, zipfile.ZipFile(file) as archive:
+    with paths.open_binary(path) as file, zipfile.ZipFile(file) as archive:
         return json.loads(archive.read(_CONFIG))["config"].get("preprocessing")
