@@ -15,7 +15,7 @@ import keras
 from keras_vit.layers import posembed
 from keras_vit.layers.embedding import POSITION_EMBEDDINGS
 from keras_vit.layers.mlp import MLPS
-from keras_vit.models import resnet
+from keras_vit.models import resnet, size
 from keras_vit.models.preprocessing import check_preprocessing
 from keras_vit.models.variants import VARIANTS, parse_variant
 from keras_vit.utils.checks import check_choice, check_in_range, check_positive_int
@@ -224,6 +224,35 @@ class Architecture:
     def grid_size(self):
         """The `(rows, cols)` patch grid of `image_size`."""
         return tuple(side // self.stride for side in self.image_size)
+
+    def parameter_count(self, num_classes=None):
+        """Parameters of the model (`keras_vit.models.size.parameter_count`: the
+        hybrids' trunk and the families' extra parts left out), with `num_classes`
+        outputs (default: its head's, none without one).
+
+        Example:
+
+        >>> Architecture("B/16").parameter_count()
+        86567656
+        """
+        if num_classes is None:
+            num_classes = self.num_classes if self.include_top else 0
+        rows, cols = self.grid_size
+        return size.parameter_count(
+            tokens=rows * cols + 1,
+            patch_values=0 if self.resnet_stages else self.patch_size ** 2 * self.channels,
+            hidden_dim=self.hidden_dim, mlp_dim=self.mlp_dim, num_layers=self.num_layers,
+            num_classes=num_classes,
+        )
+
+    def activation_values(self):
+        """Values one image's forward pass keeps for the backward pass
+        (`keras_vit.models.size.activation_values`), with `remat` as set."""
+        rows, cols = self.grid_size
+        return size.activation_values(
+            tokens=rows * cols + 1, hidden_dim=self.hidden_dim, mlp_dim=self.mlp_dim,
+            num_heads=self.num_heads, num_layers=self.num_layers, remat=self.remat,
+        )
 
     def get_config(self):
         """The arguments as `keras_vit.ViT`'s config records them: every one, but the

@@ -390,14 +390,8 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         if name is None:
             name = "vit" if variant is None else f"vit-{variant.replace('/', '_')}"
         policy = keras.dtype_policies.get(dtype)
-        rows, cols = arch.grid_size
         # Before any layer is made: a model too large would grow until the system stops it.
-        parameters = size.parameter_count(
-            tokens=rows * cols + 1,
-            patch_values=0 if arch.resnet_stages else arch.patch_size ** 2 * arch.channels,
-            hidden_dim=arch.hidden_dim, mlp_dim=arch.mlp_dim,
-            num_layers=arch.num_layers, num_classes=arch.num_classes if arch.include_top else 0,
-        )
+        parameters = arch.parameter_count()
         size.check_fits(
             parameters * (2 if "16" in policy.variable_dtype else 4),
             f"This ViT ({parameters:,} parameters)",

@@ -23,7 +23,7 @@ import tensorflow as tf
 from keras_vit import data as vit_data
 from keras_vit.models import mpp as vit_mpp
 from keras_vit.models import size
-from keras_vit.models.architecture import SIZE_ARGUMENTS, input_stride, resolve_architecture
+from keras_vit.models.architecture import Architecture
 from keras_vit.models.vit import VisionTransformer, vit_parts
 from keras_vit.training import distribute, multiworker, runs
 from keras_vit.training.callbacks import (
@@ -222,24 +222,19 @@ def check_memory(config):
     state, a micro-batch's activations; the head, whose classes the data decides, left
     out), before any of it is built."""
     model, optimization = config.model, config.optimization
-    arch = resolve_architecture(
+    fields = {field.name for field in dataclasses.fields(Architecture)} - {"preprocessing"}
+    arch = Architecture(
         None if model.variant == "custom" else model.variant,
-        **{k: model.kwargs.get(k) for k in (*SIZE_ARGUMENTS, "resnet_stages")},
+        image_size=model.image_size, channels=model.channels,
+        **{k: v for k, v in model.kwargs.items() if k in fields},
     )
-    stride = input_stride(arch["patch_size"], arch["resnet_stages"])
-    tokens = (model.image_size // stride) ** 2 + 1
-    shape = dict(hidden_dim=arch["hidden_dim"], mlp_dim=arch["mlp_dim"], num_layers=arch["num_layers"])
-    parameters = size.parameter_count(
-        tokens=tokens, num_classes=0, **shape,
-        patch_values=0 if arch["resnet_stages"] else arch["patch_size"] ** 2 * model.channels,
-    )
+    parameters = arch.parameter_count(num_classes=0)
     slots = OPTIMIZER_SLOTS.get(optimization.optimizer, 0)
     if optimization.optimizer == "sgd" and not optimization.momentum:
         slots = 0
     weights = parameters * 4 * (2 + slots)  # float32 weights and gradients, and the slots
-    activations = config.micro_batch_size * size.activation_values(
-        tokens=tokens, num_heads=arch["num_heads"], remat=model.kwargs.get("remat") is True, **shape
-    ) * (4 if config.distribution.precision == "float32" else 2)
+    bytes_per_value = 4 if config.distribution.precision == "float32" else 2
+    activations = config.micro_batch_size * arch.activation_values() * bytes_per_value
     size.check_fits(
         weights + activations,
         f"Training this model ({parameters:,} parameters; {weights / size.GB:,.1f} GB for "
