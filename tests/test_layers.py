@@ -19,6 +19,15 @@ def _np(x):
     return keras.ops.convert_to_numpy(x)
 
 
+@keras.saving.register_keras_serializable(package="keras_vit_tests")
+class ReluMLP(L.MLP):
+    """An MLP of another activation, for a block to be given."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.activation = keras.ops.relu
+
+
 def test_patches_order_is_row_major_and_row_column_channel():
     images = np.random.default_rng(0).normal(size=(2, 12, 8, 3)).astype("float32")
     patches = _np(L.Patches(4)(images))
@@ -93,10 +102,19 @@ def _layer_norm(x, scale, bias, eps=1e-6):
     return (x - mean) / np.sqrt(var + eps) * scale + bias
 
 
-def _numpy_block(block, x, approximate):
-    """The pre-LN block written out in numpy from the paper's equations."""
+def _numpy_gelu(h, approximate=False):
+    if approximate:
+        return 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
+    return 0.5 * h * (1 + erf(h / np.sqrt(2)))
+
+
+def _numpy_block(block, x, heads, activation=_numpy_gelu):
+    """The pre-LN block written out in numpy from the paper's equations (with layer
+    scale where the block has its weights), `heads` attention heads, GELU or
+    `activation` in the MLP."""
     w = {v.path.split("/", 1)[1]: _np(v) for v in block.weights}
-    heads, dim = block.num_heads, x.shape[-1]
+    scales = [w.get(f"layer_scale_{branch}", 1.0) for branch in ("attention", "mlp")]
+    dim = x.shape[-1]
     head_dim = dim // heads
     h = _layer_norm(x, w["norm1/gamma"], w["norm1/beta"])
     qkv = h @ w["qkv/kernel"] + w["qkv/bias"]
@@ -107,14 +125,10 @@ def _numpy_block(block, x, approximate):
     weights = np.exp(logits - logits.max(-1, keepdims=True))
     weights /= weights.sum(-1, keepdims=True)
     attended = (weights @ v).transpose(0, 2, 1, 3).reshape(x.shape)
-    x = x + attended @ w["attention_output/kernel"] + w["attention_output/bias"]
+    x = x + scales[0] * (attended @ w["attention_output/kernel"] + w["attention_output/bias"])
     h = _layer_norm(x, w["norm2/gamma"], w["norm2/beta"])
-    h = h @ w["mlp_fc1/kernel"] + w["mlp_fc1/bias"]
-    if approximate:
-        h = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
-    else:
-        h = 0.5 * h * (1 + erf(h / np.sqrt(2)))
-    return x + h @ w["mlp_fc2/kernel"] + w["mlp_fc2/bias"], weights
+    h = activation(h @ w["mlp_fc1/kernel"] + w["mlp_fc1/bias"])
+    return x + scales[1] * (h @ w["mlp_fc2/kernel"] + w["mlp_fc2/bias"]), weights
 
 
 def _randomised(layer, seed=3):
@@ -137,7 +151,9 @@ def test_transformer_block_matches_numpy_reference(approximate):
     block = L.TransformerBlock(num_heads=4, mlp_dim=32, gelu_approximate=approximate)
     block.build(x.shape)
     _randomised(block)
-    expected, expected_weights = _numpy_block(block, x.astype("float64"), approximate)
+    expected, expected_weights = _numpy_block(
+        block, x.astype("float64"), heads=4, activation=lambda h: _numpy_gelu(h, approximate)
+    )
     out, weights = block(x, return_attention=True)
     np.testing.assert_allclose(_np(block(x)), expected, atol=1e-4)
     np.testing.assert_allclose(_np(out), expected, atol=1e-4)
@@ -238,7 +254,7 @@ def test_long_sequences_attend_in_exact_query_blocks():
     block = L.TransformerBlock(num_heads=2, mlp_dim=16)
     block.build(x.shape)
     _randomised(block, seed=8)
-    expected, _ = _numpy_block(block, x.astype("float64"), approximate=False)
+    expected, _ = _numpy_block(block, x.astype("float64"), heads=2)
     np.testing.assert_allclose(_np(block(x)), expected, atol=1e-4)
     rows = [row for start, stop in query_blocks(300) for row in range(start, stop)]
     assert rows == list(range(300))
@@ -254,6 +270,20 @@ LAYERS = {
     "DropPath": (lambda: L.DropPath(0.1, seed=3), (2, 4, 16)),
     "TransformerBlock": (
         lambda: L.TransformerBlock(2, 32, 0.1, 0.1, 0.1, gelu_approximate=True),
+        (2, 4, 16),
+    ),
+    "TransformerBlock-composed": (
+        lambda: L.TransformerBlock(
+            attention=L.Attention(4, dropout_rate=0.1),
+            mlp=ReluMLP(32, norm_epsilon=1e-5, dropout_rate=0.2),
+            dropout_rate=0.1, drop_path_rate=0.1, layer_scale_init=1e-6,
+        ),
+        (2, 4, 16),
+    ),
+    "TransformerBlock-given-attention": (
+        lambda: L.TransformerBlock(
+            mlp_dim=32, mlp="swiglu", attention=L.Attention(2, dropout_rate=0.1), dropout_rate=0.1
+        ),
         (2, 4, 16),
     ),
     "Attention": (lambda: L.Attention(2, dropout_rate=0.1), (2, 4, 16)),
@@ -294,6 +324,116 @@ def test_layer_config_and_keras_file_round_trip(name, tmp_path):
     loaded = keras.saving.load_model(path)
     assert type(loaded.layers[1]) is type(layer)
     np.testing.assert_array_equal(_np(loaded(x)), _np(model(x)))
+
+
+def _composed_block(**kwargs):
+    """A block given an eight-head attention and a ReLU MLP, with layer scale."""
+    return L.TransformerBlock(
+        attention=L.Attention(8), mlp=ReluMLP(24), layer_scale_init=0.5, **kwargs
+    )
+
+
+def _numpy_relu(h):
+    return np.maximum(h, 0.0)
+
+
+def test_block_computes_with_the_attention_and_mlp_it_is_given():
+    x = np.random.default_rng(11).normal(size=(2, 7, 16)).astype("float32")
+    block = _composed_block()
+    block.build(x.shape)
+    _randomised(block, seed=12)
+    expected, expected_weights = _numpy_block(
+        block, x.astype("float64"), heads=8, activation=_numpy_relu
+    )
+    out, weights = block(x, return_attention=True)
+    assert weights.shape == (2, 8, 7, 7)
+    np.testing.assert_allclose(_np(out), expected, atol=1e-4)
+    np.testing.assert_allclose(_np(weights), expected_weights, atol=1e-5)
+    np.testing.assert_allclose(_np(block(x)), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_block_of_given_sublayers_is_the_keyword_block_with_the_same_settings(rope):
+    # Same variables, paths and order (what `.keras` files, optimizer states and the
+    # weight converters address), and the same numbers; with rope, the table reaches
+    # the given attention.
+    x = np.random.default_rng(13).normal(size=(2, 7, 16)).astype("float32")
+    keyword = L.TransformerBlock(
+        2, 32, layer_scale_init=1e-6, mlp_norm=True, rope=rope, name="block"
+    )
+    composed = L.TransformerBlock(
+        attention=L.Attention(2, rope=rope), mlp=L.MLP(32, norm_epsilon=1e-6),
+        layer_scale_init=1e-6, name="block",
+    )
+    for block in (keyword, composed):
+        block.build(x.shape)
+    # (Their dropouts' seed states, also variables, are named by a global count.)
+    assert [v.path for v in composed.weights] == [v.path for v in keyword.weights]
+    assert len(composed.variables) == len(keyword.variables)
+    _randomised(keyword, seed=14)
+    _randomised(composed, seed=14)
+    table = L.RotaryEmbedding(8, grid_size=(2, 3), num_prefix_tokens=1)(x[:, 1:]) if rope else None
+    np.testing.assert_array_equal(_np(composed(x, rope=table)), _np(keyword(x, rope=table)))
+
+
+def test_block_of_given_sublayers_round_trips_its_config_and_keras_file(tmp_path):
+    x = np.random.default_rng(15).normal(size=(2, 7, 16)).astype("float32")
+    block = _composed_block(dropout_rate=0.1, drop_path_rate=0.1)
+    inputs = keras.Input(x.shape[1:])
+    model = keras.Model(inputs, block(inputs))
+    _randomised(block, seed=16)
+    expected, _ = _numpy_block(block, x.astype("float64"), heads=8, activation=_numpy_relu)
+    config = block.get_config()
+    assert config["mlp"]["registered_name"] == "keras_vit_tests>ReluMLP"
+    assert config["attention"]["config"]["num_heads"] == 8
+    assert not {"num_heads", "mlp_dim", "gelu_approximate"} & set(config)
+
+    clone = L.TransformerBlock.from_config(config)
+    assert clone.get_config() == config
+    clone.build(x.shape)
+    assert [v.path for v in clone.weights] == [v.path for v in block.weights]
+    for source, target in zip(block.weights, clone.weights):
+        target.assign(source)
+    np.testing.assert_array_equal(_np(clone(x)), _np(block(x)))
+
+    model.save(tmp_path / "composed.keras")
+    loaded = keras.saving.load_model(tmp_path / "composed.keras")
+    np.testing.assert_array_equal(_np(loaded(x)), _np(model(x)))
+    np.testing.assert_allclose(_np(loaded(x)), expected, atol=1e-4)  # still ReLU, 8 heads
+
+
+def test_int8_block_of_given_sublayers_round_trips_through_a_keras_file(tmp_path):
+    # Its quantized Dense layers are rebuilt from its sublayers' own configs.
+    x = np.random.default_rng(17).normal(size=(2, 7, 16)).astype("float32")
+    block = L.TransformerBlock(mlp_dim=32, attention=L.Attention(4))
+    inputs = keras.Input(x.shape[1:])
+    model = keras.Model(inputs, block(inputs))
+    _randomised(block, seed=18)
+    model.quantize("int8")
+    model.save(tmp_path / "int8.keras")
+    loaded = keras.saving.load_model(tmp_path / "int8.keras").layers[1]
+    assert [dense.quantization_mode for dense in loaded.projections()] == ["int8"] * 4
+    assert set(loaded.get_config()["dense_dtypes"]) == {"mlp_fc1", "mlp_fc2"}
+    np.testing.assert_array_equal(_np(loaded(x)), _np(block(x)))
+
+
+def test_block_rejects_sublayers_it_cannot_compose():
+    with pytest.raises(ValueError, match="ready-made attention layer and num_heads, rope"):
+        L.TransformerBlock(num_heads=4, mlp_dim=8, rope=True, attention=L.Attention(8))
+    with pytest.raises(ValueError, match="ready-made mlp layer and mlp_dim, quick_gelu"):
+        L.TransformerBlock(2, 8, quick_gelu=True, mlp=L.MLP(8))
+    with pytest.raises(ValueError, match=r"mlp must be 'gelu', 'swiglu' or a .*MLP.*got Dense"):
+        L.TransformerBlock(2, mlp=keras.layers.Dense(8))
+    with pytest.raises(ValueError, match="attention must be a keras_vit.layers.Attention"):
+        L.TransformerBlock(mlp_dim=8, attention=keras.layers.Dense(8))
+    built = L.Attention(2)
+    built.build((None, 5, 8))
+    with pytest.raises(ValueError, match=f"attention '{built.name}' is already built"):
+        L.TransformerBlock(mlp_dim=8, attention=built)
+    with pytest.raises(ValueError, match="needs num_heads, or a ready-made attention"):
+        L.TransformerBlock(mlp_dim=8)
+    with pytest.raises(ValueError, match="needs mlp_dim, or a ready-made mlp"):
+        L.TransformerBlock(2)
 
 
 def test_patches_rejects_indivisible_size_and_wrong_channels():
