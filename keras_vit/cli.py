@@ -400,7 +400,7 @@ def _load_run_model(source):
 def _labels(args):
     """Class names: `--labels FILE`, else those the `--from` run stored, else None."""
     source = getattr(args, "source", None)
-    if not (args.labels or source):  # (and no TensorFlow: runs reads files with it)
+    if not (args.labels or source):
         return None
     from keras_vit.training import runs
 
@@ -750,7 +750,7 @@ def predict(args):
             ) from None
         activation = None  # classify's: the checkpoint's
         crop_fraction = "model" if args.crop_fraction is None else args.crop_fraction
-    else:  # a run's files (read with TensorFlow: predict --weights needs none)
+    else:  # a run folder or a .keras file (`--from`)
         from keras_vit.training.runs import output_activation
 
         model, config = _load_run_model(args.source)

@@ -1,6 +1,7 @@
 """Commands print their own lines only: no TensorFlow log line, cuInit note or warning
 meant for developers, on any backend, for a user who set no TF_CPP_MIN_LOG_LEVEL."""
 
+import json
 import os
 import re
 import subprocess
@@ -77,7 +78,7 @@ def test_predict_and_weights_run_without_tensorflow_on_jax_and_torch(
         hf_directory_and_photos, backend):
     """`keras-vit predict --weights` decodes and resizes without TensorFlow (PIL and
     NumPy, `keras_vit.data.images`), and `keras-vit weights` needs none: neither imports
-    it on JAX or PyTorch. (`--from` a run's files reads them with TensorFlow.)"""
+    it on JAX or PyTorch."""
     folder, photos = hf_directory_and_photos
     code = (
         "import sys\n"
@@ -92,6 +93,60 @@ def test_predict_and_weights_run_without_tensorflow_on_jax_and_torch(
     assert [line for line in lines if line in photos] == photos  # each photo classified
     assert any(line.startswith("vit_base_patch16_224") for line in lines)
     assert lines[-1] == "tensorflow imported: False"
+    assert _noise(process) == []
+
+
+@pytest.fixture(scope="module")
+def run_folder_and_image(model_and_image, tmp_path_factory):
+    """An unfinished run of `keras-vit finetune` as its files are laid out
+    (`keras_vit.training.runs`): its config.json (trained with the sigmoid loss), its
+    labels.txt and one checkpoint, of the tiny ViT whose head starts at zero."""
+    from keras_vit.training import runs
+    from keras_vit.training.config import TrainConfig
+
+    _, image = model_and_image
+    folder = tmp_path_factory.mktemp("run")
+    config = TrainConfig(optimization=dict(loss="sigmoid"), out=str(folder))
+    (folder / runs.CONFIG).write_text(json.dumps(config.to_dict()))
+    (folder / runs.LABELS).write_text("".join(f"colour {i}\n" for i in range(10)))
+    (folder / runs.CHECKPOINTS).mkdir()
+    tiny_vit().save(folder / runs.CHECKPOINTS / "epoch_0001.keras")
+    return folder, image
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_predict_from_a_run_folder_runs_without_tensorflow_on_jax_and_torch(
+        run_folder_and_image, backend):
+    """`keras-vit predict --from RUN` reads the run's files (config, labels, newest
+    checkpoint) without TensorFlow (`keras_vit.utils.paths`): it is not imported and
+    prints nothing. The control: the same run copied to TensorFlow's in-memory file
+    system (`ram://`, a TensorFlow-only feature, as `gs://` is) makes the same command
+    import it."""
+    folder, image = run_folder_and_image
+    code = (
+        "import os, sys\n"
+        "from keras_vit import cli\n"
+        "from keras_vit.utils import paths\n"
+        "from keras_vit.utils.tensorflow_log import tensorflow_log_dropped\n"
+        f"assert cli.main(['predict', '--from', {str(folder)!r}, {str(image)!r}, "
+        "'--top-k', '2']) == 0\n"
+        "print('tensorflow imported:', 'tensorflow' in sys.modules)\n"
+        "with tensorflow_log_dropped():\n"
+        f"    for root, _, names in os.walk({str(folder)!r}):\n"
+        "        paths.makedirs('ram://' + root)\n"
+        "        for name in names:\n"
+        "            paths.write_bytes('ram://' + os.path.join(root, name),\n"
+        "                              paths.read_bytes(os.path.join(root, name)))\n"
+        f"assert cli.main(['predict', '--from', 'ram://' + {str(folder)!r}, {str(image)!r}]) == 0\n"
+        "print('tensorflow imported:', 'tensorflow' in sys.modules)\n"
+    )
+    process = _python("-c", code, backend=backend)
+    lines = process.stdout.splitlines()
+    # The run's labels, at sigmoid(0) = 0.5 (its loss; softmax would give 1/10 each).
+    assert lines[:4] == [str(image), "  0.5000  colour 0", "  0.5000  colour 1",
+                         "tensorflow imported: False"]
+    assert lines[4] == str(image)  # classified from ram:// too
+    assert lines[-1] == "tensorflow imported: True"
     assert _noise(process) == []
 
 
@@ -129,6 +184,29 @@ def test_lines_around_tensorflows_are_passed_on_whole():
     )
     process = _python("-c", code)
     assert process.stderr == "before\nfrom C, no newlineafter\n"
+
+
+def test_a_second_block_drops_the_log_lines_too():
+    """The first block's own `TF_CPP_MIN_LOG_LEVEL` is not taken for the user's by the
+    next: a script that runs two commands (`cli.main`) and starts TensorFlow in the
+    second sees no log line. The user's own setting is left as it was."""
+    code = (
+        "import os\n"
+        "from keras_vit.utils.tensorflow_log import tensorflow_log_dropped\n"
+        "with tensorflow_log_dropped():\n"
+        "    pass\n"
+        "print('after the first:', os.environ.get('TF_CPP_MIN_LOG_LEVEL'))\n"
+        "with tensorflow_log_dropped():\n"
+        "    import tensorflow as tf\n"
+        "    tf.constant(1.0) + 1\n"
+        "os.environ['TF_CPP_MIN_LOG_LEVEL'] = '1'\n"
+        "with tensorflow_log_dropped():\n"
+        "    pass\n"
+        "print('the user\\'s:', os.environ.get('TF_CPP_MIN_LOG_LEVEL'))\n"
+    )
+    process = _python("-c", code)
+    assert process.stdout == "after the first: None\nthe user's: 1\n"
+    assert process.stderr == ""
 
 
 def test_a_log_line_written_in_pieces_is_dropped_whole():

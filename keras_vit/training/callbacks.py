@@ -1,6 +1,10 @@
 """Callbacks of the training engine: full-state backups for resuming, model checkpoints,
 each epoch's metrics (metrics.csv, TensorBoard). Every file is written atomically
-(`keras_vit.utils.files`)."""
+(`keras_vit.utils.files`).
+
+TensorFlow (`multiworker`, TensorBoard's writer) is imported when a callback runs in
+`fit`, not with the module: reading a run folder (`keras_vit.training.runs`, e.g. for
+`keras-vit predict --from RUN`) needs none on JAX or PyTorch."""
 
 import csv
 import io
@@ -12,15 +16,20 @@ import tempfile
 
 import keras
 import numpy as np
-import tensorflow as tf
 
-from keras_vit.training.multiworker import chief_writes, is_chief, model_strategy
-from keras_vit.utils import interrupts, keras_compat, model_files
+from keras_vit.utils import interrupts, keras_compat, model_files, paths
 from keras_vit.utils.checks import check_positive_int
 from keras_vit.utils.csv_rows import write_rows
 from keras_vit.utils.files import atomic_path, atomic_write
 
 logger = logging.getLogger("keras_vit")
+
+
+def _multiworker():
+    """`keras_vit.training.multiworker` (which imports TensorFlow), for `fit` only."""
+    from keras_vit.training import multiworker
+
+    return multiworker
 
 
 def not_finite(logs):
@@ -113,11 +122,10 @@ class TrainingBackup(keras.callbacks.Callback):
     def saved_position(cls, directory):
         """`(epoch, step)` of the backup in `directory`, `(0, 0)` when there is none."""
         path = os.path.join(directory, cls.FILE)
-        if not tf.io.gfile.exists(path):
+        if not paths.exists(path):
             return 0, 0
-        with tf.io.gfile.GFile(path, "rb") as f:
-            state = np.load(io.BytesIO(f.read()))
-            return int(state["epoch"]), int(state["step"])
+        state = np.load(io.BytesIO(paths.read_bytes(path)))
+        return int(state["epoch"]), int(state["step"])
 
     def _groups(self):
         model = self.model
@@ -151,16 +159,17 @@ class TrainingBackup(keras.callbacks.Callback):
                     arrays[f"{group}/{i}"] = variable.numpy()  # Aggregated over replicas.
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
-        strategy = model_strategy(self.model)
-        with chief_writes(self.path, strategy) as path:
-            tf.io.gfile.makedirs(os.path.dirname(path))
+        multiworker = _multiworker()
+        strategy = multiworker.model_strategy(self.model)
+        with multiworker.chief_writes(self.path, strategy) as path:
+            paths.makedirs(os.path.dirname(path))
             atomic_write(path, buffer.getvalue())
-        if is_chief(strategy):  # the sharded states no state file names any more
+        if multiworker.is_chief(strategy):  # the sharded states no state file names any more
             current = str(arrays["sharded"]) if sharded else None
-            for old in tf.io.gfile.listdir(self.directory):
+            for old in paths.listdir(self.directory):
                 old = old.rstrip("/")
                 if old.startswith(self.SHARDED) and old != current:
-                    tf.io.gfile.rmtree(os.path.join(self.directory, old))
+                    paths.rmtree(os.path.join(self.directory, old))
 
     def _read(self, state, groups):
         """`{group: [array]}` of the backup whose state file holds `state`."""
@@ -188,14 +197,13 @@ class TrainingBackup(keras.callbacks.Callback):
         return sharded_state.restore(path, like)
 
     def on_train_begin(self, logs=None):
-        if not tf.io.gfile.exists(self.path):
+        if not paths.exists(self.path):
             return
         model = self.model
         if model.optimizer is not None and not model.optimizer.built:
-            with model_strategy(model).scope():
+            with _multiworker().model_strategy(model).scope():
                 model.optimizer.build(model.trainable_variables)
-        with tf.io.gfile.GFile(self.path, "rb") as f:
-            state = dict(np.load(io.BytesIO(f.read())))
+        state = dict(np.load(io.BytesIO(paths.read_bytes(self.path))))
         groups = self._groups()
         saved = self._read(state, groups)
         for group in ("model", "optimizer"):
@@ -247,14 +255,14 @@ class TrainingBackup(keras.callbacks.Callback):
         """Deletes the backup in `directory`, and the folder once empty (the run it
         belongs to is complete)."""
         path = os.path.join(directory, cls.FILE)
-        if tf.io.gfile.exists(path):
-            tf.io.gfile.remove(path)
-        if tf.io.gfile.isdir(directory):
-            for name in tf.io.gfile.listdir(directory):
+        if paths.exists(path):
+            paths.remove(path)
+        if paths.isdir(directory):
+            for name in paths.listdir(directory):
                 if name.startswith(cls.SHARDED):  # no state file names it any more
-                    tf.io.gfile.rmtree(os.path.join(directory, name.rstrip("/")))
-        if tf.io.gfile.isdir(directory) and not tf.io.gfile.listdir(directory):
-            tf.io.gfile.rmtree(directory)
+                    paths.rmtree(os.path.join(directory, name.rstrip("/")))
+        if paths.isdir(directory) and not paths.listdir(directory):
+            paths.rmtree(directory)
 
 
 class EpochCheckpoints(keras.callbacks.Callback):
@@ -295,7 +303,8 @@ class EpochCheckpoints(keras.callbacks.Callback):
         # A resumed run also prunes the checkpoints written before the restart, and the
         # folders a kill left part-written (Orbax's temporary ones) or part-deleted.
         self.saved = self.find(self.directory)
-        if is_chief(model_strategy(self.model)):
+        multiworker = _multiworker()
+        if multiworker.is_chief(multiworker.model_strategy(self.model)):
             for path in set(_epoch_entries(self.directory)) - set(self.saved):
                 _remove(path)
 
@@ -310,18 +319,19 @@ class EpochCheckpoints(keras.callbacks.Callback):
         sharded = split_over_devices(self.network.variables)
         name = f"epoch_{epoch + 1:04d}"
         path = os.path.join(self.directory, name + (model_files.SHARDED if sharded else ".keras"))
-        strategy = model_strategy(self.model)
+        multiworker = _multiworker()
+        strategy = multiworker.model_strategy(self.model)
         if sharded:  # every process writes its shards into the run folder itself
             from keras_vit.utils import sharded_state
 
-            tf.io.gfile.makedirs(self.directory)
+            paths.makedirs(self.directory)
             sharded_state.save_model(path, self.network)
         else:
-            with chief_writes(path, strategy) as target:
-                tf.io.gfile.makedirs(os.path.dirname(target))
+            with multiworker.chief_writes(path, strategy) as target:
+                paths.makedirs(os.path.dirname(target))
                 with atomic_path(target) as temporary:
                     one_host_model(self.network).save(temporary)
-        if not is_chief(strategy):
+        if not multiworker.is_chief(strategy):
             return
         # A rerun of an epoch replaces its checkpoint (of either kind, should the
         # resumed run shard otherwise): count it once.
@@ -346,23 +356,23 @@ def split_over_devices(variables):
 
 def _epoch_entries(directory):
     """Every `epoch_*` file and folder in `directory`: checkpoints and leftovers."""
-    if not tf.io.gfile.isdir(directory):
+    if not paths.isdir(directory):
         return []
-    names = (name.rstrip("/") for name in tf.io.gfile.listdir(directory))
+    names = (name.rstrip("/") for name in paths.listdir(directory))
     return [os.path.join(directory, n) for n in names if n.startswith("epoch_")]
 
 
 def _remove(path):
     """Deletes the checkpoint file or folder `path`, if there. A folder is renamed first
     (atomic), so that a kill while deleting leaves no part of it under a checkpoint's name."""
-    if tf.io.gfile.isdir(path):
+    if paths.isdir(path):
         # (Not in a bucket, where a rename copies.)
         if path.endswith(model_files.SUFFIXES) and "://" not in path:
-            tf.io.gfile.rename(path, path + ".removed", overwrite=True)
+            paths.rename(path, path + ".removed")
             path += ".removed"
-        tf.io.gfile.rmtree(path)
-    elif tf.io.gfile.exists(path):
-        tf.io.gfile.remove(path)
+        paths.rmtree(path)
+    elif paths.exists(path):
+        paths.remove(path)
 
 
 class EpochLog(keras.callbacks.Callback):
@@ -443,10 +453,9 @@ def read_metrics_csv(path):
     >>> read_metrics_csv("/tmp/no-such-run/metrics.csv")
     []
     """
-    if not tf.io.gfile.exists(path):
+    if not paths.exists(path):
         return []
-    with tf.io.gfile.GFile(path) as f:
-        rows = list(csv.DictReader(io.StringIO(f.read())))
+    rows = list(csv.DictReader(io.StringIO(paths.read_text(path))))
     return [
         {key: int(value) if key == "epoch" else float(value) for key, value in row.items() if value != ""}
         for row in rows
@@ -455,6 +464,8 @@ def read_metrics_csv(path):
 
 def _write_scalars(folder, epoch, scalars):
     """`scalars` at step `epoch` as one events file of its own, replacing any earlier one."""
+    import tensorflow as tf  # TensorBoard's events format
+
     scratch = tempfile.mkdtemp(prefix="keras_vit_events_")
     try:
         writer = tf.summary.create_file_writer(scratch)
@@ -467,7 +478,7 @@ def _write_scalars(folder, epoch, scalars):
             data = f.read()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    tf.io.gfile.makedirs(folder)
+    paths.makedirs(folder)
     atomic_write(os.path.join(folder, f"events.out.tfevents.{epoch:06d}.keras-vit"), data)
 
 

@@ -29,8 +29,6 @@ import os
 import socket
 import tempfile
 
-import tensorflow as tf
-
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks; runs are then not kept apart.
@@ -41,6 +39,7 @@ from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.models.architecture import ARCHITECTURE, FAMILY_DEFAULTS
 from keras_vit.training.callbacks import EpochCheckpoints, TrainingBackup
 from keras_vit.training.config import TrainConfig
+from keras_vit.utils import paths
 from keras_vit.utils.model_files import DamagedModel, read_keras
 from keras_vit.weights.pretrained import NotFiniteWeights, load_pretrained, pretrained
 from keras_vit.weights.sources import Source, resolve_source
@@ -115,9 +114,9 @@ def status(folder):
     >>> status("/tmp/no-such-run")
     'new'
     """
-    if tf.io.gfile.exists(os.path.join(folder, BACKUP, TrainingBackup.FILE)):
+    if paths.exists(os.path.join(folder, BACKUP, TrainingBackup.FILE)):
         return "unfinished"
-    if tf.io.gfile.exists(os.path.join(folder, METRICS_JSON)) and tf.io.gfile.exists(
+    if paths.exists(os.path.join(folder, METRICS_JSON)) and paths.exists(
         os.path.join(folder, MODEL)
     ):
         return "finished"
@@ -145,15 +144,14 @@ def check_run_folder(folder):
     ...
     ValueError: ... is not a keras-vit run (no config.json) but holds logs, which a run writes: pass another --out.
     """
-    held = [name for name in RUN_ENTRIES if tf.io.gfile.exists(os.path.join(folder, name))]
+    held = [name for name in RUN_ENTRIES if paths.exists(os.path.join(folder, name))]
     if not held:
         return
     config = os.path.join(folder, CONFIG)
     why = "no config.json"
-    if tf.io.gfile.exists(config):
+    if paths.exists(config):
         try:
-            with tf.io.gfile.GFile(config) as f:
-                TrainConfig.from_dict(json.load(f), where=config)
+            TrainConfig.from_dict(json.loads(paths.read_text(config)), where=config)
             return
         except (ValueError, TypeError):
             why = "its config.json is not a run's"
@@ -172,12 +170,12 @@ def clear(folder):
     for name in (os.path.join(BACKUP, TrainingBackup.FILE), METRICS_JSON, MODEL, METRICS_CSV,
                  CONFIG, LABELS, SKIPPED_FILES, KEPT_WITH_WARNINGS):
         path = os.path.join(folder, name)
-        if tf.io.gfile.exists(path):
-            tf.io.gfile.remove(path)
+        if paths.exists(path):
+            paths.remove(path)
     for name in (CHECKPOINTS, LOGS, BACKUP):
         path = os.path.join(folder, name)
-        if tf.io.gfile.isdir(path):
-            tf.io.gfile.rmtree(path)
+        if paths.isdir(path):
+            paths.rmtree(path)
 
 
 def latest_checkpoint(run_dir):
@@ -213,13 +211,13 @@ def resolve_from(source):
         return source
     if not isinstance(source, str) or not source:
         raise ValueError(f"--from needs a path, got {source!r}.")
-    if tf.io.gfile.isdir(source) and not tf.io.gfile.exists(os.path.join(source, CONFIG)):
+    if paths.isdir(source) and not paths.exists(os.path.join(source, CONFIG)):
         check_not_a_results_folder(source)
     described = resolve_source(source)
     if described.kind != "run":
         return described
     final = os.path.join(source, MODEL)
-    if tf.io.gfile.exists(final):
+    if paths.exists(final):
         return described.at(final)
     checkpoint = latest_checkpoint(source)
     if checkpoint is None:
@@ -247,7 +245,7 @@ def check_not_a_results_folder(folder):
     """
     stages = [
         name for name in DEMO_STAGES
-        if tf.io.gfile.exists(os.path.join(folder, name, CONFIG))
+        if paths.exists(os.path.join(folder, name, CONFIG))
     ]
     if stages:
         described = " or ".join(
@@ -256,7 +254,7 @@ def check_not_a_results_folder(folder):
         raise ValueError(
             f"{folder} is a keras-vit demo folder: its models are in sub-folders; pass {described}."
         )
-    if tf.io.gfile.exists(os.path.join(folder, FEWSHOT_RESULTS)):
+    if paths.exists(os.path.join(folder, FEWSHOT_RESULTS)):
         raise ValueError(
             f"{folder} holds few-shot results ({FEWSHOT_RESULTS}), not a model; pass the run "
             "folder or checkpoint that was evaluated."
@@ -278,8 +276,7 @@ def run_config(source):
     path = _run_file(source, CONFIG)
     if path is None:
         return None
-    with tf.io.gfile.GFile(path) as f:
-        return TrainConfig.from_dict(json.load(f), where=path)
+    return TrainConfig.from_dict(json.loads(paths.read_text(path)), where=path)
 
 
 def with_run_architecture(config, source):
@@ -340,8 +337,7 @@ def class_names(source):
 def read_labels(path):
     """Class names from a text file, one per line in class order (blank lines ignored);
     a file that is not UTF-8 text is a `ValueError` naming it."""
-    with tf.io.gfile.GFile(path, "rb") as f:
-        payload = f.read()
+    payload = paths.read_bytes(path)
     try:
         text = payload.decode("utf-8-sig")
         if "\x00" in text:
@@ -366,7 +362,7 @@ def _run_file(source, name):
     folder = os.path.dirname(os.path.abspath(described.path))
     for candidate in (folder, os.path.dirname(folder)):
         path = os.path.join(candidate, name)
-        if tf.io.gfile.exists(path):
+        if paths.exists(path):
             return path
     return None
 

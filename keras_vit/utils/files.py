@@ -11,7 +11,7 @@ folder (`_remove_stale`); `remove_temporaries` does so for every target in a run
 when a run takes it.
 
 Local paths are flushed to disk (`fsync`) before the rename; other paths (`gs://`, ...)
-go through `tf.io.gfile`.
+go through `tf.io.gfile` (`keras_vit.utils.paths`).
 
 Test hook: with `KERAS_VIT_TEST_KILL_AT="PATTERN:N"` in the environment, the process
 SIGKILLs itself while writing the `N`-th file (counting from 1, in this process) whose
@@ -31,6 +31,8 @@ import shutil
 import signal
 import tempfile
 
+from keras_vit.utils import paths
+
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks; killed writers' temporaries then stay.
@@ -41,10 +43,6 @@ logger = logging.getLogger("keras_vit")
 TEMP_PREFIX = ".tmp-"
 KILL_AT = "KERAS_VIT_TEST_KILL_AT"
 _writes = {}
-
-
-def _is_url(path):
-    return "://" in str(path)
 
 
 def _umask():
@@ -76,7 +74,7 @@ def create_temporary(path, folder=False):
     (True, True, 0)
     """
     parent, name = os.path.split(str(path))
-    if _is_url(path):
+    if paths.is_url(path):
         return os.path.join(parent, f"{TEMP_PREFIX}{secrets.token_hex(8)}-{name}")
     # The target's folder is made as a writer of `path` itself would make it.
     os.makedirs(parent or ".", exist_ok=True)
@@ -93,7 +91,7 @@ def create_temporary(path, folder=False):
 
 def _open_folder(folder):
     """A descriptor of `folder` to `flock`, or None where there are no locks."""
-    if fcntl is None or _is_url(folder):
+    if fcntl is None or paths.is_url(folder):
         return None
     try:
         return os.open(folder, os.O_RDONLY)
@@ -159,7 +157,7 @@ def _writing(path):
     []
     """
     folder = os.path.dirname(os.path.abspath(os.fspath(path)))
-    if not _is_url(path):
+    if not paths.is_url(path):
         os.makedirs(folder, exist_ok=True)
     descriptor = _open_folder(folder)
     try:
@@ -186,7 +184,7 @@ def _kill_if_asked(path, temporary):
     _writes[pattern] = _writes.get(pattern, 0) + 1
     if _writes[pattern] != int(count):
         return
-    if not _is_url(temporary) and os.path.isfile(temporary):
+    if not paths.is_url(temporary) and os.path.isfile(temporary):
         size = os.path.getsize(temporary)
         with open(temporary, "r+b") as f:
             f.truncate(size // 2)
@@ -195,22 +193,16 @@ def _kill_if_asked(path, temporary):
 
 
 def _replace(temporary, path):
-    if _is_url(path):
-        import tensorflow as tf
-
-        tf.io.gfile.rename(temporary, path, overwrite=True)
-    else:
+    if not paths.is_url(path):
         with open(temporary, "rb") as f:
             os.fsync(f.fileno())
-        os.replace(temporary, path)
+    paths.rename(temporary, path)
 
 
 def _remove(path):
-    if _is_url(path):
-        import tensorflow as tf
-
-        if tf.io.gfile.exists(path):
-            tf.io.gfile.remove(path)
+    if paths.is_url(path):
+        if paths.exists(path):
+            paths.remove(path)
     elif os.path.lexists(path):
         os.remove(path)
 
@@ -255,14 +247,7 @@ def atomic_write(path, data):
     if isinstance(data, str):
         data = data.encode("utf-8")
     with atomic_path(path) as temporary:
-        if _is_url(temporary):
-            import tensorflow as tf
-
-            with tf.io.gfile.GFile(temporary, "wb") as f:
-                f.write(data)
-        else:
-            with open(temporary, "wb") as f:
-                f.write(data)
+        paths.write_bytes(temporary, data)
 
 
 def remove_temporaries(folder, skip=()):
@@ -281,7 +266,7 @@ def remove_temporaries(folder, skip=()):
     >>> [os.path.basename(p)[:5] for p in remove_temporaries(folder)], os.listdir(folder)
     (['.tmp-'], [])
     """
-    if _is_url(folder):
+    if paths.is_url(folder):
         return []
     removed = []
     for root, folders, _ in os.walk(folder):
@@ -330,7 +315,7 @@ def atomic_folder(path):
     >>> os.listdir(target), sorted(os.listdir(os.path.dirname(target)))
     (['saved_model.pb'], ['export'])
     """
-    if _is_url(path):
+    if paths.is_url(path):
         yield path
         return
     path = os.path.abspath(os.fspath(path))

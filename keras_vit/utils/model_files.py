@@ -12,6 +12,7 @@ import zipfile
 import keras
 import numpy as np
 
+from keras_vit.utils import paths
 from keras_vit.utils.errors import DamagedModel
 
 # The two kinds of whole model: one host's `.keras` file, or a sharded folder.
@@ -114,10 +115,7 @@ def _incomplete_size(path):
         if os.path.isfile(path) and not zipfile.is_zipfile(path):
             return os.path.getsize(path)
         return None
-    import tensorflow as tf  # only URLs need it: a local file reads on any backend
-
-    if not tf.io.gfile.exists(path) or tf.io.gfile.isdir(path):
+    if not paths.exists(path) or paths.isdir(path):
         return None
-    with tf.io.gfile.GFile(path, "rb") as f:  # GFile cannot seek from the end, as zipfile does
-        data = f.read()
+    data = paths.read_bytes(path)  # GFile cannot seek from the end, as zipfile does
     return None if zipfile.is_zipfile(io.BytesIO(data)) else len(data)

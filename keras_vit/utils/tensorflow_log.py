@@ -39,9 +39,9 @@ def tensorflow_log_dropped():
     written there is passed on as it comes.
 
     It acts only where the user did not set `TF_CPP_MIN_LOG_LEVEL` (which is then set
-    to 3: TensorFlow's errors reach the user as Python exceptions); a user who set it
-    sees what TensorFlow prints at that level. Every `keras-vit` command runs in it; a
-    script can too.
+    to 3 while the block runs: TensorFlow's errors reach the user as Python
+    exceptions); a user who set it sees what TensorFlow prints at that level. Every
+    `keras-vit` command runs in it; a script can too, as often as it likes.
 
     Example:
 
@@ -65,6 +65,8 @@ def tensorflow_log_dropped():
     try:
         yield
     finally:
+        # Unset again, so that the next block does not take it for the user's.
+        os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)
         sys.stderr.flush()
         os.dup2(stderr, 2)  # closes the pipe, so the thread reads to its end and stops
         os.close(stderr)
