@@ -231,9 +231,18 @@ def _train_arguments(parser):
 
 
 def _check_recipe_command(args, command_name):
-    """`--recipe` (or the command's default) and `--from` of a command that runs a recipe."""
+    """`--recipe` (or the command's default), `--from` and the backend of a command that
+    runs a recipe."""
     find_recipe(args.recipe or command_name, command_name)
     check_from(args.source)
+    _check_trains_here(command_name)
+
+
+def _check_trains_here(command_name):
+    from keras_vit.training.config import check_training_backend
+    from keras_vit.utils.allocator import keras_backend
+
+    check_training_backend(keras_backend(), f"keras-vit {command_name}")
 
 
 def _configure(args, command_name, default_recipe):
@@ -374,7 +383,7 @@ def _demo_arguments(parser):
     "demo",
     "pretrain on digits 0-4, few-shot evaluate and fine-tune on 5-9 (a few minutes, no network)",
     _demo_arguments,
-    lambda args: find_recipe(args.recipe or "demo", "demo"),
+    lambda args: (find_recipe(args.recipe or "demo", "demo"), _check_trains_here("demo")),
 )
 def demo(args):
     from keras_vit.demo import run_demo

@@ -137,7 +137,8 @@ def test_predict_from_a_run_folder_runs_without_tensorflow_on_jax_and_torch(
         "        for name in names:\n"
         "            paths.write_bytes('ram://' + os.path.join(root, name),\n"
         "                              paths.read_bytes(os.path.join(root, name)))\n"
-        f"assert cli.main(['predict', '--from', 'ram://' + {str(folder)!r}, {str(image)!r}]) == 0\n"
+        f"assert cli.main(['predict', '--from', 'ram://' + {str(folder)!r}, {str(image)!r}, "
+        "'--top-k', '2']) == 0\n"
         "print('tensorflow imported:', 'tensorflow' in sys.modules)\n"
     )
     process = _python("-c", code, backend=backend)
@@ -145,7 +146,8 @@ def test_predict_from_a_run_folder_runs_without_tensorflow_on_jax_and_torch(
     # The run's labels, at sigmoid(0) = 0.5 (its loss; softmax would give 1/10 each).
     assert lines[:4] == [str(image), "  0.5000  colour 0", "  0.5000  colour 1",
                          "tensorflow imported: False"]
-    assert lines[4] == str(image)  # classified from ram:// too
+    # From ram:// too, with the run's labels and loss read there.
+    assert lines[4:7] == [str(image), "  0.5000  colour 0", "  0.5000  colour 1"]
     assert lines[-1] == "tensorflow imported: True"
     assert _noise(process) == []
 

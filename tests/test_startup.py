@@ -24,12 +24,12 @@ SCRIPT = (
 )
 
 
-def run_command(args, cwd, not_installed=()):
+def run_command(args, cwd, not_installed=(), backend="tensorflow"):
     """`keras-vit ARGS` in a new process: (exit code, backends imported, stdout, stderr)."""
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT, json.dumps(args), json.dumps(list(not_installed))],
         cwd=cwd, capture_output=True, text=True,
-        env=clean_environment(PYTHONPATH=str(ROOT), KERAS_BACKEND="tensorflow"),
+        env=clean_environment(PYTHONPATH=str(ROOT), KERAS_BACKEND=backend),
     )
     *out, last = result.stdout.splitlines()
     rc, imported = json.loads(last)
@@ -105,6 +105,18 @@ def test_a_missing_extra_is_told_before_keras_starts(tmp_path, model_file):
         "keras-vit fewshot: error: Loading hf: or timm: weights needs huggingface_hub, which "
         'is not installed: pip install "keras3-vit[hf]".\n'
     )
+
+
+@pytest.mark.parametrize("command", [["demo"], ["pretrain", "--recipe", "demo"]])
+def test_training_on_pytorch_is_told_before_keras_starts(command, tmp_path):
+    rc, imported, _, err = run_command(command, tmp_path, backend="torch")
+    assert (rc, imported) == (2, [])
+    assert err == (
+        f"keras-vit {command[0]}: error: keras-vit {command[0]} trains on the TensorFlow or "
+        "the JAX backend, not 'torch': set KERAS_BACKEND=tensorflow or jax (the models it "
+        "writes load on PyTorch too).\n"
+    )
+    assert not (tmp_path / "runs").exists()
 
 
 def test_weights_prints_the_same_table_without_keras(tmp_path):

@@ -42,6 +42,27 @@ JIT_COMPILE = ("auto", "on", "off")
 JAX_STRATEGIES = ("auto", "fsdp")
 MAX_LEARNING_RATE = 10
 
+# The backends `keras_vit.train` runs on: its input pipelines and strategies are
+# tf.data and tf.distribute, or keras.distribution on JAX.
+TRAINING_BACKENDS = ("tensorflow", "jax")
+
+
+def check_training_backend(backend, what="keras_vit.train"):
+    """Raises `ValueError` saying what to set when `backend` cannot run a training run.
+
+    Example:
+
+    >>> check_training_backend("torch", "keras-vit demo")
+    Traceback (most recent call last):
+    ...
+    ValueError: keras-vit demo trains on the TensorFlow or the JAX backend, not 'torch': set KERAS_BACKEND=tensorflow or jax (the models it writes load on PyTorch too).
+    """
+    if backend not in TRAINING_BACKENDS:
+        raise ValueError(
+            f"{what} trains on the TensorFlow or the JAX backend, not {backend!r}: set "
+            "KERAS_BACKEND=tensorflow or jax (the models it writes load on PyTorch too)."
+        )
+
 
 @dataclasses.dataclass
 class ModelConfig:

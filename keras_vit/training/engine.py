@@ -36,6 +36,7 @@ from keras_vit.training.callbacks import (
     one_host_model,
 )
 from keras_vit.training.config import TrainConfig  # noqa: F401  (keras_vit.training.engine.TrainConfig)
+from keras_vit.training.config import check_training_backend
 from keras_vit.training.losses import SigmoidCrossEntropy
 from keras_vit.training.optimizers import make_optimizer
 from keras_vit.training.schedules import WarmupDecay
@@ -191,11 +192,7 @@ def check_run(config):
     """Validates `config` for a run on this backend; raises `ValueError` naming what is wrong."""
     config.validate()
     check_memory(config)
-    if keras.backend.backend() not in ("tensorflow", "jax"):
-        raise RuntimeError(
-            "keras_vit.train runs on the TensorFlow or the JAX backend; set "
-            f"KERAS_BACKEND=tensorflow or jax (now {keras.backend.backend()!r})."
-        )
+    check_training_backend(keras.backend.backend())
     runs.check_run_folder(config.out)
     init_from = config.model.init_from
     if init_from:

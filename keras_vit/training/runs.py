@@ -354,12 +354,14 @@ def read_labels(path):
 
 def _run_file(source, name):
     """`name` in the run folder of the Keras model `source` resolves to (a run folder,
-    the folder of its `model.keras`, or the one above `checkpoints/`), or None: other
-    sources (weights files, HF and timm folders, registry names) belong to no run."""
+    the folder of its `model.keras`, or the one above `checkpoints/`; local or on a
+    file system such as `gs://`), or None: other sources (weights files, HF and timm
+    folders, registry names, downloads) belong to no run."""
     described = resolve_from(source)
-    if not described.is_model or "://" in described.location:
+    if not described.is_model or described.location.startswith(("http://", "https://")):
         return None
-    folder = os.path.dirname(os.path.abspath(described.path))
+    path = described.path
+    folder = os.path.dirname(path if "://" in path else os.path.abspath(path))
     for candidate in (folder, os.path.dirname(folder)):
         path = os.path.join(candidate, name)
         if paths.exists(path):
