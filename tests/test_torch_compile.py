@@ -134,11 +134,12 @@ def test_compiled_train_step_updates_weights_as_eager_one(family, policy):
     for _ in range(2):
         losses = [model.train_on_batch(x, y) for model in (compiled, eager)]
         assert abs(losses[0] - losses[1]) < TOLERANCE[policy] * abs(losses[1])
-    updates = [
-        [after - start for after, start in zip(model.get_weights(), before)]
-        for model in (compiled, eager)
-    ]
-    assert relative_error(*updates) < TOLERANCE[policy]
+    for ours, reference, start in zip(compiled.get_weights(), eager.get_weights(), before):
+        # Within rounding of the update, and of the float32 weight it was added to (an
+        # update is a small part of its weight).
+        update = np.abs(reference - start).max()
+        rounding = 4 * np.spacing(np.abs(reference).max())
+        assert np.abs(ours - reference).max() <= TOLERANCE[policy] * update + rounding
     breaks, graphs = dynamo_counts()
     compiled.train_on_batch(x, y)
     assert dynamo_counts() == (breaks, graphs)
