@@ -9,8 +9,10 @@ everything the libraries print goes to stderr.
     python bench/contenders.py keras-tensorflow   # then speaks the protocol on stdin
 
 Contenders: `keras-tensorflow`, `keras-jax`, `keras-torch` (keras-vit on each Keras
-backend, with the model's default compilation) and `hf-torch` (HF transformers, eager
-PyTorch). Families (`setup`'s `family`): `vit` (HF `ViTForImageClassification`),
+backend, with the model's default compilation, `jit_compile="auto"`) and `hf-torch` (HF
+transformers, eager PyTorch); on request (`TORCH_JIT`), `keras-torch-compiled` and
+`keras-torch-eager`: keras-vit on PyTorch compiled with `jit_compile=True` (its steps
+through `torch.compile`) and `jit_compile=False`, whatever "auto" picks. Families (`setup`'s `family`): `vit` (HF `ViTForImageClassification`),
 `dinov2` (`Dinov2Model`) and `siglip` (`SiglipVisionModel`); the last two get a linear
 1000-class head on their `pooler_output` in PyTorch, as keras-vit's head on the same
 pooled features (`FAMILIES`), so that every contender computes logits.
@@ -50,6 +52,9 @@ import numpy as np
 from keras_vit.utils.devices import device_name  # noqa: F401  (bench/gpu_profile.py, digits_fit.py)
 
 CONTENDERS = ("keras-tensorflow", "keras-jax", "keras-torch", "hf-torch")
+# keras-vit on PyTorch with `jit_compile` set: its steps through `torch.compile`, or
+# eager. Only on request (`--contenders`): compiling a model's steps takes minutes on a CPU.
+TORCH_JIT = {"keras-torch-compiled": True, "keras-torch-eager": False}
 INTERFACES = ("harness", "keras-api")
 PRECISIONS = ("float32", "bfloat16", "int8")
 TORCH_THREADS = 2
@@ -96,7 +101,7 @@ def _data(batch, image_size, channels_first):
 class KerasViT:
     """keras-vit on the Keras backend this process was started with."""
 
-    def __init__(self, arch, image_size, batch, precision, family="vit"):
+    def __init__(self, arch, image_size, batch, precision, family="vit", jit_compile="auto"):
         import keras
 
         import keras_vit
@@ -119,6 +124,7 @@ class KerasViT:
         self.batch, self.numpy_images, self.numpy_labels = batch, images, labels
         self.images = keras.ops.convert_to_tensor(images)
         self.labels = keras.ops.convert_to_tensor(labels)
+        self.jit_compile = jit_compile
         self.mode = None
 
     def prepare(self, mode):
@@ -129,9 +135,10 @@ class KerasViT:
                     LEARNING_RATE, weight_decay=WEIGHT_DECAY, global_clipnorm=CLIP_NORM
                 ),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                jit_compile=self.jit_compile,
             )
         else:
-            self.model.compile()
+            self.model.compile(jit_compile=self.jit_compile)
         self.mode = mode
         return {"jit_compile": self.model.jit_compile}
 
@@ -378,12 +385,14 @@ def serve(contender, requests, replies):
         if op == "exit":
             break
         if op == "setup":
-            kind = HFViT if contender == "hf-torch" else KerasViT
             precision = request.get("precision", "float32")
             if precision not in PRECISIONS:
                 raise ValueError(f"Unknown precision {precision!r}: expected one of {PRECISIONS}.")
-            runner = kind(request["arch"], request["image_size"], request["batch"], precision,
-                          request.get("family", "vit"))
+            args = (request["arch"], request["image_size"], request["batch"], precision,
+                    request.get("family", "vit"))
+            runner = HFViT(*args) if contender == "hf-torch" else KerasViT(
+                *args, jit_compile=TORCH_JIT.get(contender, "auto")
+            )
             reply = {"device": runner.device_name()}
         elif op == "prepare":
             reply = runner.prepare(request["mode"])
@@ -407,11 +416,12 @@ def serve(contender, requests, replies):
 
 
 def main(argv):
-    if len(argv) != 1 or argv[0] not in CONTENDERS:
-        raise SystemExit(f"usage: contenders.py {{{','.join(CONTENDERS)}}}, got {argv}")
+    names = CONTENDERS + tuple(TORCH_JIT)
+    if len(argv) != 1 or argv[0] not in names:
+        raise SystemExit(f"usage: contenders.py {{{','.join(names)}}}, got {argv}")
     contender = argv[0]
     if contender.startswith("keras-"):
-        os.environ["KERAS_BACKEND"] = contender.split("-", 1)[1]
+        os.environ["KERAS_BACKEND"] = "torch" if contender in TORCH_JIT else contender.split("-")[1]
         # keras-vit as the `keras-vit` command runs it: freed memory kept where that helps.
         from keras_vit.utils.allocator import configure_for_backend
 

@@ -7,6 +7,8 @@ in one run.
     python bench/models.py --models dinov2-s14,siglip-b16  # only those rows
     python bench/models.py --out /tmp/models.json --contenders keras-tensorflow,hf-torch
     python bench/models.py --keras-api  # also through Keras' predict and fit (rows "keras-api")
+    python bench/models.py --overhead --keras-api \
+        --contenders keras-torch-eager,keras-torch-compiled,hf-torch  # torch.compile's steps
 
 The DINOv2-S/14 and SigLIP-B/16 rows (224 px) time HF's `Dinov2Model` and
 `SiglipVisionModel` with a linear 1000-class head on their `pooler_output` against
@@ -53,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("KERAS_BACKEND", "jax")  # the driver only counts FLOPs
 
 from bench.contenders import (  # noqa: E402
-    CONTENDERS, FAMILIES, INTERFACES, PRECISIONS, TORCH_THREADS,
+    CONTENDERS, FAMILIES, INTERFACES, PRECISIONS, TORCH_JIT, TORCH_THREADS,
 )
 from keras_vit.utils.allocator import cpu_flags  # noqa: E402
 
@@ -477,7 +479,10 @@ def main(argv=None):
         help="also time Keras' predict and fit (and HF under inference_mode) beside the harness",
     )
     parser.add_argument("--out", default=results_path("models"))
-    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument(
+        "--contenders", default=",".join(CONTENDERS),
+        help=f"also {', '.join(TORCH_JIT)}: keras-vit on PyTorch with jit_compile on or off",
+    )
     parser.add_argument("--rounds", type=int, help="override the plan's rounds")
     parser.add_argument(
         "--precisions", default=",".join(PRECISIONS), help="only the rows in these precisions"
@@ -486,7 +491,7 @@ def main(argv=None):
         "--models", help="only the rows of these models of the plan (e.g. dinov2-s14,siglip-b16)"
     )
     args = parser.parse_args(argv)
-    contenders = chosen(parser, "contenders", args.contenders, CONTENDERS)
+    contenders = chosen(parser, "contenders", args.contenders, CONTENDERS + tuple(TORCH_JIT))
     precisions = chosen(parser, "precisions", args.precisions, PRECISIONS)
     name = next((n for n in ("smoke", "quick", "overhead") if getattr(args, n)), "full")
     plan = dict(PLANS[name])

@@ -13,7 +13,6 @@ import keras
 from keras import ops
 
 
-@functools.cache
 def fused_attention_is_faster():
     """Whether `dot_product_attention` beats explicit products on this machine.
 
@@ -29,10 +28,17 @@ def fused_attention_is_faster():
     """
     backend = keras.backend.backend()
     if backend == "torch":
+        # Answered before any cache: `torch.compile` traces through a cached function's
+        # wrapper with a warning that it might be stale.
         return True
     if backend == "jax":
-        return not keras.distribution.list_devices()[0].startswith("cpu")
+        return _jax_computes_off_cpu()
     return False
+
+
+@functools.cache
+def _jax_computes_off_cpu():
+    return not keras.distribution.list_devices()[0].startswith("cpu")
 
 
 def dot_product_attention(query, key, value):

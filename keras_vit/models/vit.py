@@ -216,8 +216,14 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
     `predict` uses) means XLA for `fit`, `evaluate` and `predict` on TensorFlow also
     on a machine with only a CPU, where Keras would turn it off, because keras-vit
     runs faster with it there (see bench/models.py). Under a `tf.distribute`
-    strategy, JAX and PyTorch, "auto" means what Keras decides; `jit_compile=False`
-    turns XLA off.
+    strategy and on JAX, "auto" means what Keras decides; `jit_compile=False` turns XLA
+    off. On PyTorch "auto" means eager steps; `jit_compile=True` runs them through
+    `torch.compile`, which traces every family's model whole (no graph break; the
+    training step breaks only at Keras' `loss.backward()`) and, with
+    `dynamic_image_size`, compiles once more for a second image size and then takes any
+    size: it removes the Python of each layer call from every step, but costs a compile
+    per model and mode that is long on a CPU, and again for a new batch size, so it is
+    asked for, not picked (docs/performance.md).
 
     Args:
         variant: a paper variant `"{Ti,S,B,L,H}/{8,14,16,32}"`, e.g. `"B/16"`, or a
@@ -499,8 +505,11 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         )
 
     def auto_jit_compile(self):
-        if keras.backend.backend() == "tensorflow" and not _under_strategy(self):
+        backend = keras.backend.backend()
+        if backend == "tensorflow" and not _under_strategy(self):
             return True
+        if backend == "torch":
+            return False  # eager: torch.compile's compile is asked for (class docstring)
         return None  # Keras decides
 
 
