@@ -218,8 +218,8 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
     runs faster with it there (see bench/models.py). Under a `tf.distribute`
     strategy and on JAX, "auto" means what Keras decides; `jit_compile=False` turns XLA
     off. On PyTorch "auto" means eager steps; `jit_compile=True` runs them through
-    `torch.compile`, which traces every family's model whole (no graph break; the
-    training step breaks only at Keras' `loss.backward()`) and, with
+    `torch.compile`, which traces the model whole (no graph break; the training step
+    breaks only at Keras' `loss.backward()`) and, with
     `dynamic_image_size`, compiles once more for a second image size and then takes any
     size: it removes the Python of each layer call from every step, but costs a compile
     per model and mode that is long on a CPU, and again for a new batch size, so it is
