@@ -17,8 +17,8 @@ from keras import ops
 from keras_vit.utils.checks import check_positive_int
 from keras_vit.utils.serialization import serializable
 
-# The attention logit of a padded key: its softmax weight is exactly 0 in float32 (a
-# finite value, so that a logit minus the row's maximum is never inf - inf).
+# What a padded key adds to its attention logits: its softmax weight is exactly 0 in
+# float32 (finite, so that a logit minus the row's maximum is never inf - inf).
 MASKED_LOGIT = -1e30
 
 
@@ -29,8 +29,8 @@ def mask_bias(mask):
     Example:
 
     >>> bias = mask_bias(keras.ops.convert_to_tensor([[1.0, 0.0]]))
-    >>> keras.ops.convert_to_numpy(bias).reshape(-1).tolist()
-    [0.0, -1e+30]
+    >>> keras.ops.convert_to_numpy(bias).reshape(-1) == [0, MASKED_LOGIT]
+    array([ True,  True])
     """
     mask = ops.cast(mask, "float32")
     return ((1.0 - mask) * MASKED_LOGIT)[:, None, None, :]
