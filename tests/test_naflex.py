@@ -19,6 +19,7 @@ import transformers
 import keras_vit
 from family_contract import as_numpy, relative_error
 from helpers import assert_keras_file_round_trip, clean_environment, randomise_weights
+from keras_vit.families import dinov3
 from keras_vit.layers import posembed
 from keras_vit.layers.naflex import NaFlexPatches
 from keras_vit.models.architecture import Architecture
@@ -193,6 +194,11 @@ def test_padding_changes_nothing_and_keras_files_round_trip(siglip2, tmp_path):
     dict(classifier="avg", fc_norm=True, pos_interpolation="bicubic_antialias"),
     dict(classifier="gap", pos_embedding="learned2d"),  # NaViT's factorised embeddings
     dict(classifier="gap", pos_embedding="sincos2d"),
+    # EVA-02's rope, scaled to a reference grid, and DINOv3's (patch centres on [-1, 1]):
+    # computed for each image's grid.
+    dict(classifier="avg", fc_norm=True, mlp="swiglu", rope=True, rope_reference_grid=(4, 4)),
+    dict(classifier="token", rope=dinov3.rope(), pos_embedding="none", num_registers=4,
+         layer_scale_init=1e-5),
 ])
 def test_each_image_equals_the_fixed_size_model_on_it_alone(overrides):
     """A NaFlex model on the padded batch gives each image what a `dynamic_image_size`
@@ -207,6 +213,30 @@ def test_each_image_equals_the_fixed_size_model_on_it_alone(overrides):
     batch = as_numpy(model(inputs))
     for i, image in enumerate(images):
         np.testing.assert_allclose(batch[i], as_numpy(fixed(image[None]))[0], rtol=0, atol=2e-5)
+
+
+def test_a_naflex_dinov3_equals_hfs_dinov3_on_each_image(tmp_path):
+    """HF's DINOv3ViTModel weights in a NaFlex model: each image's pooler output and
+    patch tokens are HF's on that image alone (its rope on the image's own grid)."""
+    config = transformers.DINOv3ViTConfig(
+        hidden_size=WIDTH, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_register_tokens=4, image_size=4 * PATCH, patch_size=PATCH)
+    hf = randomise(transformers.DINOv3ViTModel(config), seed=7).eval()
+    hf.save_pretrained(tmp_path)
+    fixed = keras_vit.pretrained(tmp_path)
+    arguments = {key: value for key, value in fixed.get_config().items()
+                 if key not in ("name", "trainable", "dtype", "dynamic_image_size")}
+    model = keras_vit.ViT(**arguments, naflex=True)
+    model.set_weights(fixed.get_weights())
+    inputs, images = _batch()
+    pooled, tokens = (as_numpy(x) for x in _tokens_model(model)(inputs))
+    for i, image in enumerate(images):
+        with torch.no_grad():
+            out = hf(torch.from_numpy(image.transpose(2, 0, 1)[None].copy()))
+        count = int(inputs["patch_mask"][i].sum())
+        assert relative_error([pooled[i], tokens[i, 5 : 5 + count]],
+                              [out.pooler_output[0].numpy(),
+                               out.last_hidden_state[0, 5:].numpy()]) < 1e-4
 
 
 def test_tokens_output_keeps_the_padding_out_of_the_real_tokens():

@@ -170,7 +170,6 @@ class Architecture:
             ("resnet_stages", self.resnet_stages is not None, "cuts a trunk's feature map"),
             ("remat", self.remat, "rematerialises blocks called with the tokens alone"),
             ("distilled", self.distilled and self.distillation_head, "pools two tokens"),
-            ("rope", bool(self.rope), "rotates by one patch grid for the whole batch"),
         ):
             if given:
                 raise ValueError(

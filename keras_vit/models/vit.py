@@ -646,7 +646,7 @@ def _build_graph(arch):
             + arch.num_registers,
             reference_grid=arch.rope_reference_grid,
         )
-        table = rotary(patch_grid)
+        table = rotary(patch_grid) if token_grid is None else rotary(patch_grid, token_grid)
     blocks = []
     names = [BLOCK_NAME.format(index=i) for i in range(arch.num_layers)]
     # Keras rematerialises a layer made under a RematScope that names it (its sublayers,
