@@ -299,7 +299,9 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             another: a registered layer whose constructor takes `head_dim`,
             `grid_size` and `num_prefix_tokens` (the model fills them in, with its
             name) and whose `call(patches)` returns the `(tokens, 2 * head_dim)`
-            sines | cosines that `keras_vit.layers.rope.rotate` applies.
+            sines | cosines that `keras_vit.layers.rope.rotate` applies (in a
+            `naflex` model `call(patches, token_grid)`, each image's:
+            `(batch, tokens, 2 * head_dim)`).
         rope_reference_grid: with `rope`, the `(rows, cols)` patch grid the rotary
             positions are scaled to at every image size (timm's `ref_feat_shape`;
             EVA-02: `(16, 16)`), or None for the grid's own indices.
