@@ -234,6 +234,15 @@ def test_a_naflex_dinov3_equals_hfs_dinov3_on_each_image(tmp_path):
                                out.last_hidden_state[0, 5:].numpy()]) < 1e-4
 
 
+def test_under_mixed_bfloat16_the_padding_stays_out(siglip2):
+    """The mask is added to float32 logits under every policy: bfloat16 outputs stay
+    within a few percent of HF's float32 ones."""
+    model = keras_vit.pretrained(siglip2[0], dtype="mixed_bfloat16")
+    inputs, _ = _batch()
+    ours = as_numpy(keras.ops.cast(model(inputs), "float32"))
+    assert relative_error([ours], [siglip2[1]]) < 5e-2
+
+
 def test_tokens_output_keeps_the_padding_out_of_the_real_tokens():
     model = keras_vit.ViT(**TINY, classifier="gap", pooling=False)
     randomise_weights(model, seed=4)
