@@ -211,18 +211,14 @@ def test_each_image_equals_the_fixed_size_model_on_it_alone(overrides):
 
 
 def test_a_naflex_dinov3_equals_hfs_dinov3_on_each_image(tmp_path):
-    """HF's DINOv3ViTModel weights in a NaFlex model: each image's pooler output and
-    patch tokens are HF's on that image alone (its rope on the image's own grid)."""
+    """An HF DINOv3ViTModel directory built as a NaFlex model: each image's pooler
+    output and patch tokens are HF's on that image alone (its rope on its own grid)."""
     config = transformers.DINOv3ViTConfig(
         hidden_size=WIDTH, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
         num_register_tokens=4, image_size=4 * PATCH, patch_size=PATCH)
     hf = randomise(transformers.DINOv3ViTModel(config), seed=7).eval()
     hf.save_pretrained(tmp_path)
-    fixed = keras_vit.pretrained(tmp_path)
-    arguments = {key: value for key, value in fixed.get_config().items()
-                 if key not in ("name", "trainable", "dtype", "dynamic_image_size")}
-    model = keras_vit.ViT(**arguments, naflex=True)
-    model.set_weights(fixed.get_weights())
+    model = keras_vit.pretrained(tmp_path, naflex=True, dynamic_image_size=False)
     inputs, images = _batch()
     pooled, tokens = (as_numpy(x) for x in _tokens_model(model)(inputs))
     for i, image in enumerate(images):

@@ -901,7 +901,7 @@ def pretrained(name, **kwargs):
     if source.kind in ("hf", "hf_directory") or own_config:
         arguments = source.arguments
         # What leaves the weights as they are may be changed.
-        free = {"include_top", "pooling", "dynamic_image_size", "pos_interpolation"}
+        free = {"include_top", "pooling", "dynamic_image_size", "pos_interpolation", "naflex"}
         clashes = sorted(set(kwargs) & (set(arguments) - free))
         if clashes:
             raise ValueError(
