@@ -52,6 +52,7 @@ _EXPORTS = {
     "keras_vit.evaluation.fewshot": ("FewshotConfig", "evaluate_source", "fewshot_evaluate"),
     "keras_vit.evaluation.ridge": ("RidgeProbe", "linear_fewshot_accuracy"),
     "keras_vit.evaluation.probes": ("drop_patches", "robustness_probes", "shuffle_patches"),
+    "keras_vit.data.naflex": ("naflex_inputs",),
 }
 _SUBMODULES = {  # keras_vit.fewshot, ... as before the sub-packages
     "analysis": "keras_vit.evaluation.analysis",

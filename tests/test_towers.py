@@ -522,11 +522,12 @@ def test_registry_lists_the_towers_with_their_switches_and_preprocessing():
     from keras_vit.weights.pretrained import source_defaults
 
     entries = {e.name: e for e in keras_vit.list_weights("siglip") + keras_vit.list_weights("clip")}
-    assert sorted(entries) == [
+    assert sorted(entries) == sorted([
         "vit_base_patch16_clip_224.openai", "vit_base_patch16_siglip_224.v2_webli",
         "vit_base_patch16_siglip_224.webli", "vit_base_patch32_clip_224.openai",
         "vit_large_patch14_clip_224.openai", "vit_so400m_patch14_siglip_384.webli",
-    ]
+        "siglip2-base-patch16-naflex", "siglip2-so400m-patch16-naflex",
+    ])
     entry = entries["vit_base_patch32_clip_224.openai"]
     assert entry.url == registry.TIMM_HUB.format(name=entry.name)
     assert entry.preprocessing == dict(mean=OPENAI_MEAN, std=OPENAI_STD,
@@ -549,6 +550,7 @@ def test_registry_lists_the_towers_with_their_switches_and_preprocessing():
 @pytest.mark.parametrize("name, reference", [
     ("vit_base_patch16_siglip_224.webli", "SiglipVisionModel"),
     ("vit_base_patch32_clip_224.openai", "CLIPVisionModelWithProjection"),
+    ("siglip2-base-patch16-naflex", "Siglip2VisionModel"),
 ])
 def test_registry_towers_have_the_parameters_of_transformers_model(name, reference):
     """The entry's model has as many weights as HF's model of the release's config

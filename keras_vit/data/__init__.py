@@ -8,6 +8,8 @@ read without TensorFlow.
 - `decode`: files to pixels, crop windows, the eval resize, in `tf.data`.
 - `images`: `read_images`, files to a batch of model inputs with PIL and NumPy (the same
   pixels as `decode`), so that `classify` and `keras-vit predict` need no TensorFlow.
+- `naflex`: `naflex_inputs`, images of any sizes to a NaFlex model's patches (the pixels
+  of HF's `Siglip2ImageProcessor`), without TensorFlow.
 - `augment`: AugReg levels and Keras preprocessing layers seeded by stream position.
 - `pipelines`: `train_dataset` (endless, seeded, resumable), `eval_dataset` (one pass).
 - from `keras_vit.utils.tf_data`: `without_autotuning` (the options both pipelines end
@@ -27,14 +29,15 @@ _MODULES = {
                "eval_resize", "inception_crop_window", "limit_pixels"),
     "folders": ("IMAGE_EXTENSIONS", "find_damaged", "load_listing"),
     "images": ("read_images",),
+    "naflex": ("naflex_inputs",),
     "pipelines": ("eval_dataset", "train_dataset"),
     "sources": ("NoSplitError", "Source", "load_source", "parse_classes", "select_classes",
                 "spec_split"),
     "keras_vit.utils.tf_data": ("array_batches", "without_autotuning"),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
-_SUBMODULES = ("augment", "decode", "folders", "headers", "images", "libjpeg", "pipelines",
-               "sources")
+_SUBMODULES = ("augment", "decode", "folders", "headers", "images", "libjpeg", "naflex",
+               "pipelines", "sources")
 
 __all__ = sorted(_HOME)
 

@@ -9,9 +9,19 @@ the release's (its HF image processor): pixels in [-1, 1] (mean = std = 0.5), th
 image resized, bicubically (SigLIP) or bilinearly (SigLIP 2, as big_vision's `resize`).
 timm's `pretrained_cfg` keeps its default 0.9 crop for them.
 
+NaFlex (SigLIP 2's native resolution): `naflex` entries, HF's `Siglip2VisionModel` and
+`Siglip2Model` directories. Their models take `keras_vit.naflex_inputs`' patches (the
+release's `Siglip2ImageProcessor`: each image resized bilinearly by PIL, aspect kept, to
+the largest patch grid within `max_num_patches`), their 16x16 position table resampled
+to each image's grid (`pos_interpolation="bilinear_antialias"`); the patch embedding is
+a Linear on the flattened patches, the official kernel in its (row, column, channel)
+order.
+
 HF's SigLIP vision encoder is CLIP's (`keras_vit.families.clip.HF_TOWER_RENAMES`);
 big_vision's `.npz` files are read by the generic reader.
 """
+
+import math
 
 from keras_vit.families.clip import HF_TOWER_NAMES, HF_TOWER_RENAMES
 from keras_vit.families.family import (
@@ -36,10 +46,18 @@ _WEBLI = [
     ("vit_base_patch16_siglip_224.v2_webli", "B/16", 224,  # google/siglip2-base-patch16-224
      _SIGLIP, "bilinear"),
 ]
+_NAFLEX = dict(naflex=True, pos_interpolation="bilinear_antialias")
+# The released NaFlex checkpoints (HF `Siglip2Model` files: the image tower is read, the
+# text tower left out): (HF id, variant, switches). Their table is a 16x16 grid.
+_NAFLEX_RELEASES = [
+    ("google/siglip2-base-patch16-naflex", "B/16", _SIGLIP),
+    ("google/siglip2-so400m-patch16-naflex", None, dict(_SIGLIP, **{**_SO400M, "patch_size": 16})),
+]
+HF_HUB = "https://huggingface.co/{name}/resolve/main/model.safetensors"
 
 
 def _entries():
-    return [
+    webli = [
         WeightsEntry(
             name=name, url=TIMM_HUB.format(name=name), variant=variant, image_size=image_size,
             num_classes=0, pretraining="WebLI", model_args=dict(switches),
@@ -47,15 +65,40 @@ def _entries():
         )
         for name, variant, image_size, switches, interpolation in _WEBLI
     ]
+    # Named by their HF id, whose processor resizes with PIL's antialiased bilinear.
+    naflex = [
+        WeightsEntry(
+            name=name.split("/")[1], url=HF_HUB.format(name=name), variant=variant,
+            image_size=16 * 16, num_classes=0, pretraining="WebLI",
+            model_args=dict(switches, **_NAFLEX),
+            **dict(_PREPROCESSING, interpolation="bilinear", antialias=True),
+        )
+        for name, variant, switches in _NAFLEX_RELEASES
+    ]
+    return webli + naflex
 
 
 def _hf_arguments(config, top, architecture):
-    """A SigLIP without its MAP head outputs its `last_hidden_state`."""
-    return {} if config.get("vision_use_head", True) else dict(pooling=False)
+    """A SigLIP without its MAP head outputs its `last_hidden_state`; a SigLIP 2 NaFlex
+    tower's table is the square grid of its `num_patches`, the image size it stands for
+    (its config has no `image_size`)."""
+    args = {} if config.get("vision_use_head", True) else dict(pooling=False)
+    if architecture.startswith("Siglip2"):
+        count = config.get("num_patches", 256)
+        side = math.isqrt(count)
+        if side * side != count:
+            raise ValueError(
+                f"num_patches={count} is not a square grid: keras-vit resamples SigLIP 2's "
+                "position table as a square grid, as transformers does."
+            )
+        args["image_size"] = side * config.get("patch_size", 16)
+    return args
 
 
-# The MAP head (HF's `head`, timm's `attn_pool`).
+# The MAP head (HF's `head`, timm's `attn_pool`); SigLIP 2's Linear patch embedding (its
+# weight 2-D, where the convolutions' is 4-D).
 _TORCH_NAMES = HF_TOWER_NAMES + (
+    TorchName("embedding", "dense", r"embeddings\.patch_embeddings\.projection", None),
     TorchName(MAP_HEAD_KEY + "/probe", "copy", r"head\.probe", r"attn_pool\.latent"),
     TorchName(MAP_ATTENTION_KEY, "qkv", r"head\.attention\.in_proj", None),
     TorchName(MAP_ATTENTION_KEY + "/query", "heads_in", None, r"attn_pool\.q"),
@@ -69,6 +112,7 @@ _TORCH_NAMES = HF_TOWER_NAMES + (
               r"attn_pool\.mlp\.fc2"),
 )
 _HF_SWITCHES = dict(classifier="map", include_top=False)
+_HF_NAFLEX = dict(_HF_SWITCHES, **_NAFLEX)
 
 FAMILY = Family(
     name="siglip",
@@ -76,8 +120,10 @@ FAMILY = Family(
     entries=tuple(_entries()),
     # `pooler_output` (the MAP head); a full SiglipModel directory: its vision_config,
     # the image features.
-    hf_architectures={"SiglipVisionModel": _HF_SWITCHES, "SiglipModel": _HF_SWITCHES},
-    hf_model_types={"Siglip": ("siglip", "siglip_vision_model")},
+    hf_architectures={"SiglipVisionModel": _HF_SWITCHES, "SiglipModel": _HF_SWITCHES,
+                      "Siglip2VisionModel": _HF_NAFLEX, "Siglip2Model": _HF_NAFLEX},
+    hf_model_types={"Siglip": ("siglip", "siglip_vision_model"),
+                    "Siglip2": ("siglip2", "siglip2_vision_model")},
     # What config.json leaves out takes SiglipVisionConfig's default.
     hf_config_defaults=dict(layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh"),
     hf_arguments=_hf_arguments,

@@ -8,7 +8,10 @@ alone (see `keras_vit.weights.pretrained`).
 - `patches`: `Patches`, `PadToMultiple`.
 - `embedding`: `PatchEncoder` (patch and position embedding), `ClassToken`,
   `sincos_2d_table`.
-- `posembed`: resampling a position-embedding grid to another patch grid.
+- `posembed`: resampling a position-embedding grid to another patch grid, or to each
+  token's image grid (NaFlex).
+- `naflex`: `NaFlexPatches`, `TokenMask`, `mask_bias`, `masked_mean`: images of
+  several sizes in one padded batch.
 - `rope`: `RotaryEmbedding` (EVA-02's), `rotate`.
 - `dinov3_rope`: `DINOv3RotaryEmbedding` (patch centres on [-1, 1]).
 - `attention`: `Attention`.
@@ -28,6 +31,7 @@ from keras_vit.layers.dinov3_rope import DINOv3RotaryEmbedding
 from keras_vit.layers.drop_path import DropPath
 from keras_vit.layers.embedding import ClassToken, PatchEncoder, sincos_2d_table
 from keras_vit.layers.mlp import MLP, mlp_activation
+from keras_vit.layers.naflex import NaFlexPatches, TokenMask
 from keras_vit.layers.normalization import LayerNormalization
 from keras_vit.layers.patches import PadToMultiple, Patches
 from keras_vit.layers.pooling import MAPHead, TokenPooling
@@ -35,6 +39,6 @@ from keras_vit.layers.rope import RotaryEmbedding, rotate
 
 __all__ = [
     "Attention", "ClassToken", "DINOv3RotaryEmbedding", "Dense", "DropPath", "LayerNormalization", "MAPHead", "MLP",
-    "PadToMultiple", "PatchEncoder", "Patches", "RotaryEmbedding", "TokenPooling",
+    "NaFlexPatches", "PadToMultiple", "PatchEncoder", "Patches", "RotaryEmbedding", "TokenMask", "TokenPooling",
     "TransformerBlock", "mlp_activation", "rotate", "sincos_2d_table",
 ]

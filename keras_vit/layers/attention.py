@@ -12,6 +12,7 @@ from keras_vit.backend.attention import dot_product_attention, fused_attention_i
 from keras_vit.backend.calls import call_sublayer
 from keras_vit.backend.export import is_tracing_for_export
 from keras_vit.layers.dense import Dense, dense_dtypes_entry
+from keras_vit.layers.naflex import mask_bias
 from keras_vit.layers.rope import rotate
 from keras_vit.utils.checks import check_positive_int
 from keras_vit.utils.keras_compat import InParentNameScope
@@ -60,6 +61,10 @@ class Attention(InParentNameScope, keras.layers.Layer):
         dropout_rate: dropout on the attention weights.
         rope: the queries and keys are rotated by the rotary table passed as
             `call(x, rope=table)` (`keras_vit.layers.rope.rotate`).
+
+    `call(x, token_mask=mask)` attends only to the keys whose float `(batch, tokens)`
+    mask is 1: the padded tokens of a NaFlex batch (`keras_vit.layers.naflex`) take no
+    part in any token's attention.
         dense_dtypes: policies of the quantized Dense sublayers by name (`qkv`,
             `attention_output`), as `get_config` writes them after `model.quantize`.
 
@@ -99,16 +104,18 @@ class Attention(InParentNameScope, keras.layers.Layer):
         for layer in (self.qkv, self.attention_output):
             layer.build(tuple(input_shape))
 
-    def call(self, x, training=False, return_attention=False, rope=None):
+    def call(self, x, training=False, return_attention=False, rope=None, token_mask=None):
         if self.rope and rope is None:
             raise ValueError(
                 f"{self.name} was built with rope=True and needs the rotary table: call it "
                 "as layer(x, rope=table), the output of the model's rotary embedding."
             )
-        out, weights = self._attend(x, training, return_attention, rope if self.rope else None)
+        out, weights = self._attend(
+            x, training, return_attention, rope if self.rope else None, token_mask
+        )
         return (out, weights) if return_attention else out
 
-    def _attend(self, x, training, return_attention, rope):
+    def _attend(self, x, training, return_attention, rope, token_mask=None):
         length, width = ops.shape(x)[1], x.shape[-1]
         qkv = ops.reshape(
             call_sublayer(self, self.qkv, x), (-1, length, 3, self.num_heads, self.head_dim)
@@ -117,10 +124,12 @@ class Attention(InParentNameScope, keras.layers.Layer):
             q, k, v = (ops.squeeze(part, 2) for part in ops.split(qkv, 3, axis=2))
             qkv = ops.stack([rotate(q, rope), rotate(k, rope), v], axis=2)
         # Exporters map the explicit softmax to one op of their own.
+        # A padded batch (NaFlex) adds its mask to the float32 logits of explicit products.
         explicit = (
             return_attention
             or (training and self.dropout_rate > 0)
             or is_tracing_for_export()
+            or token_mask is not None
         )
         if not explicit and fused_attention_is_faster():
             # Split, not indexed: the gradient of three indexed slices is three zero
@@ -142,6 +151,8 @@ class Attention(InParentNameScope, keras.layers.Layer):
             # Float32 logits under every policy: float16 products overflow past 65504,
             # bfloat16 ones keep 8 bits.
             logits = products.matmul_float32(q, k, transpose_x2=True)
+            if token_mask is not None:
+                logits = logits + mask_bias(token_mask)
             weights = ops.softmax(logits, axis=-1)
             dropped = self.dropout(ops.cast(weights, v.dtype), training=training)
             out = products.matmul(dropped, v)
@@ -166,7 +177,8 @@ class Attention(InParentNameScope, keras.layers.Layer):
         out = products.matmul_float32(ops.cast(exp, v.dtype), v)
         return ops.cast(out / ops.sum(exp, axis=-1, keepdims=True), v.dtype)
 
-    def compute_output_spec(self, x, training=False, return_attention=False, rope=None):
+    def compute_output_spec(self, x, training=False, return_attention=False, rope=None,
+                            token_mask=None):
         # From the shapes alone. Outputs are in the compute dtype (Keras casts the inputs
         # to it), the attention weights in float32.
         outputs = keras.KerasTensor(x.shape, self.compute_dtype)

@@ -71,6 +71,8 @@ class TransformerBlock(keras.layers.Layer):
         quick_gelu: CLIP's `x * sigmoid(1.702 x)` in place of GELU.
         rope: rotary position embedding: the queries and keys are rotated by the table
             passed as `call(x, rope=table)` (`keras_vit.layers.rope.rotate`).
+            `call(x, token_mask=mask)` keeps the padded tokens of a NaFlex batch out of
+            the attention (see `Attention`).
         mlp_norm: a LayerNorm on the MLP's hidden features before `mlp_fc2` (EVA-02's
             `SwiGLU(norm_layer=...)`, timm's `scale_mlp=True`).
         attention: a ready-made `Attention`, or None to build one from `num_heads`.
@@ -218,10 +220,10 @@ class TransformerBlock(keras.layers.Layer):
             return y
         return y * ops.cast(self.layer_scales[branch], y.dtype)
 
-    def call(self, x, training=False, return_attention=False, rope=None):
+    def call(self, x, training=False, return_attention=False, rope=None, token_mask=None):
         attended = call_sublayer(
             self, self._attention, call_sublayer(self, self.norm1, x), training=training,
-            return_attention=return_attention, rope=rope,
+            return_attention=return_attention, rope=rope, token_mask=token_mask,
         )
         attended, weights = attended if return_attention else (attended, None)
         x = x + regularise(self._scale(attended, 0), training, self.dropout, self.drop_path)
@@ -253,7 +255,8 @@ class TransformerBlock(keras.layers.Layer):
 
         return call
 
-    def compute_output_spec(self, x, training=False, return_attention=False, rope=None):
+    def compute_output_spec(self, x, training=False, return_attention=False, rope=None,
+                            token_mask=None):
         # From the shapes alone: Keras would otherwise trace `call` on every symbolic
         # call, most of the time it takes to build a model. The block's outputs and
         # attention weights have its attention's shapes and dtypes.

@@ -48,8 +48,8 @@ class DINOv3RotaryEmbedding(RotaryEmbedding):
         super().__init__(head_dim, grid_size, reference_grid=None,
                          num_prefix_tokens=num_prefix_tokens, temperature=temperature, **kwargs)
 
-    def positions(self, size, axis):
-        centres = (ops.arange(0, size, dtype="float32") + 0.5) / ops.cast(size, "float32")
+    def positions_at(self, index, size, axis):
+        centres = (index + 0.5) / size
         return (2.0 * centres - 1.0) * (2.0 * math.pi)
 
     def get_config(self):

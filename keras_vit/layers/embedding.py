@@ -12,6 +12,28 @@ from keras_vit.utils.serialization import serializable
 POSITION_EMBEDDINGS = ("learned", "learned2d", "sincos2d", "none")
 
 
+def sincos_2d_embedding(rows, cols, width, temperature=10000.0):
+    """The fixed 2-D sine-cosine embeddings `(..., width)` of patches at rows `rows` and
+    columns `cols` (float tensors of one shape), as `sincos_2d_table` lays them out.
+
+    Example:
+
+    >>> rows = keras.ops.convert_to_tensor([0.0, 1.0])
+    >>> tuple(sincos_2d_embedding(rows, rows, 8).shape)
+    (2, 8)
+    """
+    if width % 4 or width < 8:
+        raise ValueError(
+            "pos_embedding='sincos2d' needs a width divisible by 4 and at least 8, "
+            f"got hidden_dim={width}."
+        )
+    quarter = width // 4
+    omega = 1.0 / temperature ** (ops.arange(quarter, dtype="float32") / (quarter - 1))
+    y = rows[..., None] * omega
+    x = cols[..., None] * omega
+    return ops.concatenate([ops.sin(x), ops.cos(x), ops.sin(y), ops.cos(y)], axis=-1)
+
+
 def sincos_2d_table(grid_size, width, temperature=10000.0):
     """Fixed 2-D sine-cosine position table of shape `(1, rows * cols, width)`.
 
@@ -25,20 +47,11 @@ def sincos_2d_table(grid_size, width, temperature=10000.0):
     (1, 16, 32)
     """
     rows, cols = grid_size
-    if width % 4 or width < 8:
-        raise ValueError(
-            "pos_embedding='sincos2d' needs a width divisible by 4 and at least 8, "
-            f"got hidden_dim={width}."
-        )
-    quarter = width // 4
-    omega = 1.0 / temperature ** (ops.arange(quarter, dtype="float32") / (quarter - 1))
     y, x = ops.meshgrid(
         ops.arange(rows, dtype="float32"), ops.arange(cols, dtype="float32"), indexing="ij"
     )
-    y = ops.reshape(y, (-1, 1)) * omega[None]
-    x = ops.reshape(x, (-1, 1)) * omega[None]
-    table = ops.concatenate([ops.sin(x), ops.cos(x), ops.sin(y), ops.cos(y)], axis=1)
-    return table[None]
+    return sincos_2d_embedding(ops.reshape(y, (-1,)), ops.reshape(x, (-1,)), width,
+                               temperature)[None]
 
 
 @serializable
@@ -49,7 +62,10 @@ class PatchEncoder(keras.layers.Layer):
     any size `(batch, rows, cols, features)` (`Patches(flatten=False)`, rows and cols
     possibly known only at run time), to which the position table is resampled in the
     graph (`position_table(grid)`): `"sincos2d"` is computed for that grid. Either way it
-    returns `(batch, patches, hidden_dim)` tokens in row-major order.
+    returns `(batch, patches, hidden_dim)` tokens in row-major order. Given a
+    `token_grid` (`call(patches, token_grid=...)`), the patches are those of a NaFlex
+    batch, images of several grids padded to one token count, and each token gets the
+    position of its place in its own image (`token_positions`).
 
     Args:
         hidden_dim: width D of the token embeddings.
@@ -159,8 +175,40 @@ class PatchEncoder(keras.layers.Layer):
             return sincos_2d_table((rows, cols), self.hidden_dim)
         return None
 
-    def call(self, patches):
+    def token_positions(self, token_grid):
+        """The `(batch, tokens, hidden_dim)` float32 position embeddings of the tokens of
+        images of several grids (NaFlex), or None without a table.
+
+        Args:
+            token_grid: `(batch, tokens, 4)`, each token's `(row, col, rows, cols)` in
+                its image (`keras_vit.layers.naflex.NaFlexPatches`). The learned table is
+                resampled to each image's grid with `interpolation`, `"learned2d"`'s row
+                and column tables each along their axis (NaViT's factorised
+                embeddings); `"sincos2d"` is computed at each token's row and column.
+        """
+        if self.pos_embedding == "learned":
+            table = ops.reshape(self.position, (*self.grid_size, self.hidden_dim))
+            return posembed.resample_position_per_token(table, token_grid, self.interpolation)
+        if self.pos_embedding == "learned2d":
+            # A table of one column (rows) and one of one row (columns), each resampled
+            # along its own axis: the other axis of the token grid is set to 0 of 1.
+            ones, zeros = ops.ones_like(token_grid[..., :1]), ops.zeros_like(token_grid[..., :1])
+            along_rows = ops.concatenate([token_grid[..., :1], zeros, token_grid[..., 2:3], ones], -1)
+            along_cols = ops.concatenate([zeros, token_grid[..., 1:2], ones, token_grid[..., 3:]], -1)
+            resample = posembed.resample_position_per_token
+            return ops.concatenate([
+                resample(self.row_position, along_rows, self.interpolation),
+                resample(self.col_position, along_cols, self.interpolation),
+            ], axis=-1)
+        if self.pos_embedding == "sincos2d":
+            return sincos_2d_embedding(token_grid[..., 0], token_grid[..., 1], self.hidden_dim)
+        return None
+
+    def call(self, patches, token_grid=None):
         x = self.projection(patches)
+        if token_grid is not None:  # NaFlex: each image its own grid
+            positions = self.token_positions(token_grid)
+            return x if positions is None else x + ops.cast(positions, x.dtype)
         grid = None
         if len(patches.shape) == 4:
             shape = ops.shape(patches)
@@ -171,11 +219,11 @@ class PatchEncoder(keras.layers.Layer):
             return x
         return x + ops.cast(table, x.dtype)
 
-    def compute_output_shape(self, input_shape):
-        if len(input_shape) == 4:
-            batch, rows, cols = input_shape[:3]
+    def compute_output_shape(self, patches_shape, token_grid_shape=None):
+        if len(patches_shape) == 4:
+            batch, rows, cols = patches_shape[:3]
             return (batch, None if rows is None or cols is None else rows * cols, self.hidden_dim)
-        return (*input_shape[:-1], self.hidden_dim)
+        return (*patches_shape[:-1], self.hidden_dim)
 
     def get_config(self):
         return {

@@ -9,6 +9,7 @@ from keras import ops
 from keras_vit.backend import products
 from keras_vit.layers.dense import Dense, dense_dtypes_entry
 from keras_vit.layers.mlp import MLP
+from keras_vit.layers.naflex import mask_bias, masked_mean
 from keras_vit.layers.normalization import LayerNormalization
 from keras_vit.utils.checks import check_choice, check_positive_int
 from keras_vit.utils.serialization import serializable
@@ -21,7 +22,9 @@ class TokenPooling(keras.layers.Layer):
     averages the first two (DeiT's class and distillation tokens, as timm's
     `pre_logits`), `"token_gap"` concatenates the
     first with the mean of the tokens from `index` on (the patches: HF's
-    `Dinov2ForImageClassification`), twice the width.
+    `Dinov2ForImageClassification`), twice the width. `call(tokens, token_mask=mask)`
+    averages only the tokens whose `(batch, tokens)` mask is 1 (a NaFlex batch's real
+    patches).
 
     Example:
 
@@ -37,19 +40,22 @@ class TokenPooling(keras.layers.Layer):
         self.classifier = classifier
         self.index = int(index)
 
-    def call(self, tokens):
+    def call(self, tokens, token_mask=None):
         if self.classifier == "token":
             return tokens[:, self.index]
         if self.classifier == "distilled":
             return (tokens[:, 0] + tokens[:, 1]) / 2
-        if self.classifier == "token_gap":
+        if token_mask is None:
             patches = ops.mean(tokens[:, self.index:], axis=1)
+        else:
+            patches = masked_mean(tokens[:, self.index:], token_mask[:, self.index:])
+        if self.classifier == "token_gap":
             return ops.concatenate([tokens[:, 0], patches], axis=-1)
-        return ops.mean(tokens[:, self.index:], axis=1)
+        return patches
 
-    def compute_output_shape(self, input_shape):
-        width = input_shape[2] * (2 if self.classifier == "token_gap" else 1)
-        return (input_shape[0], width)
+    def compute_output_shape(self, tokens_shape, token_mask_shape=None):
+        width = tokens_shape[2] * (2 if self.classifier == "token_gap" else 1)
+        return (tokens_shape[0], width)
 
     def get_config(self):
         # `index` only when set: the configs of the paper's models stay as they were.
@@ -133,9 +139,11 @@ class MAPHead(keras.layers.Layer):
         """The head's `Dense` layers (`DENSE_LAYERS` order)."""
         return tuple(getattr(self, name) for name in self.DENSE_LAYERS)
 
-    def call(self, tokens, return_attention=False):
+    def call(self, tokens, return_attention=False, token_mask=None):
         """Pools `tokens`; with `return_attention`, also returns the probe's float32
-        attention over them, `(batch, heads, tokens)` (where the model looks)."""
+        attention over them, `(batch, heads, tokens)` (where the model looks). With a
+        `token_mask` `(batch, tokens)` the probe attends only to the tokens where it is
+        1 (HF's `key_padding_mask`: a NaFlex batch's real patches)."""
         length, width = ops.shape(tokens)[1], tokens.shape[-1]
         probe = ops.cast(self.probe, tokens.dtype)
         query = ops.reshape(self.query(probe), (1, 1, self.num_heads, self.head_dim))
@@ -148,6 +156,8 @@ class MAPHead(keras.layers.Layer):
             ops.broadcast_to(query, (ops.shape(tokens)[0], self.num_heads, 1, self.head_dim)),
             key, transpose_x2=True,
         )
+        if token_mask is not None:
+            logits = logits + mask_bias(token_mask)
         attention = ops.softmax(logits, axis=-1)
         weights = ops.cast(attention, value.dtype)
         out = ops.reshape(ops.transpose(products.matmul(weights, value), (0, 2, 1, 3)),
@@ -158,8 +168,8 @@ class MAPHead(keras.layers.Layer):
             return pooled, ops.cast(attention[:, :, 0], "float32")
         return pooled
 
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[-1])
+    def compute_output_shape(self, tokens_shape, token_mask_shape=None):
+        return (tokens_shape[0], tokens_shape[-1])
 
     def get_config(self):
         return {

@@ -13,12 +13,16 @@ Two methods, named for what they compute:
   torch's cubic convolution (a = -0.75) on four taps, the edge entries repeated
   beyond the grid. (The original DINOv2 code passes `scale_factor` with a 0.1 offset
   instead of `size`, which moves the taps slightly; transformers 5 does not.)
+- `"bilinear_antialias"`: HF transformers' `Siglip2VisionEmbeddings` (NaFlex), i.e.
+  `interpolate(mode="bilinear", antialias=True, align_corners=False)`: the triangle
+  kernel widened by the scale factor when shrinking.
 
-Both are separable, so each is a pair of `(new, old)` weight matrices applied along
+Each is separable, so each is a pair of `(new, old)` weight matrices applied along
 the rows and the columns of the grid. The formulas are written once against an array
 namespace: numpy in float64 for checkpoints (`resample_position_grid`), `keras.ops`
 inside the graph of a `dynamic_image_size` model, whose input grid may be known only
-when it runs (`resample_position_tensor`).
+when it runs (`resample_position_tensor`), and per token for a batch of images of
+several grids (NaFlex: `resample_position_per_token`).
 """
 
 import keras
@@ -27,7 +31,7 @@ from keras import ops
 
 from keras_vit.utils.checks import check_choice
 
-INTERPOLATIONS = ("bilinear_align_corners", "bicubic_antialias", "bicubic")
+INTERPOLATIONS = ("bilinear_align_corners", "bicubic_antialias", "bicubic", "bilinear_antialias")
 
 
 def bilinear_align_corners_weights(size_in, size_out, xp=np, dtype="float64"):
@@ -48,12 +52,27 @@ def bilinear_align_corners_weights(size_in, size_out, xp=np, dtype="float64"):
     >>> bilinear_align_corners_weights(2, 3).tolist()
     [[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]]
     """
+    return _all_outputs(_bilinear_align_corners_at, size_in, size_out, xp, dtype)
+
+
+def _all_outputs(weights_at, size_in, size_out, xp, dtype):
+    """The `(size_out, size_in)` weights of every output entry: `weights_at` for the
+    indices `0 .. size_out - 1` of an axis of length `size_out`."""
     out = xp.arange(size_out, dtype=dtype)
+    return weights_at(size_in, out, out[-1:] + 1.0, xp, dtype)
+
+
+# Each `_*_at(size_in, index, size_out, xp, dtype)` gives the `(..., size_in)` weights of
+# output entries `index` of axes of lengths `size_out` (float arrays of one shape, or
+# broadcasting): per axis of the whole grid, or per token of images of several sizes.
+
+
+def _bilinear_align_corners_at(size_in, index, size_out, xp, dtype):
     # Output i samples input i * (size_in - 1) / (size_out - 1); a length of 1 on either
     # side samples the first entry, as scipy.ndimage.zoom does.
-    coords = out * ((size_in - 1) / xp.maximum(out[-1:], 1.0))
+    coords = index * ((size_in - 1) / xp.maximum(size_out - 1.0, 1.0))
     taps = xp.arange(size_in, dtype=dtype)
-    return xp.maximum(1.0 - xp.abs(taps[None, :] - coords[:, None]), 0.0)
+    return xp.maximum(1.0 - xp.abs(taps - coords[..., None]), 0.0)
 
 
 def _keys_cubic(x, xp, a=-0.5):
@@ -61,6 +80,47 @@ def _keys_cubic(x, xp, a=-0.5):
     near = ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
     far = (((x - 5.0) * x + 8.0) * x - 4.0) * a
     return xp.where(x < 1.0, near, xp.where(x < 2.0, far, 0.0))
+
+
+def _triangle(x, xp):
+    return xp.maximum(1.0 - xp.abs(x), 0.0)
+
+
+def _antialiased_at(kernel):
+    """The weights of torch's `interpolate(antialias=True, align_corners=False)` with
+    `kernel` (of support 1 or 2): output `i` is centred on input `(i + 0.5) * scale`;
+    when shrinking, the kernel is stretched by the scale so that every input entry
+    contributes (the antialiasing), when growing it keeps its width. Taps that fall
+    outside the grid are dropped and the rest renormalised."""
+
+    def weights_at(size_in, index, size_out, xp, dtype):
+        scale = size_in / size_out
+        stretch = xp.maximum(scale, 1.0)
+        centers = scale * (index + 0.5)
+        taps = xp.arange(size_in, dtype=dtype)
+        # The kernel is zero beyond its support: every tap within the grid is a candidate.
+        weights = kernel((taps - centers[..., None] + 0.5) / stretch[..., None], xp)
+        return weights / xp.sum(weights, axis=-1, keepdims=True)
+
+    return weights_at
+
+
+_bicubic_antialias_at = _antialiased_at(_keys_cubic)
+_bilinear_antialias_at = _antialiased_at(_triangle)
+
+
+def _bicubic_at(size_in, index, size_out, xp, dtype):
+    source = size_in / size_out * (index + 0.5) - 0.5
+    # Every integer tap within two of a source point, from -2 to size_in + 1.
+    taps = xp.arange(-2, size_in + 2, dtype=dtype)
+    weights = _keys_cubic(source[..., None] - taps, xp, a=-0.75)
+    if size_in == 1:
+        return xp.sum(weights, axis=-1, keepdims=True)
+    # torch clamps the tap indices: the taps before the grid weigh on its first entry,
+    # those after it on its last.
+    first = xp.sum(weights[..., :3], axis=-1, keepdims=True)
+    last = xp.sum(weights[..., -3:], axis=-1, keepdims=True)
+    return xp.concatenate([first, weights[..., 3:-3], last], axis=-1)
 
 
 def bicubic_antialias_weights(size_in, size_out, xp=np, dtype="float64"):
@@ -74,17 +134,22 @@ def bicubic_antialias_weights(size_in, size_out, xp=np, dtype="float64"):
     >>> bicubic_antialias_weights(4, 4).tolist() == np.eye(4).tolist()
     True
     """
-    out = xp.arange(size_out, dtype=dtype)
-    scale = size_in / (out[-1:] + 1.0)
-    # When shrinking, the kernel is stretched by the scale so that every input
-    # entry contributes (the antialiasing); when growing it keeps its width.
-    stretch = xp.maximum(scale, 1.0)
-    centers = scale * (out + 0.5)
-    taps = xp.arange(size_in, dtype=dtype)
-    # The cubic is zero beyond 2 * stretch: every tap within the grid is a candidate.
-    weights = _keys_cubic((taps[None, :] - centers[:, None] + 0.5) / stretch[:, None], xp)
-    # Taps that fall outside the grid are dropped and the rest renormalised.
-    return weights / xp.sum(weights, axis=1, keepdims=True)
+    return _all_outputs(_bicubic_antialias_at, size_in, size_out, xp, dtype)
+
+
+def bilinear_antialias_weights(size_in, size_out, xp=np, dtype="float64"):
+    """The `(size_out, size_in)` weights of torch's bilinear resampling with
+    `antialias=True, align_corners=False` (the triangle kernel, stretched when
+    shrinking): HF's `Siglip2VisionEmbeddings.resize_positional_embeddings`.
+
+    Arguments as `bilinear_align_corners_weights`.
+
+    Example:
+
+    >>> (bilinear_antialias_weights(4, 2) * 7).tolist()
+    [[3.0, 3.0, 1.0, 0.0], [0.0, 1.0, 3.0, 3.0]]
+    """
+    return _all_outputs(_bilinear_antialias_at, size_in, size_out, xp, dtype)
 
 
 def bicubic_weights(size_in, size_out, xp=np, dtype="float64"):
@@ -100,24 +165,14 @@ def bicubic_weights(size_in, size_out, xp=np, dtype="float64"):
     >>> bicubic_weights(4, 4).tolist() == np.eye(4).tolist()
     True
     """
-    out = xp.arange(size_out, dtype=dtype)
-    source = size_in / (out[-1:] + 1.0) * (out + 0.5) - 0.5
-    # Every integer tap within two of a source point, from -2 to size_in + 1.
-    taps = xp.arange(-2, size_in + 2, dtype=dtype)
-    weights = _keys_cubic(source[:, None] - taps[None, :], xp, a=-0.75)
-    if size_in == 1:
-        return xp.sum(weights, axis=1, keepdims=True)
-    # torch clamps the tap indices: the taps before the grid weigh on its first entry,
-    # those after it on its last.
-    first = xp.sum(weights[:, :3], axis=1, keepdims=True)
-    last = xp.sum(weights[:, -3:], axis=1, keepdims=True)
-    return xp.concatenate([first, weights[:, 3:-3], last], axis=1)
+    return _all_outputs(_bicubic_at, size_in, size_out, xp, dtype)
 
 
-_WEIGHTS = {
-    "bilinear_align_corners": bilinear_align_corners_weights,
-    "bicubic_antialias": bicubic_antialias_weights,
-    "bicubic": bicubic_weights,
+_WEIGHTS_AT = {
+    "bilinear_align_corners": _bilinear_align_corners_at,
+    "bicubic_antialias": _bicubic_antialias_at,
+    "bicubic": _bicubic_at,
+    "bilinear_antialias": _bilinear_antialias_at,
 }
 
 
@@ -134,7 +189,7 @@ def interpolation_weights(size_in, size_out, interpolation, xp=np, dtype="float6
     [[1.0, 0.0, 0.0]]
     """
     check_interpolation(interpolation)
-    return _WEIGHTS[interpolation](size_in, size_out, xp, dtype)
+    return _all_outputs(_WEIGHTS_AT[interpolation], size_in, size_out, xp, dtype)
 
 
 def _resample(grid, size, interpolation, xp, dtype):
@@ -217,3 +272,46 @@ def resample_position_tensor(grid, size, interpolation="bicubic_antialias"):
         return grid
     dtype = keras.backend.standardize_dtype(grid.dtype)
     return _resample(grid, size, interpolation, ops, dtype)
+
+
+def resample_position_per_token(grid, token_grid, interpolation="bilinear_antialias"):
+    """A `(rows, cols, D)` grid resampled to each token's image grid, with `keras.ops`:
+    the position of every token of a batch of images of several sizes (NaFlex).
+
+    Token `t` of an image whose patch grid is `(h, w)`, at row `r` and column `c` of
+    it, gets `sum_jk Wh[r, j] Ww[c, k] grid[j, k]`, where `Wh` and `Ww` are the weights
+    of resampling the grid's rows to `h` and its columns to `w` with `interpolation`:
+    row `(r, c)` of the whole grid resampled to `(h, w)`, computed for the whole padded
+    batch at once (static shapes; no loop over images). Computed in float32.
+
+    Args:
+        grid: a `(rows, cols, D)` tensor.
+        token_grid: `(batch, tokens, 4)`, each token's `(row, col, h, w)` in its image
+            (`keras_vit.layers.naflex.NaFlexPatches`); padded tokens give any row and
+            column within their `(h, w)`.
+        interpolation: one of `INTERPOLATIONS`.
+
+    Returns:
+        `(batch, tokens, D)` float32 position embeddings.
+
+    Example:
+
+    >>> grid = keras.ops.reshape(keras.ops.arange(8.0), (2, 2, 2))
+    >>> # Column 1 of a 1 x 2 image (the mean of the grid's column 1), the first of a 3 x 3.
+    >>> tokens = keras.ops.convert_to_tensor([[[0, 1, 1, 2], [0, 0, 3, 3]]], "float32")
+    >>> keras.ops.convert_to_numpy(resample_position_per_token(grid, tokens)).tolist()
+    [[[4.0, 5.0], [0.0, 1.0]]]
+    """
+    check_interpolation(interpolation)
+    rows, cols, width = grid.shape
+    token_grid = ops.cast(token_grid, "float32")
+    weights_at = _WEIGHTS_AT[interpolation]
+    row_weights = weights_at(rows, token_grid[..., 0], token_grid[..., 2], ops, "float32")
+    col_weights = weights_at(cols, token_grid[..., 1], token_grid[..., 3], ops, "float32")
+    # The outer product of each token's two weight rows, applied to the flattened grid:
+    # one matrix product for the batch.
+    weights = row_weights[..., :, None] * col_weights[..., None, :]
+    shape = ops.shape(weights)
+    weights = ops.reshape(weights, (shape[0], shape[1], rows * cols))
+    flat = ops.reshape(ops.cast(grid, "float32"), (rows * cols, width))
+    return ops.matmul(weights, flat)

@@ -31,7 +31,9 @@ class RotaryEmbedding(keras.layers.Layer):
 
     Returns:
         From the patches `(batch, rows, cols, C)` (or flattened, with `grid_size`), the
-        float32 table `(prefix + rows * cols, 2 * head_dim)`: sines, then cosines.
+        float32 table `(prefix + rows * cols, 2 * head_dim)`: sines, then cosines. From a
+        NaFlex batch's patches and token grid, `call(patches, token_grid)`, the table
+        of each image's grid, `(batch, prefix + tokens, 2 * head_dim)`.
 
     Example:
 
@@ -55,43 +57,76 @@ class RotaryEmbedding(keras.layers.Layer):
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.temperature = float(temperature)
 
-    def call(self, patches):
+    def call(self, patches, token_grid=None):
+        if token_grid is not None:  # NaFlex: each token placed in its own image's grid
+            return self._token_table(token_grid)
         if len(patches.shape) == 4:  # a dynamic model's patch grid
             rows, cols = ops.shape(patches)[1], ops.shape(patches)[2]
         else:
             rows, cols = self.grid_size
-        bands = self.head_dim // 4
-        # arange(0, n): jax2onnx (JAX ONNX export) takes no arange(n) with stop None.
-        exponents = ops.arange(0, bands, dtype="float32") / bands
-        frequencies = 1.0 / ops.power(ops.cast(self.temperature, "float32"), exponents)
         # (size, bands) angles of the rows, then of the columns
-        axes = [self.positions(size, axis)[:, None] * frequencies
+        axes = [self.positions(size, axis)[:, None] * self._frequencies()
                 for axis, size in enumerate((rows, cols))]
         # Row-major grid: the row's angles, then the column's, for each patch.
         angles = ops.concatenate([
             ops.repeat(axes[0][:, None, :], cols, axis=1),
             ops.repeat(axes[1][None, :, :], rows, axis=0),
         ], axis=-1)
-        angles = ops.repeat(ops.reshape(angles, (-1, 2 * bands)), 2, axis=-1)
-        table = ops.concatenate([ops.sin(angles), ops.cos(angles)], axis=-1)
+        table = self._sines_cosines(ops.reshape(angles, (-1, angles.shape[-1])))
         prefix = ops.concatenate([
             ops.zeros((self.num_prefix_tokens, self.head_dim)),
             ops.ones((self.num_prefix_tokens, self.head_dim)),
         ], axis=-1)
         return ops.concatenate([prefix, table], axis=0)
 
+    def _frequencies(self):
+        bands = self.head_dim // 4
+        # arange(0, n): jax2onnx (JAX ONNX export) takes no arange(n) with stop None.
+        exponents = ops.arange(0, bands, dtype="float32") / bands
+        return 1.0 / ops.power(ops.cast(self.temperature, "float32"), exponents)
+
+    def _sines_cosines(self, angles):
+        """`(..., 2 * bands)` row | column angles -> `(..., 2 * head_dim)` sines | cosines,
+        each angle repeated for its interleaved channel pair."""
+        angles = ops.repeat(angles, 2, axis=-1)
+        return ops.concatenate([ops.sin(angles), ops.cos(angles)], axis=-1)
+
+    def _token_table(self, token_grid):
+        """The `(batch, prefix + tokens, 2 * head_dim)` table of a NaFlex batch, from each
+        token's `(row, col, rows, cols)` (`keras_vit.layers.naflex.NaFlexPatches`)."""
+        token_grid = ops.cast(token_grid, "float32")
+        angles = ops.concatenate([
+            self.positions_at(token_grid[..., axis], token_grid[..., 2 + axis], axis)[..., None]
+            * self._frequencies()
+            for axis in (0, 1)
+        ], axis=-1)
+        table = self._sines_cosines(angles)
+        batch = ops.shape(table)[0]
+        prefix = ops.concatenate([
+            ops.zeros((batch, self.num_prefix_tokens, self.head_dim)),
+            ops.ones((batch, self.num_prefix_tokens, self.head_dim)),
+        ], axis=-1)
+        return ops.concatenate([prefix, table], axis=1)
+
     def positions(self, size, axis):
         """The float32 positions of the `size` patches along one grid axis (`axis` 0:
-        rows, 1: columns) that the frequencies multiply: their indices, scaled to
-        `reference_grid` when it is set. A rotary embedding of another family places
-        its patches by overriding it."""
-        index = ops.arange(0, size, dtype="float32")
+        rows, 1: columns) that the frequencies multiply (`positions_at` each index)."""
+        return self.positions_at(ops.arange(0, size, dtype="float32"),
+                                 ops.cast(size, "float32"), axis)
+
+    def positions_at(self, index, size, axis):
+        """The float32 positions of patches at float `index` along one grid axis of
+        float length `size` (`axis` 0: rows, 1: columns; tensors of one shape, or
+        broadcasting): the indices, scaled to `reference_grid` when it is set. A rotary
+        embedding of another family places its patches by overriding it."""
         if self.reference_grid is None:
             return index
         # timm's order: index / size * reference
-        return index / ops.cast(size, "float32") * self.reference_grid[axis]
+        return index / size * self.reference_grid[axis]
 
-    def compute_output_spec(self, patches):
+    def compute_output_spec(self, patches, token_grid=None):
+        if token_grid is not None:
+            return keras.KerasTensor((patches.shape[0], None, 2 * self.head_dim), "float32")
         patches_count = None
         if len(patches.shape) != 4:
             patches_count = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
@@ -110,9 +145,10 @@ class RotaryEmbedding(keras.layers.Layer):
 
 def rotate(x, table):
     """`x` (`(..., tokens, heads, head_dim)`) rotated by a `RotaryEmbedding` table
-    (`(tokens, 2 * head_dim)`): `x * cos + rot(x) * sin`, `rot` turning each
-    interleaved channel pair `(a, b)` into `(-b, a)` (timm's `apply_rot_embed_cat`)."""
-    sin, cos = (ops.cast(t[:, None, :], x.dtype) for t in ops.split(table, 2, axis=-1))
+    (`(tokens, 2 * head_dim)`, or `(batch, tokens, 2 * head_dim)` for a NaFlex batch):
+    `x * cos + rot(x) * sin`, `rot` turning each interleaved channel pair `(a, b)` into
+    `(-b, a)` (timm's `apply_rot_embed_cat`)."""
+    sin, cos = (ops.cast(t[..., None, :], x.dtype) for t in ops.split(table, 2, axis=-1))
     pairs = ops.reshape(x, (*ops.shape(x)[:-1], -1, 2))
     turned = ops.reshape(ops.stack([-pairs[..., 1], pairs[..., 0]], axis=-1), ops.shape(x))
     return x * cos + turned * sin

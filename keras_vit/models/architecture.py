@@ -28,10 +28,10 @@ SIZE_ARGUMENTS = ("patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_di
 FAMILY_SWITCHES = (
     "distilled", "distillation_head", "no_embed_class", "layer_scale_init",
     "layer_norm_epsilon", "num_registers", "mlp", "pre_norm", "quick_gelu", "patch_bias",
-    "projection_dim", "rope", "rope_reference_grid", "mlp_norm", "fc_norm",
+    "projection_dim", "rope", "rope_reference_grid", "mlp_norm", "fc_norm", "naflex",
 )
 BOOLEAN_SWITCHES = ("distilled", "distillation_head", "no_embed_class", "pre_norm", "quick_gelu",
-                    "patch_bias", "mlp_norm", "fc_norm")
+                    "patch_bias", "mlp_norm", "fc_norm", "naflex")
 RATE_ARGUMENTS = ("dropout_rate", "attention_dropout_rate", "drop_path_rate")
 CLASSIFIERS = ("token", "gap", "token_gap", "map", "avg")
 # The classifiers that put a class token in front of the patches.
@@ -106,6 +106,7 @@ class Architecture:
     rope_reference_grid: Optional[tuple] = None
     mlp_norm: bool = False
     fc_norm: bool = False
+    naflex: bool = False
     remat: bool = False
 
     def __post_init__(self):
@@ -159,6 +160,22 @@ class Architecture:
             )
         if self.preprocessing is not None:
             normalise("preprocessing", check_preprocessing(self.preprocessing))
+        if self.naflex:
+            self._check_naflex()
+
+    def _check_naflex(self):
+        """Refuses what a NaFlex model (already cut patches of several grids) cannot have."""
+        for name, given, why in (
+            ("dynamic_image_size", self.dynamic_image_size, "takes images"),
+            ("resnet_stages", self.resnet_stages is not None, "cuts a trunk's feature map"),
+            ("remat", self.remat, "rematerialises blocks called with the tokens alone"),
+            ("distilled", self.distilled and self.distillation_head, "pools two tokens"),
+        ):
+            if given:
+                raise ValueError(
+                    f"naflex=True takes patches already cut, but {name}={getattr(self, name)!r} "
+                    f"{why}: pass one of them."
+                )
 
     def _check_family(self):
         """Checks the family switches, against each other and `classifier`."""

@@ -40,7 +40,8 @@ class ViTParts:
     Attributes:
         stem: a hybrid's ResNet trunk (`keras_vit.models.resnet.ResNetParts`), or None.
         patches: the `Patches` layer, cutting the images (a hybrid: the trunk's
-            feature map) into flattened patches.
+            feature map) into flattened patches; a NaFlex model's `NaFlexPatches`,
+            placing each of its patches in its image's grid.
         patch_encoder: the `PatchEncoder`: the patch embedding (`patch_embedding`)
             and the position table (`position_table()`).
         class_token: the `ClassToken` of a `classifier="token"` (or `"token_gap"`)
@@ -304,7 +305,9 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             another: a registered layer whose constructor takes `head_dim`,
             `grid_size` and `num_prefix_tokens` (the model fills them in, with its
             name) and whose `call(patches)` returns the `(tokens, 2 * head_dim)`
-            sines | cosines that `keras_vit.layers.rope.rotate` applies.
+            sines | cosines that `keras_vit.layers.rope.rotate` applies (in a
+            `naflex` model `call(patches, token_grid)`, each image's:
+            `(batch, tokens, 2 * head_dim)`).
         rope_reference_grid: with `rope`, the `(rows, cols)` patch grid the rotary
             positions are scaled to at every image size (timm's `ref_feat_shape`;
             EVA-02: `(16, 16)`), or None for the grid's own indices.
@@ -313,6 +316,15 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         fc_norm: the final LayerNorm normalises the pooled features rather than the
             tokens (timm's `fc_norm`, on by default with `global_pool="avg"`, as in
             EVA-02); `pooling=False` still outputs the normalised tokens.
+        naflex: the model takes NaFlex inputs (SigLIP 2's native resolution, HF's
+            `Siglip2VisionModel`): a dict of `patches` `(batch, tokens, P * P *
+            channels)`, images of any sizes each cut into its own patch grid and padded
+            to one token count, `patch_mask` `(batch, tokens)` (1: a real patch) and
+            `spatial_shapes` `(batch, 2)` (each image's patch rows and columns), as
+            `keras_vit.naflex_inputs` makes them. The position table (of `image_size`'s
+            grid) is resampled to each image's grid with `pos_interpolation` (SigLIP 2:
+            `"bilinear_antialias"`; `"learned2d"`: its row and column tables, NaViT's
+            factorised embeddings); padded tokens take no part in attention or pooling.
         remat: rematerialise each transformer block (`keras.RematScope`): training
             keeps only the blocks' inputs for the backward pass and recomputes the rest,
             less memory for more compute, the same numbers (big_vision's `remat`).
@@ -386,6 +398,7 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         rope_reference_grid=None,
         mlp_norm=False,
         fc_norm=False,
+        naflex=False,
         remat=False,
         **kwargs,
     ):
@@ -558,6 +571,15 @@ def _rotary_embedding(rope, *, head_dim, grid_size, num_prefix_tokens, reference
     return layer
 
 
+def _naflex_inputs(arch):
+    """The inputs of a NaFlex model: `keras_vit.naflex_inputs`' dict, any token count."""
+    return {
+        "patches": keras.Input((None, arch.patch_size**2 * arch.channels), name="patches"),
+        "patch_mask": keras.Input((None,), name="patch_mask"),
+        "spatial_shapes": keras.Input((2,), dtype="int32", name="spatial_shapes"),
+    }
+
+
 def _build_graph(arch):
     """The model's input, output and `ViTParts`, from its `Architecture`.
 
@@ -565,18 +587,25 @@ def _build_graph(arch):
     `keras_vit.training.jax_distribution` shards them by: `BLOCK_NAME` for the blocks.
     """
     grid = arch.grid_size  # the patches of the trained size
-    shape = (None, None) if arch.dynamic_image_size else arch.image_size
-    images = keras.Input((*shape, arch.channels), name="images")
-    stem = None
-    x = images
-    if arch.dynamic_image_pad:
-        x = vit_layers.PadToMultiple(arch.stride, name="pad")(x)
-    if arch.resnet_stages is not None:
-        x, stem = resnet.resnet_trunk(x, arch.resnet_stages)
-    # A dynamic model's patches keep their grid, to which the position table is resampled.
-    patches = vit_layers.Patches(
-        arch.patch_size, flatten=not arch.dynamic_image_size, name="patches"
-    )
+    stem = token_grid = patch_mask = None
+    if arch.naflex:
+        images = _naflex_inputs(arch)
+        patches = vit_layers.NaFlexPatches(arch.patch_size, arch.channels, name="naflex_patches")
+        patch_grid, token_grid = patches(images["patches"], images["spatial_shapes"])
+        patch_mask = images["patch_mask"]
+    else:
+        shape = (None, None) if arch.dynamic_image_size else arch.image_size
+        images = keras.Input((*shape, arch.channels), name="images")
+        x = images
+        if arch.dynamic_image_pad:
+            x = vit_layers.PadToMultiple(arch.stride, name="pad")(x)
+        if arch.resnet_stages is not None:
+            x, stem = resnet.resnet_trunk(x, arch.resnet_stages)
+        # A dynamic model's patches keep their grid, to which the position table is resampled.
+        patches = vit_layers.Patches(
+            arch.patch_size, flatten=not arch.dynamic_image_size, name="patches"
+        )
+        patch_grid = patches(x)
     patch_encoder = vit_layers.PatchEncoder(
         arch.hidden_dim,
         grid_size=grid,
@@ -585,8 +614,7 @@ def _build_graph(arch):
         use_bias=arch.patch_bias,
         name="patch_encoder",
     )
-    patch_grid = patches(x)
-    x = patch_encoder(patch_grid)
+    x = patch_encoder(patch_grid) if token_grid is None else patch_encoder(patch_grid, token_grid)
     class_token = distillation_token = registers = None
     # Prefix tokens learn their own position rows unless no_embed_class.
     use_position = arch.pos_embedding.startswith("learned") and not arch.no_embed_class
@@ -608,6 +636,11 @@ def _build_graph(arch):
     if arch.pre_norm:  # after the position embedding and its dropout, as timm's norm_pre
         pre = vit_layers.LayerNormalization(epsilon=arch.layer_norm_epsilon, name="pre_norm")
         x = pre(x)
+    token_mask = None
+    if patch_mask is not None:  # the tokens in front of the patches are never padding
+        prefix = sum(t is not None for t in (class_token, distillation_token)) + arch.num_registers
+        token_mask = vit_layers.TokenMask(prefix, name="token_mask")(patch_mask)
+    masked = {} if token_mask is None else {"token_mask": token_mask}
     rotary = table = None
     if arch.rope:  # one table of the patch grid's rotations, which every block applies
         rotary = _rotary_embedding(
@@ -618,7 +651,7 @@ def _build_graph(arch):
             + arch.num_registers,
             reference_grid=arch.rope_reference_grid,
         )
-        table = rotary(patch_grid)
+        table = rotary(patch_grid) if token_grid is None else rotary(patch_grid, token_grid)
     blocks = []
     names = [BLOCK_NAME.format(index=i) for i in range(arch.num_layers)]
     # Keras rematerialises a layer made under a RematScope that names it (its sublayers,
@@ -645,7 +678,7 @@ def _build_graph(arch):
                 name=names[i],
             )
         blocks.append(block)
-        x = block(x) if table is None else block(x, rope=table)
+        x = block(x, **masked) if table is None else block(x, rope=table, **masked)
     norm = vit_layers.LayerNormalization(
         epsilon=arch.layer_norm_epsilon, name="fc_norm" if arch.fc_norm else "encoder_norm"
     )
@@ -679,7 +712,7 @@ def _build_graph(arch):
                 if arch.classifier in ("token_gap", "avg") else 0,
                 name="pool",
             )
-        x = pool(tokens)
+        x = pool(tokens, **masked)
         if pooled_norm:
             x = norm(x)
         if arch.representation_size:

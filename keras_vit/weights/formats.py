@@ -314,7 +314,8 @@ def hf_model_arguments(source):
     (DeiT's teacher form too) and `*Model`; the vision towers `SiglipVisionModel` and
     `CLIPVisionModel` (their `pooler_output`), `CLIPVisionModelWithProjection`
     (`image_embeds`), and the image side of a full `SiglipModel` or `CLIPModel` (its
-    `vision_config`).
+    `vision_config`); SigLIP 2's NaFlex `Siglip2VisionModel` and `Siglip2Model`
+    (`naflex=True`).
 
     Raises a `ValueError` naming what keras-vit cannot build (another architecture,
     activation, or attention without biases).

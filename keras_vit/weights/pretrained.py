@@ -385,8 +385,12 @@ def _position_assignments(layout, table, interpolation, report, checkpoint_grid=
 
 
 def _resample_patches(params, current, report):
-    # FlexiViT: a checkpoint trained at another patch size serves this one.
     got, want = params.get("embedding/kernel"), current["embedding/kernel"]
+    # A Linear on flattened patches (HF's Siglip2, NaFlex) holds the official kernel's
+    # values in its (row, column, channel) order: the model's patches are its own.
+    if got is not None and got.ndim == 2 and got.shape == (np.prod(want.shape[:3]), want.shape[3]):
+        params["embedding/kernel"] = got = got.reshape(want.shape)
+    # FlexiViT: a checkpoint trained at another patch size serves this one.
     if got is None or got.ndim != 4 or got.shape[2:] != want.shape[2:]:
         return
     if got.shape[:2] != want.shape[:2]:
@@ -897,7 +901,7 @@ def pretrained(name, **kwargs):
     if source.kind in ("hf", "hf_directory") or own_config:
         arguments = source.arguments
         # What leaves the weights as they are may be changed.
-        free = {"include_top", "pooling", "dynamic_image_size", "pos_interpolation"}
+        free = {"include_top", "pooling", "dynamic_image_size", "pos_interpolation", "naflex"}
         clashes = sorted(set(kwargs) & (set(arguments) - free))
         if clashes:
             raise ValueError(

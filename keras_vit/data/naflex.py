@@ -1,0 +1,117 @@
+"""Images of any sizes to the inputs of a NaFlex model (`keras_vit.ViT(naflex=True)`),
+without TensorFlow: `naflex_inputs`, the pixels of HF's `Siglip2ImageProcessor`.
+
+Each image is resized, its aspect kept, to the largest patch grid within the token
+budget (`naflex_size`, the processor's search), by PIL's bilinear resize (the
+processor's, antialiased, in 8-bit fixed point: the same pixels), normalised, cut into
+patches flattened in (row, column, channel) order and padded to the budget.
+"""
+
+import math
+
+import numpy as np
+from PIL import Image
+
+from keras_vit.models.preprocessing import check_preprocessing
+from keras_vit.utils.checks import check_positive_int
+
+# SigLIP 2's: pixels to [-1, 1], PIL's bilinear resize.
+SIGLIP2_PREPROCESSING = dict(mean=(0.5,) * 3, std=(0.5,) * 3, interpolation="bilinear",
+                             antialias=True, crop_fraction=None)
+
+
+def naflex_size(height, width, patch_size, max_num_patches):
+    """The `(height, width)` in pixels an image of `height` x `width` is resized to: the
+    largest scale whose sides, each rounded up to a multiple of `patch_size` (at least
+    one patch), make at most `max_num_patches` patches. The scale is found by HF's
+    bisection (`get_image_size_for_max_num_patches`, to 1e-5), so the sizes are its.
+
+    Example:
+
+    >>> naflex_size(480, 640, 16, 256)
+    (224, 288)
+    >>> naflex_size(10, 1000, 16, 256)
+    (32, 2048)
+    """
+
+    def scaled(side, scale):
+        return max(patch_size, math.ceil(side * scale / patch_size) * patch_size)
+
+    low, high = 1e-6, 100.0
+    while high - low >= 1e-5:
+        scale = (low + high) / 2
+        patches = scaled(height, scale) * scaled(width, scale) / patch_size**2
+        if patches <= max_num_patches:
+            low = scale
+        else:
+            high = scale
+    return scaled(height, low), scaled(width, low)
+
+
+def naflex_inputs(images, patch_size=16, max_num_patches=256, preprocessing=None):
+    """The NaFlex inputs of a batch of images of any sizes, as HF's
+    `Siglip2ImageProcessor` makes them (`pixel_values`, `pixel_attention_mask`,
+    `spatial_shapes`), under the names a `keras_vit.ViT(naflex=True)` takes.
+
+    Args:
+        images: a list of `(height, width, channels)` uint8 images (1 or 3 channels),
+            each of its own size.
+        patch_size: the model's patch size.
+        max_num_patches: the token budget: every image's patch grid holds at most
+            this many patches, and every image is padded to it.
+        preprocessing: the model's preprocessing dict (`model.preprocessing`; its mean
+            and std normalise; its resize must be the antialiased bilinear), or None
+            for SigLIP 2's (`SIGLIP2_PREPROCESSING`).
+
+    Returns:
+        A dict of NumPy arrays: `patches` `(batch, max_num_patches, P * P * channels)`
+        float32, `patch_mask` `(batch, max_num_patches)` int32 (1: a real patch),
+        `spatial_shapes` `(batch, 2)` int32 (each image's patch rows and columns).
+
+    Example:
+
+    >>> inputs = naflex_inputs([np.zeros((48, 96, 3), np.uint8)], patch_size=16,
+    ...                        max_num_patches=20)
+    >>> inputs["patches"].shape, inputs["spatial_shapes"].tolist(), int(inputs["patch_mask"].sum())
+    ((1, 20, 768), [[3, 6]], 18)
+    """
+    check_positive_int("patch_size", patch_size)
+    check_positive_int("max_num_patches", max_num_patches)
+    preprocessing = check_preprocessing(preprocessing or SIGLIP2_PREPROCESSING)
+    if (preprocessing["interpolation"], preprocessing["antialias"]) != ("bilinear", True):
+        raise ValueError(
+            f"naflex_inputs resizes as Siglip2ImageProcessor does (PIL's antialiased bilinear), "
+            f"but the preprocessing asks for interpolation={preprocessing['interpolation']!r}, "
+            f"antialias={preprocessing['antialias']}: pass a NaFlex model's preprocessing."
+        )
+    if isinstance(images, np.ndarray) and images.ndim == 3:
+        images = [images]
+    mean = np.asarray(preprocessing["mean"], np.float32)
+    std = np.asarray(preprocessing["std"], np.float32)
+    patches, masks, shapes = [], [], []
+    for index, image in enumerate(images):
+        image = np.asarray(image)
+        if image.ndim != 3 or image.shape[-1] not in (1, 3) or image.dtype != np.uint8:
+            raise ValueError(
+                f"naflex_inputs takes uint8 (height, width, 1 or 3) images, but image {index} "
+                f"is {image.dtype} of shape {image.shape}: convert it with "
+                "PIL.Image.open(path).convert('RGB')."
+            )
+        height, width = naflex_size(*image.shape[:2], patch_size, max_num_patches)
+        resized = Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image).resize(
+            (width, height), Image.Resampling.BILINEAR)
+        pixels = np.asarray(resized, np.float32).reshape(height, width, image.shape[-1])
+        pixels = (pixels / np.float32(255) - mean) / std
+        rows, cols, channels = height // patch_size, width // patch_size, pixels.shape[-1]
+        grid = pixels.reshape(rows, patch_size, cols, patch_size, channels)
+        flat = grid.transpose(0, 2, 1, 3, 4).reshape(rows * cols, -1)
+        padded = np.zeros((max_num_patches, flat.shape[1]), np.float32)
+        padded[: rows * cols] = flat
+        patches.append(padded)
+        masks.append(np.arange(max_num_patches) < rows * cols)
+        shapes.append((rows, cols))
+    return {
+        "patches": np.stack(patches),
+        "patch_mask": np.stack(masks).astype(np.int32),
+        "spatial_shapes": np.asarray(shapes, np.int32),
+    }
