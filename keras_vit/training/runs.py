@@ -86,7 +86,7 @@ def hold(folder):
     ...
     keras_vit.training.runs.RunFolderBusy: ... is in use by another run (pid ...
     """
-    if fcntl is None or "://" in str(folder):
+    if fcntl is None or paths.is_url(folder):
         yield
         return
     descriptor = os.open(os.path.join(folder, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
@@ -361,7 +361,7 @@ def _run_file(source, name):
     if not described.is_model or described.location.startswith(("http://", "https://")):
         return None
     path = described.path
-    folder = os.path.dirname(path if "://" in path else os.path.abspath(path))
+    folder = os.path.dirname(path if paths.is_url(path) else os.path.abspath(path))
     for candidate in (folder, os.path.dirname(folder)):
         path = os.path.join(candidate, name)
         if paths.exists(path):

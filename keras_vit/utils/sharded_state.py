@@ -16,13 +16,14 @@ import jax
 import keras
 import numpy as np
 
+from keras_vit.utils import paths
 from keras_vit.utils.errors import DamagedModel
 
 
 def _orbax_path(path):
     """`path` as Orbax takes it (every function here takes any other): absolute, or a
     URL (`gs://`) as it is."""
-    return path if "://" in path else os.path.abspath(path)
+    return path if paths.is_url(path) else os.path.abspath(path)
 
 
 def is_sharded(variables):
