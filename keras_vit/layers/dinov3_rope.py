@@ -2,8 +2,6 @@
 
 import math
 
-from keras import ops
-
 from keras_vit.layers.rope import RotaryEmbedding
 from keras_vit.utils.serialization import serializable
 

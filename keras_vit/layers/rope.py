@@ -72,12 +72,7 @@ class RotaryEmbedding(keras.layers.Layer):
             ops.repeat(axes[0][:, None, :], cols, axis=1),
             ops.repeat(axes[1][None, :, :], rows, axis=0),
         ], axis=-1)
-        table = self._sines_cosines(ops.reshape(angles, (-1, angles.shape[-1])))
-        prefix = ops.concatenate([
-            ops.zeros((self.num_prefix_tokens, self.head_dim)),
-            ops.ones((self.num_prefix_tokens, self.head_dim)),
-        ], axis=-1)
-        return ops.concatenate([prefix, table], axis=0)
+        return self._with_prefix(self._sines_cosines(ops.reshape(angles, (-1, angles.shape[-1]))))
 
     def _frequencies(self):
         bands = self.head_dim // 4
@@ -100,13 +95,14 @@ class RotaryEmbedding(keras.layers.Layer):
             * self._frequencies()
             for axis in (0, 1)
         ], axis=-1)
-        table = self._sines_cosines(angles)
-        batch = ops.shape(table)[0]
-        prefix = ops.concatenate([
-            ops.zeros((batch, self.num_prefix_tokens, self.head_dim)),
-            ops.ones((batch, self.num_prefix_tokens, self.head_dim)),
-        ], axis=-1)
-        return ops.concatenate([prefix, table], axis=1)
+        return self._with_prefix(self._sines_cosines(angles))
+
+    def _with_prefix(self, table):
+        """`table` `(..., tokens, 2 * head_dim)` after the rows of the prefix tokens, which
+        are not rotated (sines 0, cosines 1)."""
+        shape = (*ops.shape(table)[:-2], self.num_prefix_tokens, self.head_dim)
+        prefix = ops.concatenate([ops.zeros(shape), ops.ones(shape)], axis=-1)
+        return ops.concatenate([prefix, table], axis=-2)
 
     def positions(self, size, axis):
         """The float32 positions of the `size` patches along one grid axis (`axis` 0:
