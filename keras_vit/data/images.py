@@ -114,11 +114,16 @@ def resize(pixels, size, interpolation="bilinear", antialias=None):
     `keras_vit.data.decode.resize` (`tf.image.resize`) resizes them, to the bit.
 
     Args:
-        pixels: float32 pixels in [0, 255].
+        pixels: uint8 pixels, or float32 pixels in [0, 255]. uint8 pixels are
+            converted to float32 (exactly) only as the filter's taps gather them, so a
+            large image costs its taps rather than a float32 copy of it all.
         size: `(height, width)`.
         interpolation: `"bilinear"` or `"bicubic"`.
         antialias: whether the filter widens when shrinking (PIL's), or None for
             `interpolation`'s (`resize_filter`).
+
+    Returns:
+        float32 pixels `(*size, channels)`.
 
     Example:
 
@@ -126,7 +131,9 @@ def resize(pixels, size, interpolation="bilinear", antialias=None):
     [[0.0, 2.5, 7.5, 10.0]]
     """
     interpolation, antialias = resize_filter(interpolation, antialias)
-    pixels = np.asarray(pixels, np.float32)
+    pixels = np.asarray(pixels)
+    if pixels.dtype != np.uint8:
+        pixels = pixels.astype(np.float32, copy=False)
     if not antialias:
         return _bilinear(pixels, size)
     rows = _spans(pixels.shape[0], size[0], interpolation)
@@ -149,13 +156,18 @@ def _bilinear(pixels, size):
 
     top, bottom, y = taps(pixels.shape[0], size[0])
     left, right, x = taps(pixels.shape[1], size[1])
-    x = x[None, :, None]
+    channels = pixels.shape[-1]
+    x = np.repeat(x, channels)  # rows as (width * channels): the products run along them
 
     def along_row(rows):
-        return rows[:, left] + (rows[:, right] - rows[:, left]) * x
+        def columns(index):
+            return np.take(rows, index, axis=1).astype(np.float32).reshape(len(rows), -1)
+
+        rows_left = columns(left)
+        return rows_left + (columns(right) - rows_left) * x
 
     upper, lower = along_row(pixels[top]), along_row(pixels[bottom])
-    return upper + (lower - upper) * y[:, None, None]
+    return (upper + (lower - upper) * y[:, None]).reshape(*size, channels)
 
 
 def _kernel(interpolation, x):
