@@ -13,13 +13,11 @@ import io
 import logging
 import os
 
-import keras
 import numpy as np
 from PIL import Image
 
 from keras_vit.data import headers, libjpeg
-from keras_vit.models.preprocessing import DEFAULT, check_preprocessing, resize_filter
-from keras_vit.models.vit import preprocess
+from keras_vit.models.preprocessing import DEFAULT, check_preprocessing, normalize, resize_filter
 
 logger = logging.getLogger("keras_vit")
 
@@ -243,10 +241,12 @@ def read_images(paths, image_size, *, channels=3, crop_fraction=None, preprocess
     """Image files as one batch of model inputs, `(len(paths), size, size, channels)`.
 
     Checked without decoding first (`headers.image_problem`: damaged files and those
-    over the pixel limit are refused), decoded (`decode_file`: JPEG, PNG, GIF, BMP,
-    WebP), brought to `image_size` by `eval_resize` (the whole image, or a run's central
-    crop) with the resize of `preprocessing` (a model's: `model_preprocessing`) and
-    normalised by it (`keras_vit.preprocess`; None: scaled to [-1, 1]). A missing,
+    over the pixel limit are refused), decoded (a JPEG that libjpeg decodes without a
+    warning once, by `libjpeg.decode_clean`; anything else by `decode_file`: JPEG, PNG,
+    GIF, BMP, WebP; the same pixels), brought to `image_size` by `eval_resize` (the
+    whole image, or a run's central crop) with the resize of `preprocessing` (a model's:
+    `model_preprocessing`) and normalised by it in NumPy (`normalize`, the numbers of
+    `keras_vit.preprocess`; None: scaled to [-1, 1]). A missing,
     unreadable (no permission, a folder), damaged or oversize file is an error naming
     it; a JPEG that decodes with a libjpeg warning is used, named in one logged line
     (`libjpeg.kept_line`).
@@ -274,12 +274,14 @@ def read_images(paths, image_size, *, channels=3, crop_fraction=None, preprocess
         problem = headers.image_problem(payload)
         if problem:
             raise ValueError(f"{path!r} is not a readable image: {problem}.")
-        try:
-            image = decode_file(payload, channels)
-        except ValueError as error:
-            raise ValueError(f"{path!r} is not a readable image: {error}") from None
-        warning = libjpeg.message(payload)  # cheap for the files of a call
-        if warning:
-            logger.warning(libjpeg.kept_line(path, warning))
+        image = libjpeg.decode_clean(payload, channels) if channels in (1, 3) else None
+        if image is None:  # not a clean JPEG: PIL, and libjpeg's warning if any
+            try:
+                image = decode_file(payload, channels)
+            except ValueError as error:
+                raise ValueError(f"{path!r} is not a readable image: {error}") from None
+            warning = libjpeg.message(payload)
+            if warning:
+                logger.warning(libjpeg.kept_line(path, warning))
         images.append(eval_resize(image, size, crop_fraction, preprocessing))
-    return keras.ops.convert_to_numpy(preprocess(np.stack(images), preprocessing))
+    return normalize(np.stack(images).astype(np.float32, copy=False), preprocessing)
