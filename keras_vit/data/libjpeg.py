@@ -11,7 +11,6 @@ across runs) and never changes what is trained.
 """
 
 import logging
-import os
 import threading
 
 import simplejpeg
