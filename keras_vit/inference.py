@@ -62,8 +62,9 @@ def auto_precision(device, flags):
 def with_precision(model, precision):
     """`model` computing in `precision`: itself where its dtype policy is that
     precision's (`POLICIES`), else a copy built with that policy holding its weights
-    (float32 either way: the same values). The copy is kept for the next call with the
-    same model and precision, its weights copied again each time.
+    (float32 either way: the same values), compiled with the model's `jit_compile` where
+    the model was compiled. The copy is kept for the next call with the same model and
+    precision, its weights copied again each time.
 
     Args:
         model: a `keras_vit.ViT` model, not quantized.
@@ -98,6 +99,8 @@ def with_precision(model, precision):
     copies = _copies.setdefault(model, {})
     if policy not in copies:
         copies[policy] = type(model).from_config({**config, "dtype": policy})
+        if model.compiled:  # its predict step compiled as the model's (XLA, torch.compile)
+            copies[policy].compile(jit_compile=model.jit_compile)
     copy = copies[policy]
     copy.set_weights(model.get_weights())
     return copy

@@ -253,12 +253,16 @@ def test_bfloat16_classify_is_float32s_within_bfloat16_rounding(photo_files):
 
 
 def test_the_bfloat16_copy_follows_the_models_weights(photo_files):
-    """The copy is made once per model and precision, its weights copied on each call:
-    after the model's weights change, bfloat16 classifies as the new float32 model."""
+    """The copy is made once per model and precision, compiled as the model was
+    (`jit_compile`), its weights copied on each call: after the model's weights change,
+    bfloat16 classifies as the new float32 model."""
     from keras_vit.inference import with_precision
 
     model, other = _classifier(seed=0), _classifier(seed=1)
+    for each in (model, other):
+        each.compile(jit_compile=False)  # XLA is the default on TensorFlow and JAX
     copy = with_precision(model, "bfloat16")
+    assert copy.compiled and copy.jit_compile is False
     model.set_weights(other.get_weights())
     assert with_precision(model, "bfloat16") is copy
     for mine, theirs in zip(copy.weights, other.weights):
