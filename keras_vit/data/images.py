@@ -13,11 +13,13 @@ import io
 import logging
 import os
 
+import keras
 import numpy as np
 from PIL import Image
 
 from keras_vit.data import headers, libjpeg
-from keras_vit.models.preprocessing import DEFAULT, check_preprocessing, normalize, resize_filter
+from keras_vit.models.preprocessing import DEFAULT, check_preprocessing, resize_filter
+from keras_vit.models.vit import preprocess
 
 logger = logging.getLogger("keras_vit")
 
@@ -245,8 +247,8 @@ def read_images(paths, image_size, *, channels=3, crop_fraction=None, preprocess
     warning once, by `libjpeg.decode_clean`; anything else by `decode_file`: JPEG, PNG,
     GIF, BMP, WebP; the same pixels), brought to `image_size` by `eval_resize` (the
     whole image, or a run's central crop) with the resize of `preprocessing` (a model's:
-    `model_preprocessing`) and normalised by it in NumPy (`normalize`, the numbers of
-    `keras_vit.preprocess`; None: scaled to [-1, 1]). A missing,
+    `model_preprocessing`) and normalised by it (`keras_vit.preprocess`; None: scaled
+    to [-1, 1]). A missing,
     unreadable (no permission, a folder), damaged or oversize file is an error naming
     it; a JPEG that decodes with a libjpeg warning is used, named in one logged line
     (`libjpeg.kept_line`).
@@ -284,4 +286,4 @@ def read_images(paths, image_size, *, channels=3, crop_fraction=None, preprocess
             if warning:
                 logger.warning(libjpeg.kept_line(path, warning))
         images.append(eval_resize(image, size, crop_fraction, preprocessing))
-    return normalize(np.stack(images).astype(np.float32, copy=False), preprocessing)
+    return keras.ops.convert_to_numpy(preprocess(np.stack(images), preprocessing))
