@@ -10,6 +10,7 @@ role for every module that works on a model's weights or intermediate outputs.
 
 import contextlib
 import dataclasses
+import difflib
 from typing import Optional
 
 import keras
@@ -402,6 +403,15 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         remat=False,
         **kwargs,
     ):
+        unknown = sorted(set(kwargs) - {"trainable"})  # Keras' Model ignores the others
+        if unknown:
+            names = [field.name for field in dataclasses.fields(Architecture)]
+            close = difflib.get_close_matches(unknown[0], names, n=1)
+            raise TypeError(
+                f"VisionTransformer got an unknown argument {unknown[0]!r}"
+                + (f": did you mean {close[0]!r}?" if close else
+                   ": see help(keras_vit.VisionTransformer) for its arguments.")
+            )
         given = locals()  # the architecture arguments, read by the fields' names
         arch = Architecture(**{
             field.name: given[field.name] for field in dataclasses.fields(Architecture)
