@@ -654,7 +654,7 @@ def _build_graph(arch):
     if arch.classifier in CLASS_TOKEN_CLASSIFIERS:
         class_token = vit_layers.ClassToken(use_position=use_position, name="class_token")
         prefixed = class_token(prefixed)
-    x = vit_layers.PackSlots(name="pack_slots")(prefixed, x) if prefixed is not x else x
+    x = vit_layers.PackSlots(name="pack_slots")(prefixed, x) if packed and num_prefix else prefixed
     dropout = keras.layers.Dropout(arch.dropout_rate, name="embedding_dropout")
     x = dropout(x)
     pre = None
