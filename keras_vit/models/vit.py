@@ -41,7 +41,8 @@ class ViTParts:
         stem: a hybrid's ResNet trunk (`keras_vit.models.resnet.ResNetParts`), or None.
         patches: the `Patches` layer, cutting the images (a hybrid: the trunk's
             feature map) into flattened patches; a NaFlex model's `NaFlexPatches`,
-            placing each of its patches in its image's grid.
+            placing each of its patches in its image's grid (a packed model's
+            `PackedNaFlexPatches`, in its slot's image's grid).
         patch_encoder: the `PatchEncoder`: the patch embedding (`patch_embedding`)
             and the position table (`position_table()`).
         class_token: the `ClassToken` of a `classifier="token"` (or `"token_gap"`)
