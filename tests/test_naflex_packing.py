@@ -135,6 +135,40 @@ def test_the_variables_are_the_unpacked_and_fixed_size_models(family):
     assert variables(packed) == variables(unpacked) == variables(fixed)
 
 
+def _unpacked_batch(images, tokens=TOKENS):
+    """All the images of `images` (rows) as one unpacked NaFlex batch, padded."""
+    alone = [_alone(image) for row in images for image in row]
+    patches = np.zeros((len(alone), tokens, PATCH * PATCH * 3), "float32")
+    mask = np.zeros((len(alone), tokens), "int32")
+    for i, one in enumerate(alone):
+        count = one["patches"].shape[1]
+        patches[i, :count], mask[i, :count] = one["patches"][0], 1
+    shapes = np.concatenate([one["spatial_shapes"] for one in alone])
+    return {"patches": patches, "patch_mask": mask, "spatial_shapes": shapes}
+
+
+def test_a_training_step_on_packed_rows_is_one_on_the_images_unpacked():
+    """The contract's training batch (per-slot labels, sample weights 0 for the empty
+    slot) takes the SGD step that the same images take unpacked: the same summed loss,
+    so the same gradients, through the slot masks, the pooling and the per-slot prefix."""
+    packed, unpacked = _models(FAMILIES["registers_dinov2"] | dict(include_top=True,
+                                                                  num_classes=5))
+    images = _images()
+    rng = np.random.default_rng(3)
+    labels = np.eye(5, dtype="float32")[rng.integers(0, 5, (len(ROWS), SLOTS))]
+    weights = np.asarray([[1.0] * len(row) + [0.0] * (SLOTS - len(row)) for row in ROWS],
+                         "float32")
+    for model in (packed, unpacked):
+        model.compile(optimizer=keras.optimizers.SGD(1.0),
+                      loss=keras.losses.CategoricalCrossentropy(from_logits=True,
+                                                                reduction="sum"))
+    packed.train_on_batch(_packed(images), labels, sample_weight=weights)
+    unpacked.train_on_batch(_unpacked_batch(images), labels[weights == 1])
+    for after, expected in zip(packed.weights, unpacked.weights):
+        np.testing.assert_allclose(as_numpy(after), as_numpy(expected), rtol=0, atol=1e-5,
+                                   err_msg=after.path)
+
+
 def test_keras_file_round_trip(tmp_path):
     packed, _ = _models(FAMILIES["registers_dinov2"])
     assert packed.get_config()["images_per_row"] == SLOTS
