@@ -284,7 +284,7 @@ class ClassToken(keras.layers.Layer):
         token = ops.broadcast_to(
             token, (*ops.shape(tokens)[:-2], self.num_tokens, tokens.shape[-1])
         )
-        return ops.concatenate([token, tokens], axis=-2)
+        return ops.concatenate([token, tokens], axis=len(tokens.shape) - 2)
 
     def compute_output_shape(self, input_shape):
         *leading, length, width = input_shape

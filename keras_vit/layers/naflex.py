@@ -93,7 +93,7 @@ def nth_of_rows(tokens, rows, n):
     # The n-th member is the first token where the row's running count reaches n + 1:
     # its index is how many tokens come before that.
     counts = ops.cumsum(ops.cast(rows, "float32"), axis=-1)
-    index = ops.cast(ops.sum(ops.cast(counts < n + 1, "int32"), axis=-1), "int32")
+    index = ops.sum(ops.cast(counts < n + 1, "int32"), axis=-1)
     index = ops.minimum(index, ops.shape(tokens)[1] - 1)
     shape = (ops.shape(tokens)[0], ops.shape(index)[1], tokens.shape[-1])
     return ops.take_along_axis(tokens, ops.broadcast_to(index[..., None], shape), axis=1)

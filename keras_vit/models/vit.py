@@ -665,7 +665,7 @@ def _build_graph(arch):
     token_mask = None
     if patch_mask is not None:  # the tokens in front of the patches are never padding
         token_mask = vit_layers.TokenMask(
-            num_prefix, **({"images_per_row": packed} if packed else {}), name="token_mask"
+            num_prefix, images_per_row=packed, name="token_mask"
         )(patch_mask)
     masked = pooled_mask = {} if token_mask is None else {"token_mask": token_mask}
     if packed:  # each token attends to its own slot's tokens; each slot is pooled alone
