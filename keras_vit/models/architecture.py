@@ -29,6 +29,7 @@ FAMILY_SWITCHES = (
     "distilled", "distillation_head", "no_embed_class", "layer_scale_init",
     "layer_norm_epsilon", "num_registers", "mlp", "pre_norm", "quick_gelu", "patch_bias",
     "projection_dim", "rope", "rope_reference_grid", "mlp_norm", "fc_norm", "naflex",
+    "images_per_row",
 )
 BOOLEAN_SWITCHES = ("distilled", "distillation_head", "no_embed_class", "pre_norm", "quick_gelu",
                     "patch_bias", "mlp_norm", "fc_norm", "naflex")
@@ -107,6 +108,7 @@ class Architecture:
     mlp_norm: bool = False
     fc_norm: bool = False
     naflex: bool = False
+    images_per_row: Optional[int] = None
     remat: bool = False
 
     def __post_init__(self):
@@ -160,6 +162,13 @@ class Architecture:
             )
         if self.preprocessing is not None:
             normalise("preprocessing", check_preprocessing(self.preprocessing))
+        if self.images_per_row is not None:
+            if not self.naflex:
+                raise ValueError(
+                    f"images_per_row={self.images_per_row!r} packs NaFlex images into a row, "
+                    "which needs naflex=True: pass both, or leave images_per_row None."
+                )
+            normalise("images_per_row", check_positive_int("images_per_row", self.images_per_row))
         if self.naflex:
             self._check_naflex()
 
