@@ -713,6 +713,16 @@ def _predict_arguments(parser):
         "--labels", metavar="FILE",
         help="class names, one per line, in class order (default: the run's labels.txt)",
     )
+    parser.add_argument(
+        "--naflex", action="store_true",
+        help="run a model that is not a NaFlex one as its NaFlex twin (the same weights): "
+        "each image at its own aspect ratio, within the token budget (NaFlex models always are)",
+    )
+    parser.add_argument(
+        "--max-num-patches", type=int, metavar="N",
+        help="NaFlex token budget per image (default: the model's, the patches of its "
+        "position table's grid)",
+    )
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print JSON")
     output.add_argument(
@@ -734,6 +744,11 @@ def _check_predict(args):
         registry.get_weights(weights)
     check_from(weights)
     _check_model_command(args)
+    if args.max_num_patches is not None and args.max_num_patches < 1:
+        raise ValueError(
+            f"--max-num-patches must be 1 or more, got {args.max_num_patches}: pass the "
+            "tokens each image may take (SigLIP 2's default: 256)."
+        )
     paths = image_paths(args.images)
     if all("://" not in path and not os.path.exists(path) for path in paths):
         raise FileNotFoundError(f"No such image file: {paths[0]!r}; nothing to classify.")
@@ -745,6 +760,7 @@ def predict(args):
     import json
 
     from keras_vit.inference import classify
+    from keras_vit.models.naflex_mode import is_naflex
     from keras_vit.utils.csv_rows import write_rows
     from keras_vit.weights.pretrained import NotFiniteWeights, pretrained
 
@@ -765,10 +781,13 @@ def predict(args):
         model, config = _load_run_model(args.source)
         activation = output_activation(config) if config is not None else None
         crop_fraction = _crop_fraction(args, config, model)
+    if args.naflex or is_naflex(model):  # no crop: classify refuses a --crop-fraction
+        crop_fraction = "model" if args.crop_fraction is None else args.crop_fraction
     results = classify(
         model, args.images, top_k=args.top_k, labels=labels, activation=activation,
         crop_fraction=crop_fraction, batch_size=args.batch_size, skip_unreadable=True,
         progress=_progress_line if sys.stderr.isatty() else None,
+        naflex=args.naflex or None, max_num_patches=args.max_num_patches,
     )
     if sys.stderr.isatty():
         print(file=sys.stderr)
