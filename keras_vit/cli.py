@@ -493,9 +493,19 @@ def _export_file(args, model, labels, metadata, crop_fraction):
         runtime = "the LiteRT interpreter"
     print(f"{args.format.upper()} ({os.path.getsize(args.out)} bytes"
           f"{', ' + args.quantize if args.quantize else ''}): {args.out}")
-    print(f"Input {record['input']['name']} float32 {record['input']['shape']}: "
-          f"{record['preprocessing']}.")
-    print(f"Checked with {runtime} against Keras on 3 random images: max |difference| "
+    naflex = record.get("naflex")
+    if naflex:
+        inputs = ", ".join(f"{name} {spec['dtype']} {spec['shape']}"
+                           for name, spec in naflex["inputs"].items())
+        print(f"Inputs {inputs}: {record['preprocessing']}.")
+        budget = naflex["max_num_patches"]
+        checked = (f"3 random images of mixed aspect ratios at {budget} and "
+                   f"{max(1, budget // 2)} tokens")
+    else:
+        print(f"Input {record['input']['name']} float32 {record['input']['shape']}: "
+              f"{record['preprocessing']}.")
+        checked = "3 random images"
+    print(f"Checked with {runtime} against Keras on {checked}: max |difference| "
           f"{difference:.2g}.")
 
 
@@ -520,6 +530,7 @@ def _check_export(args):
 def export(args):
     from keras_vit.export.records import check_export_target
     from keras_vit.export.saved_model import export_saved_model
+    from keras_vit.models.naflex_mode import is_naflex
     from keras_vit.training.runs import output_activation, resolve_from
 
     if args.quantize and args.format != "tflite":
@@ -539,10 +550,10 @@ def export(args):
         source=args.source, file=resolve_from(args.source).path,
         train_config=config and config.to_dict(),
     )
-    # Served at its own size, an image is not cropped unless --crop-fraction asks (an error).
-    crop_fraction = (
-        args.crop_fraction if args.native_resolution else _crop_fraction(args, config, model)
-    )
+    # Served at its own size (or as NaFlex patches), an image is not cropped unless
+    # --crop-fraction asks (an error).
+    native = args.native_resolution or is_naflex(model)
+    crop_fraction = args.crop_fraction if native else _crop_fraction(args, config, model)
     if args.format != "saved_model":
         _export_file(args, model, labels, metadata, crop_fraction)
         return 0
@@ -554,7 +565,12 @@ def export(args):
     crop = "whole image" if crop_fraction is None else f"central crop {crop_fraction}"
     if args.native_resolution:
         crop = "each image at its own size"
+    if "naflex" in record:
+        crop = (f"NaFlex: {record['naflex']['patch_size']}-pixel patches, any token count, "
+                f"budget {record['naflex']['max_num_patches']}")
     print(f"SavedModel ({activation}, top {record['top_k']}, {crop}): {args.out}")
+    if "naflex" in record:
+        print(f"Inputs: {record['naflex']['make_inputs']}.")
     return 0
 
 
