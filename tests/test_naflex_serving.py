@@ -328,3 +328,24 @@ def test_predict_command_refuses_a_bad_budget_in_one_line(keras_file, photos, ca
     assert capsys.readouterr().err == (
         "keras-vit predict: error: --max-num-patches must be 1 or more, got 0: pass the tokens "
         "each image may take (SigLIP 2's default: 256).\n")
+
+
+def test_predict_from_a_run_folder_takes_its_labels_and_sigmoid(keras_file, photos, tmp_path):
+    """A run trained with the sigmoid loss and evaluated with a central crop: NaFlex takes
+    its labels and its activation, and no crop."""
+    from keras_vit.training.config import TrainConfig
+
+    model, path = keras_file
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model.keras").write_bytes(Path(path).read_bytes())
+    config = TrainConfig(optimization=dict(loss="sigmoid"), evaluation=dict(crop_fraction=0.875))
+    (run / "config.json").write_text(json.dumps(config.to_dict()))
+    (run / "labels.txt").write_text("\n".join(LABELS) + "\n")
+    folder, _, pixels = photos
+    results = _predict("--from", str(run), folder, "--top-k", "3")
+    _, logits = _expected(model, pixels, BUDGET)
+    assert [[top["label"] for top in r["top_k"]] for r in results] == [
+        [LABELS[i] for i in row] for row in np.argsort(-logits, axis=-1, kind="stable")]
+    sigmoid = 1 / (1 + np.exp(-logits.astype("float64")))
+    np.testing.assert_allclose(_probabilities(results), sigmoid, rtol=0, atol=2e-6)
