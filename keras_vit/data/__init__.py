@@ -7,7 +7,8 @@ read without TensorFlow.
 - `libjpeg`: JPEGs that decode with a libjpeg warning, checked off the start-up path.
 - `decode`: files to pixels, crop windows, the eval resize, in `tf.data`.
 - `images`: `read_images`, files to a batch of model inputs with PIL and NumPy (the same
-  pixels as `decode`), so that `classify` and `keras-vit predict` need no TensorFlow.
+  pixels as `decode`), and `read_pixels`, one file's uint8 pixels at its own size, so
+  that `classify` and `keras-vit predict` need no TensorFlow.
 - `naflex`: `naflex_inputs`, images of any sizes to a NaFlex model's patches (the pixels
   of HF's `Siglip2ImageProcessor`), without TensorFlow.
 - `augment`: AugReg levels and Keras preprocessing layers seeded by stream position.
@@ -28,7 +29,7 @@ _MODULES = {
     "decode": ("central_crop", "channel_note", "check_crop_fraction", "decode_pixels",
                "eval_resize", "inception_crop_window", "limit_pixels"),
     "folders": ("IMAGE_EXTENSIONS", "find_damaged", "load_listing"),
-    "images": ("read_images",),
+    "images": ("read_images", "read_pixels"),
     "naflex": ("naflex_inputs",),
     "pipelines": ("eval_dataset", "train_dataset"),
     "sources": ("NoSplitError", "Source", "load_source", "parse_classes", "select_classes",
