@@ -9,7 +9,7 @@ MAP head, tanh GELU, learned position table; random weights, 1000 classes):
 - `padded`: `keras_vit.ViT(variant, naflex=True)` on images of mixed aspect ratios
   (1:3 to 3:1), each resized by `keras_vit.naflex_inputs` to the largest grid within the
   budget and padded to it: one image per row;
-- `packed` (where the model takes `images_per_row`): images of mixed aspect ratios and
+- `packed`: `keras_vit.ViT(variant, naflex=True, images_per_row=K)` on images of mixed aspect ratios and
   sizes (a quarter of the budget to all of it, as NaViT samples resolutions), several
   per row (`--images-per-row`), each row filled greedily to the budget.
 
@@ -135,20 +135,15 @@ def keras_runners(variant, data, batch, images_per_row):
                     "spatial_shapes": data["padded_shapes"]},
                    labels, None, int(data["padded_mask"].sum())),
     }
-    try:
-        packed_model = keras_vit.ViT(variant, image_size=side, naflex=True,
-                                     images_per_row=images_per_row, **family)
-    except TypeError:  # a keras-vit without packing
-        packed_model = None
-    if packed_model is not None:
-        weights = (data["packed_shapes"].prod(axis=-1) > 0).astype("float32")  # real slots
-        models["packed"] = (
-            packed_model,
-            {"patches": data["packed_patches"], "patch_mask": data["packed_mask"],
-             "spatial_shapes": data["packed_shapes"]},
-            np.zeros((batch, images_per_row), "int32") + labels[:, None], weights,
-            int((data["packed_mask"] > 0).sum()),
-        )
+    weights = (data["packed_shapes"].prod(axis=-1) > 0).astype("float32")  # real slots
+    models["packed"] = (
+        keras_vit.ViT(variant, image_size=side, naflex=True, images_per_row=images_per_row,
+                      **family),
+        {"patches": data["packed_patches"], "patch_mask": data["packed_mask"],
+         "spatial_shapes": data["packed_shapes"]},
+        np.zeros((batch, images_per_row), "int32") + labels[:, None], weights,
+        int((data["packed_mask"] > 0).sum()),
+    )
     runners = {}
     for mode, (model, x, y, weight, tokens) in models.items():
         model.compile(optimizer=keras.optimizers.AdamW(1e-4),
