@@ -138,7 +138,7 @@ def classify(model, images, *, top_k=5, labels=None, activation=None, crop_fract
     for name, value in (("top_k", top_k), ("batch_size", batch_size)):
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-    if naflex:
+    if naflex or is_naflex(model):  # a packed model serves as its one-image-per-row twin
         model = naflex_twin(model)
     read, model_inputs = _reader(model, crop_fraction, naflex, max_num_patches)
     results = []

@@ -301,6 +301,24 @@ def test_a_fixed_grid_model_runs_as_its_naflex_twin(photos, tmp_path):
     np.testing.assert_allclose(_probabilities(results), _softmax(logits), rtol=0, atol=2e-6)
 
 
+def test_a_packed_model_serves_one_image_per_row(photos, tmp_path):
+    """A model trained on packed rows (`images_per_row`) classifies and exports as its
+    one-image-per-row twin: the outputs of the unpacked NaFlex model holding its weights."""
+    folder, _, pixels = photos
+    packed = _naflex_model(images_per_row=3)
+    unpacked = _naflex_model(seed=0)
+    unpacked.set_weights(packed.get_weights())
+    _, logits = _expected(unpacked, pixels, BUDGET)
+    results = keras_vit.classify(packed, folder, top_k=3)
+    np.testing.assert_allclose(_probabilities(results), _softmax(logits), rtol=0, atol=2e-6)
+    assert naflex_twin(unpacked) is unpacked
+    # Its exports take one image per row too.
+    export_saved_model(packed, str(tmp_path / "served"), labels=LABELS, top_k=2)
+    _check_saved_model(str(tmp_path / "served"), unpacked, pixels)
+    export_onnx(packed, tmp_path / "packed.onnx")
+    _check_onnx(tmp_path / "packed.onnx", unpacked, pixels)
+
+
 @pytest.mark.parametrize("build, kwargs, message", [
     (lambda: tiny_vit(image_size=32, patch_size=1, num_layers=1, resnet_stages=(1, 1)),
      dict(naflex=True),

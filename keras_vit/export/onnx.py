@@ -24,7 +24,7 @@ from keras_vit.export.records import (
     read_onnx_record,  # noqa: F401  (read beside the export: `onnx.read_onnx_record`)
 )
 from keras_vit.backend.export import tracing_for_export
-from keras_vit.models.naflex_mode import is_naflex
+from keras_vit.models.naflex_mode import is_naflex, naflex_twin
 from keras_vit.utils.extras import ONNX_EXPORTERS, optional_import
 from keras_vit.utils.files import atomic_path
 
@@ -75,6 +75,8 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
     optional_import(ONNX_EXPORTERS[keras.backend.backend()], "ONNX export")
     check_export_target(path, "onnx", overwrite=overwrite)
     naflex = is_naflex(model)
+    if naflex:  # a packed model (images_per_row) serves one image per row
+        model = naflex_twin(model)
     if naflex and keras.backend.backend() == "jax":
         raise ValueError(
             f"ONNX export of NaFlex model {model.name!r} needs the TensorFlow or PyTorch "

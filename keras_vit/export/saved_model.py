@@ -23,7 +23,7 @@ from keras_vit.export.records import (
     naflex_entry,
     naflex_signature,
 )
-from keras_vit.models.naflex_mode import is_naflex, naflex_preprocessing
+from keras_vit.models.naflex_mode import is_naflex, naflex_preprocessing, naflex_twin
 from keras_vit.models.preprocessing import (
     DEFAULT,
     check_preprocessing,
@@ -358,6 +358,8 @@ def export_saved_model(
     _check_backend()
     check_export_target(path, "saved_model", overwrite=overwrite)
     naflex = is_naflex(model)
+    if naflex:  # a packed model (images_per_row) serves one image per row
+        model = naflex_twin(model)
     if naflex and (native_resolution or crop_fraction not in ("model", None)):
         given = "native_resolution=True" if native_resolution else f"crop_fraction={crop_fraction}"
         raise ValueError(

@@ -9,7 +9,9 @@ from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.models.vit import VisionTransformer, vit_parts
 
 # What a NaFlex twin changes: the input, and what only training or fixed grids use.
-TWIN_SWITCHES = dict(naflex=True, dynamic_image_size=False, dynamic_image_pad=False, remat=False)
+# A packed model (`images_per_row`) is trained on rows of several images; it serves one per row.
+TWIN_SWITCHES = dict(naflex=True, images_per_row=None, dynamic_image_size=False,
+                     dynamic_image_pad=False, remat=False)
 
 
 def is_naflex(model):
@@ -66,8 +68,9 @@ def naflex_preprocessing(model):
 def naflex_twin(model):
     """`model` as a NaFlex model: the same architecture built with `naflex=True` (its
     patches cut by `naflex_inputs`, its position table resampled to each image's grid
-    with the model's `pos_interpolation`), holding the same weights; a NaFlex model is
-    returned as it is.
+    with the model's `pos_interpolation`), holding the same weights; a NaFlex model of
+    one image per row is returned as it is, a packed one (`images_per_row`) as its
+    one-image-per-row twin.
 
     Raises a `ValueError` naming what the architecture has that NaFlex cannot (a
     hybrid's ResNet stem, DeiT's distillation head), and, should the twin's variables
@@ -86,7 +89,7 @@ def naflex_twin(model):
     >>> bool(same)
     True
     """
-    if is_naflex(model):
+    if is_naflex(model) and not model.architecture.images_per_row:
         return model
     if not isinstance(model, VisionTransformer):
         raise ValueError(
