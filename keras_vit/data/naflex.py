@@ -115,3 +115,55 @@ def naflex_inputs(images, patch_size=16, max_num_patches=256, preprocessing=None
         "patch_mask": np.stack(masks).astype(np.int32),
         "spatial_shapes": np.asarray(shapes, np.int32),
     }
+
+
+def pack_rows(patches, lengths, spatial_shapes, rows, row_tokens, images_per_row):
+    """Images' patches packed into rows (NaViT's sequence packing), the layout of
+    `keras_vit.ViT(naflex=True, images_per_row=K)`: first fit, in order, each image
+    into the first row with a free slot and room for its patches; an image that fits
+    in no row is left out.
+
+    Args:
+        patches: `(images, tokens, P * P * C)`: each image's patches first, then any.
+        lengths: `(images,)` each image's number of patches.
+        spatial_shapes: `(images, 2)` each image's patch rows and columns.
+        rows: the rows of the packed batch.
+        row_tokens: the tokens of each row.
+        images_per_row: the slots of each row (`K`).
+
+    Returns:
+        `(inputs, index)`: the packed model inputs, a dict of `patches`
+        `(rows, row_tokens, P * P * C)` float32 (each row's images one after another,
+        then zeros), `patch_mask` `(rows, row_tokens)` int32 (each token's slot, 1 to K;
+        0: padding) and `spatial_shapes` `(rows, K, 2)` int32 ((0, 0): an empty slot);
+        and `index` `(rows, K)` int32, the image in each slot (-1: empty).
+
+    Example:
+
+    >>> inputs, index = pack_rows(np.ones((3, 4, 2)), [4, 2, 3], [(2, 2), (1, 2), (1, 3)],
+    ...                           rows=2, row_tokens=6, images_per_row=2)
+    >>> index.tolist(), inputs["patch_mask"].tolist()
+    ([[0, 1], [2, -1]], [[1, 1, 1, 1, 2, 2], [1, 1, 1, 0, 0, 0]])
+    """
+    patches = np.asarray(patches, np.float32)
+    lengths = np.asarray(lengths, np.int64).reshape(-1)
+    spatial_shapes = np.asarray(spatial_shapes, np.int32).reshape(-1, 2)
+    packed = np.zeros((rows, row_tokens, patches.shape[-1]), np.float32)
+    mask = np.zeros((rows, row_tokens), np.int32)
+    shapes = np.zeros((rows, images_per_row, 2), np.int32)
+    index = np.full((rows, images_per_row), -1, np.int32)
+    used = np.zeros(rows, np.int64)
+    filled = np.zeros(rows, np.int64)
+    for image, length in enumerate(lengths):
+        fits = np.flatnonzero((filled < images_per_row) & (used + length <= row_tokens))
+        if not len(fits):
+            continue
+        row = fits[0]
+        slot, start = filled[row], used[row]
+        packed[row, start : start + length] = patches[image, :length]
+        mask[row, start : start + length] = slot + 1
+        shapes[row, slot] = spatial_shapes[image]
+        index[row, slot] = image
+        filled[row] += 1
+        used[row] += length
+    return {"patches": packed, "patch_mask": mask, "spatial_shapes": shapes}, index

@@ -137,7 +137,9 @@ def decoded_or_flagged(stream, prepare, source, channels, read, name, shape):
     """`stream` of `(position, (key, label))` mapped to `(image, one-hot label, True)` by
     `prepare(position, key, label)`, in order, or where that fails (a file that does not
     decode) to `(zeros of shape, one-hot label, False)` once `note_undecodable` has
-    recorded the file: one element per position, so a failure shifts nothing.
+    recorded the file: one element per position, so a failure shifts nothing. `shape`
+    may instead be a function making the stand-in image (an image that is a structure
+    of tensors, e.g. NaFlex patches and their grid).
 
     Each element of an encoded source is prepared in a dataset of its own (`interleave`
     with `deterministic=True`), whose errors `ignore_errors` drops; the flagged element is
@@ -154,7 +156,8 @@ def decoded_or_flagged(stream, prepare, source, channels, read, name, shape):
             [name(key) if name else tf.constant(""), position, read(key)], tf.bool,
         )
         ok.set_shape([])
-        return tf.zeros(shape), tf.one_hot(label, source.num_classes, dtype=tf.float32), ok
+        blank = shape() if callable(shape) else tf.zeros(shape)
+        return blank, tf.one_hot(label, source.num_classes, dtype=tf.float32), ok
 
     def one(position, record):
         element = tf.data.Dataset.from_tensors((position, *record))
@@ -162,6 +165,18 @@ def decoded_or_flagged(stream, prepare, source, channels, read, name, shape):
         return decoded.concatenate(element.map(flagged)).take(1)
 
     return stream.interleave(one, num_parallel_calls=AUTOTUNE, deterministic=True)
+
+
+def decoded_rows(decoded):
+    """The rows of a batch that stand in for its examples: each example's own, or for
+    one that failed to decode (`decoded` False) the batch's first decoded one, so the
+    batch keeps its size and its positions in the stream."""
+    check = tf.debugging.Assert(
+        tf.reduce_any(decoded), ["No image of a batch decoded (see the warnings)."]
+    )
+    with tf.control_dependencies([check]):
+        first = tf.argmax(tf.cast(decoded, tf.int32), output_type=tf.int32)
+    return tf.where(decoded, tf.range(tf.shape(decoded)[0]), first)
 
 
 def train_dataset(
@@ -269,13 +284,7 @@ def train_dataset(
 
     def mix(batch_index, batch):
         images, labels, decoded = batch
-        # An example that failed to decode takes the place of the batch's first decoded one.
-        check = tf.debugging.Assert(
-            tf.reduce_any(decoded), ["No image of a batch decoded (see the warnings)."]
-        )
-        with tf.control_dependencies([check]):
-            first = tf.argmax(tf.cast(decoded, tf.int32), output_type=tf.int32)
-        rows = tf.where(decoded, tf.range(tf.shape(decoded)[0]), first)
+        rows = decoded_rows(decoded)
         images, labels = tf.gather(images, rows), tf.gather(labels, rows)
         if per_batch:
             data = {"images": images, "labels": labels}
