@@ -10,6 +10,8 @@ read without TensorFlow.
   pixels as `decode`), so that `classify` and `keras-vit predict` need no TensorFlow.
 - `naflex`: `naflex_inputs`, images of any sizes to a NaFlex model's patches (the pixels
   of HF's `Siglip2ImageProcessor`), without TensorFlow.
+- `naflex_pipelines`: `naflex_train_dataset`, `naflex_eval_dataset`: the same in a
+  NaFlex model's layout, each image at its own aspect (padded or packed batches).
 - `augment`: AugReg levels and Keras preprocessing layers seeded by stream position.
 - `pipelines`: `train_dataset` (endless, seeded, resumable), `eval_dataset` (one pass).
 - from `keras_vit.utils.tf_data`: `without_autotuning` (the options both pipelines end
@@ -29,7 +31,8 @@ _MODULES = {
                "eval_resize", "inception_crop_window", "limit_pixels"),
     "folders": ("IMAGE_EXTENSIONS", "find_damaged", "load_listing"),
     "images": ("read_images",),
-    "naflex": ("naflex_inputs",),
+    "naflex": ("naflex_inputs", "pack_rows"),
+    "naflex_pipelines": ("naflex_eval_dataset", "naflex_train_dataset"),
     "pipelines": ("eval_dataset", "train_dataset"),
     "sources": ("NoSplitError", "Source", "load_source", "parse_classes", "select_classes",
                 "spec_split"),
@@ -37,7 +40,7 @@ _MODULES = {
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
 _SUBMODULES = ("augment", "decode", "folders", "headers", "images", "libjpeg", "naflex",
-               "pipelines", "sources")
+               "naflex_pipelines", "pipelines", "sources")
 
 __all__ = sorted(_HOME)
 

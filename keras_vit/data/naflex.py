@@ -117,6 +117,44 @@ def naflex_inputs(images, patch_size=16, max_num_patches=256, preprocessing=None
     }
 
 
+def check_layout(max_num_patches, buckets=None, images_per_row=None, row_tokens=None):
+    """The checked `(buckets, row_tokens)` of a NaFlex batch layout: `buckets` sorted,
+    each in [1, max_num_patches], the budget itself always one of them; `row_tokens`
+    (packed rows only) at least one image's budget, by default `images_per_row` of them.
+    Raises `ValueError` naming a bad value.
+
+    Example:
+
+    >>> check_layout(64, buckets=(32, 16))
+    ((16, 32, 64), None)
+    >>> check_layout(64, images_per_row=4)
+    ((64,), 256)
+    """
+    check_positive_int("max_num_patches", max_num_patches)
+    buckets = tuple(buckets or ())
+    for bucket in buckets:
+        if isinstance(bucket, bool) or not isinstance(bucket, int) or not 1 <= bucket <= max_num_patches:
+            raise ValueError(
+                f"NaFlex bucket {bucket!r} must be a token count in [1, {max_num_patches}] "
+                "(the token budget per image)."
+            )
+    buckets = tuple(sorted({*buckets, max_num_patches}))
+    if images_per_row is None:
+        if row_tokens is not None:
+            raise ValueError(f"row_tokens={row_tokens!r} needs packed rows: set images_per_row.")
+        return buckets, None
+    check_positive_int("images_per_row", images_per_row)
+    if row_tokens is None:
+        row_tokens = images_per_row * max_num_patches
+    check_positive_int("row_tokens", row_tokens)
+    if row_tokens < max_num_patches:
+        raise ValueError(
+            f"row_tokens={row_tokens} cannot hold an image of the budget of {max_num_patches} "
+            "patches: make it at least that."
+        )
+    return buckets, row_tokens
+
+
 def pack_rows(patches, lengths, spatial_shapes, rows, row_tokens, images_per_row):
     """Images' patches packed into rows (NaViT's sequence packing), the layout of
     `keras_vit.ViT(naflex=True, images_per_row=K)`: first fit, in order, each image

@@ -36,7 +36,7 @@ from keras_vit.data.augment import (
     stream_layers,
 )
 from keras_vit.data.decode import decode_crop, full_window, resize
-from keras_vit.data.naflex import naflex_size, pack_rows
+from keras_vit.data.naflex import check_layout, naflex_size, pack_rows
 from keras_vit.data.pipelines import (
     decoded_or_flagged,
     decoded_rows,
@@ -46,46 +46,7 @@ from keras_vit.data.pipelines import (
 )
 from keras_vit.data.sources import AUTOTUNE
 from keras_vit.models.preprocessing import normalize
-from keras_vit.utils.checks import check_positive_int
 from keras_vit.utils.tf_data import without_autotuning
-
-
-def check_layout(max_num_patches, buckets=None, images_per_row=None, row_tokens=None):
-    """The checked `(buckets, row_tokens)` of a NaFlex batch layout: `buckets` sorted,
-    each in [1, max_num_patches], the budget itself always one of them; `row_tokens`
-    (packed rows only) at least one image's budget, by default `images_per_row` of them.
-    Raises `ValueError` naming a bad value.
-
-    Example:
-
-    >>> check_layout(64, buckets=(32, 16))
-    ((16, 32, 64), None)
-    >>> check_layout(64, images_per_row=4)
-    ((64,), 256)
-    """
-    check_positive_int("max_num_patches", max_num_patches)
-    buckets = tuple(buckets or ())
-    for bucket in buckets:
-        if isinstance(bucket, bool) or not isinstance(bucket, int) or not 1 <= bucket <= max_num_patches:
-            raise ValueError(
-                f"NaFlex bucket {bucket!r} must be a token count in [1, {max_num_patches}] "
-                "(the token budget per image)."
-            )
-    buckets = tuple(sorted({*buckets, max_num_patches}))
-    if images_per_row is None:
-        if row_tokens is not None:
-            raise ValueError(f"row_tokens={row_tokens!r} needs packed rows: set images_per_row.")
-        return buckets, None
-    check_positive_int("images_per_row", images_per_row)
-    if row_tokens is None:
-        row_tokens = images_per_row * max_num_patches
-    check_positive_int("row_tokens", row_tokens)
-    if row_tokens < max_num_patches:
-        raise ValueError(
-            f"row_tokens={row_tokens} cannot hold an image of the budget of {max_num_patches} "
-            "patches: make it at least that."
-        )
-    return buckets, row_tokens
 
 
 def native_size(height, width, patch_size, max_num_patches):
@@ -224,6 +185,8 @@ def naflex_train_dataset(
     random_flip=True,
     augment="none",
     randaugment=None,
+    mixup=None,
+    cutmix=None,
     layers=(),
     shuffle_buffer=None,
     cache=False,
@@ -245,10 +208,12 @@ def naflex_train_dataset(
         images_per_row: the images of a packed row (K); None: padded batches.
         row_tokens: a packed row's tokens (default `images_per_row * max_num_patches`).
         channels, seed, crop_area, aspect_ratio, random_flip, augment, randaugment,
-            layers, shuffle_buffer, cache, start_batch, input_context, preprocessing:
-            as `keras_vit.data.pipelines.train_dataset`'s; `inception_crop` draws its
-            aspect ratio relative to the image's (`native_crop_window`). MixUp and
-            CutMix (per-batch layers) do not apply to images of different sizes.
+            mixup, cutmix, layers, shuffle_buffer, cache, start_batch, input_context,
+            preprocessing: as `keras_vit.data.pipelines.train_dataset`'s;
+            `inception_crop` draws its aspect ratio relative to the image's
+            (`native_crop_window`). MixUp and CutMix (per-batch layers) do not apply
+            to images of different sizes: `ValueError` if any is on (an `augment`
+            level's MixUp too, unless `mixup=0`).
 
     Example:
 
@@ -262,7 +227,7 @@ def naflex_train_dataset(
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels!r}.")
     buckets, row_tokens = check_layout(max_num_patches, buckets, images_per_row, row_tokens)
-    per_image, per_batch = augmentation_layers(augment, randaugment)
+    per_image, per_batch = augmentation_layers(augment, randaugment, mixup, cutmix)
     extra_image, extra_batch = stream_layers(layers)
     if per_batch or extra_batch:
         names = ", ".join(type(layer).__name__ for layer in per_batch + extra_batch)

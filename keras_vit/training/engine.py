@@ -209,6 +209,17 @@ def check_run(config):
             )
 
 
+def run_architecture(config):
+    """The `Architecture` of the run's model (its head and preprocessing left out)."""
+    model = config.model
+    fields = {field.name for field in dataclasses.fields(Architecture)} - {"preprocessing"}
+    return Architecture(
+        None if model.variant == "custom" else model.variant,
+        image_size=model.image_size, channels=model.channels,
+        **{k: v for k, v in model.kwargs.items() if k in fields},
+    )
+
+
 # Optimizer state per weight (Adam's two moments, SGD's momentum).
 OPTIMIZER_SLOTS = {"adam": 2, "adamw": 2, "sgd": 1}
 
@@ -218,13 +229,8 @@ def check_memory(config):
     machine's memory (`keras_vit.models.size`: its weights, their gradients and optimizer
     state, a micro-batch's activations; the head, whose classes the data decides, left
     out), before any of it is built."""
-    model, optimization = config.model, config.optimization
-    fields = {field.name for field in dataclasses.fields(Architecture)} - {"preprocessing"}
-    arch = Architecture(
-        None if model.variant == "custom" else model.variant,
-        image_size=model.image_size, channels=model.channels,
-        **{k: v for k, v in model.kwargs.items() if k in fields},
-    )
+    optimization = config.optimization
+    arch = run_architecture(config)
     parameters = arch.parameter_count(num_classes=0)
     slots = OPTIMIZER_SLOTS.get(optimization.optimizer, 0)
     if optimization.optimizer == "sgd" and not optimization.momentum:
@@ -505,47 +511,56 @@ def run_preprocessing(config):
     model = config.model
     if model.kwargs.get("preprocessing") is not None:
         return model.kwargs["preprocessing"]
-    return runs.resolve_from(model.init_from).preprocessing if model.init_from else None
+    if model.init_from:
+        return runs.resolve_from(model.init_from).preprocessing
+    # A NaFlex run's images are resized as `naflex_inputs` resizes them: its model says so.
+    return vit_data.naflex.SIGLIP2_PREPROCESSING if config.data.naflex else None
 
 
 def make_pipelines(config, sources, plan, strategy, position):
     """The train and eval `tf.data` pipelines (per worker under `multiworker`); the
-    train stream starts at the micro-batch `position` (epoch, micro-batch) resumes at."""
+    train stream starts at the micro-batch `position` (epoch, micro-batch) resumes at.
+    A NaFlex run's (`data.naflex`) take each image at its own aspect, in padded or
+    packed batches (`keras_vit.data.naflex_pipelines`)."""
     data, model = config.data, config.model
     epoch0, step0 = position
-
-    # What both pipelines take alike: image size, micro-batch, channels, caching and
-    # the pixel normalisation the weights expect.
-    shared = dict(
-        image_size=model.image_size, batch_size=config.micro_batch_size,
-        channels=model.channels, cache=data.cache, preprocessing=run_preprocessing(config),
+    augmentation = dict(
+        seed=config.seed,
+        inception_crop=data.inception_crop,
+        crop_area=data.crop_area,
+        random_flip=data.random_flip,
+        augment=data.augment,
+        randaugment=data.randaugment,
+        mixup=data.mixup,
+        cutmix=data.cutmix,
+        layers=data.augmentations,
+        shuffle_buffer=data.shuffle_buffer,
+        start_batch=epoch0 * plan.micro_batches_per_epoch + step0,
     )
+    # What both pipelines take alike: micro-batch, channels, caching, the pixel
+    # normalisation the weights expect, and the image size or NaFlex layout.
+    shared = dict(
+        batch_size=config.micro_batch_size, channels=model.channels, cache=data.cache,
+        preprocessing=run_preprocessing(config),
+    )
+    if data.naflex:
+        shared.update(
+            patch_size=run_architecture(config).patch_size, max_num_patches=data.naflex_max_patches,
+            buckets=data.naflex_buckets, images_per_row=data.images_per_row,
+            row_tokens=data.row_tokens,
+        )
+        train_pipeline, eval_pipeline = vit_data.naflex_train_dataset, vit_data.naflex_eval_dataset
+        eval_settings = {}
+    else:
+        shared.update(image_size=model.image_size)
+        train_pipeline, eval_pipeline = vit_data.train_dataset, vit_data.eval_dataset
+        eval_settings = dict(crop_fraction=config.evaluation.crop_fraction)
 
     def make_train(input_context=None):
-        return vit_data.train_dataset(
-            sources.train,
-            seed=config.seed,
-            inception_crop=data.inception_crop,
-            crop_area=data.crop_area,
-            random_flip=data.random_flip,
-            augment=data.augment,
-            randaugment=data.randaugment,
-            mixup=data.mixup,
-            cutmix=data.cutmix,
-            layers=data.augmentations,
-            shuffle_buffer=data.shuffle_buffer,
-            start_batch=epoch0 * plan.micro_batches_per_epoch + step0,
-            input_context=input_context,
-            **shared,
-        )
+        return train_pipeline(sources.train, input_context=input_context, **augmentation, **shared)
 
     def make_eval(input_context=None):
-        return vit_data.eval_dataset(
-            sources.eval,
-            crop_fraction=config.evaluation.crop_fraction,
-            input_context=input_context,
-            **shared,
-        )
+        return eval_pipeline(sources.eval, input_context=input_context, **eval_settings, **shared)
 
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         train_data = strategy.distribute_datasets_from_function(make_train)
@@ -568,6 +583,11 @@ def _build_model(config, num_classes):
     if head_bias is None:
         head_bias = -10.0 if optimization.loss == "sigmoid" else 0.0
     variant = None if model.variant == "custom" else model.variant
+    naflex = {}
+    if config.data.naflex:
+        naflex = dict(naflex=True)
+        if config.data.images_per_row is not None:  # the packed model
+            naflex["images_per_row"] = config.data.images_per_row
     return VisionTransformer(
         variant,
         image_size=model.image_size,
@@ -575,7 +595,7 @@ def _build_model(config, num_classes):
         channels=model.channels,
         head_bias_init=head_bias,
         include_top=optimization.objective == "supervised",
-        **{**model.kwargs, "preprocessing": run_preprocessing(config)},
+        **{**model.kwargs, **naflex, "preprocessing": run_preprocessing(config)},
     )
 
 
