@@ -86,8 +86,10 @@ def naflex_inputs(images, patch_size=16, max_num_patches=256, preprocessing=None
         )
     if isinstance(images, np.ndarray) and images.ndim == 3:
         images = [images]
-    mean = np.asarray(preprocessing["mean"], np.float32)
-    std = np.asarray(preprocessing["std"], np.float32)
+    # One value when the channels share it (as `normalize`'s), so that grey images stay grey.
+    mean, std = (np.asarray(preprocessing[key], np.float32) for key in ("mean", "std"))
+    if len(set(mean.tolist())) == len(set(std.tolist())) == 1:
+        mean, std = mean[0], std[0]
     patches, masks, shapes = [], [], []
     for index, image in enumerate(images):
         image = np.asarray(image)

@@ -211,9 +211,10 @@ def naflex_train_dataset(
             mixup, cutmix, layers, shuffle_buffer, cache, start_batch, input_context,
             preprocessing: as `keras_vit.data.pipelines.train_dataset`'s;
             `inception_crop` draws its aspect ratio relative to the image's
-            (`native_crop_window`). MixUp and CutMix (per-batch layers) do not apply
-            to images of different sizes: `ValueError` if any is on (an `augment`
-            level's MixUp too, unless `mixup=0`).
+            (`native_crop_window`); `layers` are applied to each image alone, at its
+            size. MixUp and CutMix do not apply to images of different sizes:
+            `ValueError` if either is on (an `augment` level's MixUp too, unless
+            `mixup=0`).
 
     Example:
 
@@ -228,14 +229,14 @@ def naflex_train_dataset(
         raise ValueError(f"channels must be 1 or 3, got {channels!r}.")
     buckets, row_tokens = check_layout(max_num_patches, buckets, images_per_row, row_tokens)
     per_image, per_batch = augmentation_layers(augment, randaugment, mixup, cutmix)
-    extra_image, extra_batch = stream_layers(layers)
-    if per_batch or extra_batch:
-        names = ", ".join(type(layer).__name__ for layer in per_batch + extra_batch)
+    if per_batch:
+        names = ", ".join(type(layer).__name__ for layer in per_batch)
         raise ValueError(
-            f"NaFlex batches hold images of different sizes: per-batch layers ({names}) do "
-            "not apply; drop MixUp/CutMix (or an augment level that sets them) from the run."
+            f"NaFlex batches hold images of different sizes: {names} cannot mix them; set "
+            "mixup and cutmix to 0 (an augment level sets MixUp)."
         )
-    per_image = per_image + extra_image
+    extra_image, extra_batch = stream_layers(layers)
+    per_image = per_image + extra_image + extra_batch  # each image alone, at its size
     seeds = PositionSeeds()
     seed_from_stream(per_image, seeds)
     if shuffle_buffer is None:

@@ -1,0 +1,213 @@
+"""Training at native resolution: the NaFlex `tf.data` pipelines
+(`keras_vit.data.naflex_pipelines`) against `naflex_inputs` (PIL, HF's processor), their
+buckets, packing and seeded determinism, and a NaFlex fine-tune through `keras_vit.train`
+on digits drawn at mixed sizes and aspect ratios, scored on held-out digits.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+import keras_vit
+from keras_vit.data import naflex_pipelines
+from keras_vit.data.naflex import SIGLIP2_PREPROCESSING, naflex_inputs, naflex_size, pack_rows
+from keras_vit.data.sources import load_source
+from keras_vit.digits import digits_arrays
+from keras_vit.training import runs
+from keras_vit.training.config import TrainConfig, apply_overrides
+
+PATCH, BUDGET = 4, 16
+# Canvas sizes (height, width) the digits are drawn on: tall, wide, square, odd.
+CANVASES = [(16, 16), (16, 36), (36, 16), (20, 28), (40, 24), (16, 48)]
+
+
+def _mixed_digits(split, count=None):
+    """Digits of `split` upscaled to 16x16 and placed at a seeded spot of a canvas of
+    one of several aspect ratios: uint8 `(h, w, 1)` images of mixed sizes, labels."""
+    images, labels = digits_arrays(split)
+    rng = np.random.default_rng(0 if split == "train" else 1)
+    drawn = []
+    for index, digit in enumerate(images[:count]):
+        height, width = CANVASES[index % len(CANVASES)]
+        canvas = np.zeros((height, width, 1), np.uint8)
+        top, left = rng.integers(0, height - 15), rng.integers(0, width - 15)
+        canvas[top:top + 16, left:left + 16] = np.kron(digit, np.ones((2, 2, 1), np.uint8))
+        drawn.append(canvas)
+    return drawn, labels[:count]
+
+
+def _write_folder(root, splits):
+    """An image folder `root/{train,test}/{label}/{n}.png` of `_mixed_digits`."""
+    for split, count in splits.items():
+        for index, (image, label) in enumerate(zip(*_mixed_digits(split, count))):
+            path = root / split / str(label) / f"{index:04d}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image[..., 0]).save(path)
+    return root
+
+
+@pytest.fixture(scope="module")
+def mixed_folder(tmp_path_factory):
+    return _write_folder(tmp_path_factory.mktemp("mixed"), {"train": None, "test": None})
+
+
+def _images_of(source):
+    """The source's images in its record order, read back with PIL (as `naflex_inputs`' users do)."""
+    return [np.asarray(Image.open(key.decode()))[..., None]
+            for key, _ in source.records.as_numpy_iterator()]
+
+
+def _padded_stream(source, batch_size, **kwargs):
+    kwargs = dict(patch_size=PATCH, max_num_patches=BUDGET, channels=1, **kwargs)
+    return naflex_pipelines.naflex_train_dataset(source, batch_size, **kwargs)
+
+
+def test_native_size_is_naflex_size():
+    sizes = [(8, 8), (16, 36), (480, 640), (10, 1000), (1000, 10), (3, 5), (37, 41)]
+    for height, width in sizes:
+        for patch, budget in [(4, 16), (16, 256), (14, 49)]:
+            got = naflex_pipelines.native_size(tf.constant(height), tf.constant(width), patch, budget)
+            assert got.numpy().tolist() == list(naflex_size(height, width, patch, budget))
+
+
+def test_eval_patches_equal_naflex_inputs(mixed_folder):
+    """Every image's patches, grid and mask equal `naflex_inputs`' (PIL's resize) within
+    3 grey levels (0.024 after scaling to [-1, 1]): TensorFlow resizes in float with the
+    same antialiased triangle filter, PIL in 8-bit fixed point, rounding each of its two
+    passes to whole grey levels; everything else (grid, order of the patches, padding)
+    is exact."""
+    source = load_source(str(mixed_folder), "test")
+    images = _images_of(source)[:60]
+    dataset = naflex_pipelines.naflex_eval_dataset(
+        source, 20, patch_size=PATCH, max_num_patches=BUDGET, channels=1,
+        preprocessing=SIGLIP2_PREPROCESSING)
+    done = 0
+    for x, _ in dataset.take(3):
+        expected = naflex_inputs(images[done:done + 20], PATCH, BUDGET)
+        np.testing.assert_array_equal(x["spatial_shapes"], expected["spatial_shapes"])
+        np.testing.assert_array_equal(x["patch_mask"], expected["patch_mask"])
+        np.testing.assert_allclose(x["patches"], expected["patches"], atol=3 * 2 / 255)
+        done += 20
+    # The grids differ: the images are drawn at several aspect ratios.
+    assert len({tuple(g) for g in expected["spatial_shapes"].tolist()}) >= 4
+
+
+def test_padded_batches_take_the_smallest_bucket_holding_their_longest_image(mixed_folder):
+    source = load_source(str(mixed_folder), "test")
+    buckets = (8, 12, 14, BUDGET)
+    seen = set()
+    for x, labels in _padded_stream(source, 2, buckets=buckets[:3], seed=1).take(40):
+        longest = int(np.max(np.prod(x["spatial_shapes"], axis=-1)))
+        tokens = x["patches"].shape[1]
+        assert tokens == min(b for b in buckets if b >= longest)
+        np.testing.assert_array_equal(
+            x["patch_mask"], np.arange(tokens) < np.prod(x["spatial_shapes"], -1)[:, None])
+        seen.add(tokens)
+        assert labels.shape == (2, 10)
+    assert len(seen) >= 2
+
+
+def _unpacked(x, index, slot_labels, weights, row, slot):
+    """One slot of a packed batch: its image's patches, grid and label, from the row."""
+    mask = x["patch_mask"][row]
+    return (x["patches"][row][mask == slot + 1], x["spatial_shapes"][row, slot],
+            slot_labels[row, slot], weights[row, slot])
+
+
+def test_packed_rows_hold_each_image_as_the_padded_pipeline_makes_it(mixed_folder):
+    """Packed and padded streams of one seed read the same images; each slot of a
+    packed row gives back its image's patches exactly, its grid, label and weight,
+    filled first fit; the images left out fit in no row."""
+    source = load_source(str(mixed_folder), "train")
+    rows, row_tokens, slots = 3, 30, 3
+    common = dict(seed=5, inception_crop=True, random_flip=True, randaugment=(2, 10))
+    padded = _padded_stream(source, 8, **common)
+    packed = _padded_stream(source, 8, images_per_row=slots, row_tokens=row_tokens, **common)
+    left_out = 0
+    for (x, labels), (px, plabels, weights) in zip(padded.take(4), packed.take(4)):
+        assert px["patches"].shape == (rows, row_tokens, PATCH * PATCH)
+        assert px["spatial_shapes"].shape == (rows, slots, 2) and weights.shape == (rows, slots)
+        assert plabels.shape == (rows, slots, 10)
+        px = {k: v.numpy() for k, v in px.items()}
+        lengths = np.prod(x["spatial_shapes"], axis=-1)
+        # Where each image goes, first fit in stream order.
+        used, filled, placed = np.zeros(rows, int), np.zeros(rows, int), []
+        for image, length in enumerate(lengths):
+            fits = [r for r in range(rows) if filled[r] < slots and used[r] + length <= row_tokens]
+            if not fits:
+                left_out += 1
+                continue
+            row, slot = fits[0], filled[fits[0]]
+            patches, grid, label, weight = _unpacked(px, None, plabels.numpy(), weights.numpy(), row, slot)
+            np.testing.assert_array_equal(patches, x["patches"][image][:length])
+            np.testing.assert_array_equal(grid, x["spatial_shapes"][image])
+            np.testing.assert_array_equal(label, labels[image])
+            assert weight == 1
+            placed.append((row, slot))
+            filled[row] += 1
+            used[row] += length
+        empty = [(r, s) for r in range(rows) for s in range(slots) if (r, s) not in placed]
+        for row, slot in empty:
+            assert weights[row, slot] == 0 and not plabels[row, slot].numpy().any()
+            assert px["spatial_shapes"][row, slot].tolist() == [0, 0]
+            assert not (px["patch_mask"][row] == slot + 1).any()
+        assert (px["patches"][px["patch_mask"] == 0] == 0).all()
+    assert left_out > 0
+
+
+def test_pack_rows_of_naflex_inputs_unpack_to_them():
+    images, _ = _mixed_digits("test", 7)
+    inputs = naflex_inputs(images, PATCH, BUDGET)
+    lengths = inputs["patch_mask"].sum(-1)
+    packed, index = pack_rows(inputs["patches"], lengths, inputs["spatial_shapes"],
+                              rows=7, row_tokens=2 * BUDGET, images_per_row=2)
+    assert sorted(index[index >= 0].tolist()) == list(range(7))
+    for row, slot in zip(*np.nonzero(index >= 0)):
+        image = index[row, slot]
+        got = packed["patches"][row][packed["patch_mask"][row] == slot + 1]
+        np.testing.assert_array_equal(got, inputs["patches"][image][: lengths[image]])
+        np.testing.assert_array_equal(packed["spatial_shapes"][row, slot], inputs["spatial_shapes"][image])
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_stream_started_at_batch_n_is_the_stream_after_n_batches(mixed_folder, packed):
+    source = load_source(str(mixed_folder), "train")
+    layout = dict(images_per_row=2, row_tokens=24) if packed else dict(buckets=(10,))
+    kwargs = dict(seed=7, randaugment=(2, 10), **layout)
+    whole = list(_padded_stream(source, 6, **kwargs).take(5))
+    resumed = list(_padded_stream(source, 6, start_batch=3, **kwargs).take(2))
+    for expected, got in zip(whole[3:], resumed):
+        for a, b in zip(tf.nest.flatten(expected), tf.nest.flatten(got)):
+            np.testing.assert_array_equal(a, b)
+    other = next(iter(_padded_stream(source, 6, **{**kwargs, "seed": 8})))
+    assert not np.array_equal(tf.nest.flatten(other)[0], tf.nest.flatten(whole[0])[0])
+
+
+def test_crops_keep_each_image_near_its_own_aspect():
+    """The crop draws its aspect ratio relative to the image's: a 1:4 image stays wide."""
+    shape = tf.constant([40, 160, 1])
+    for seed in range(20):
+        _, size = naflex_pipelines.native_crop_window([seed, 0])(shape)
+        rows, cols = size.numpy()[:2]
+        assert 1 <= rows <= 40 and 1 <= cols <= 160
+        assert 4 * 3 / 4 - 0.5 <= cols / rows <= 4 * 4 / 3 + 0.5
+
+
+def test_mixing_refused_in_one_line():
+    config = apply_overrides(TrainConfig(), ["data.naflex=true", "data.mixup=0.2"])
+    with pytest.raises(ValueError, match=r"^data.mixup=0.2 mixes .*set data.mixup=none.$"):
+        config.validate()
+    config = apply_overrides(TrainConfig(), ["data.naflex=true", "data.augment=light2"])
+    with pytest.raises(ValueError, match=r"^data.augment='light2' .*set data.mixup=0.$"):
+        config.validate()
+    with pytest.raises(ValueError, match="MixUp cannot mix them"):
+        _padded_stream(load_source("digits"), 4, mixup=0.2)
+    config = apply_overrides(TrainConfig(), ["data.images_per_row=2"])
+    with pytest.raises(ValueError, match=r"^data.images_per_row=2 needs data.naflex=true.$"):
+        config.validate()
+    config = apply_overrides(TrainConfig(), ["data.naflex=true", "data.naflex_buckets=(300,)"])
+    with pytest.raises(ValueError, match="bucket 300 must be a token count in"):
+        config.validate()
