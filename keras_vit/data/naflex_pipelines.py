@@ -328,6 +328,9 @@ def naflex_eval_dataset(
 
     dataset = decoded_or_flagged(records.enumerate(), prepare, source, channels, read, name,
                                  blank_image(patch_size, channels))
+    count = tf.get_static_value(records.cardinality())
+    if count is not None and count >= 0:  # one element a record: Keras knows the pass's end
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(count))
     if cache:
         dataset = dataset.cache()
 

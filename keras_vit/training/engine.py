@@ -24,6 +24,7 @@ from keras_vit import data as vit_data
 from keras_vit.models import mpp as vit_mpp
 from keras_vit.models import size
 from keras_vit.models.architecture import Architecture
+from keras_vit.models.preprocessing import DEFAULT, check_preprocessing
 from keras_vit.models.vit import VisionTransformer, vit_parts
 from keras_vit.training import distribute, multiworker, runs
 from keras_vit.training.callbacks import (
@@ -506,15 +507,19 @@ def run_preprocessing(config):
     """The preprocessing of a run: `model.kwargs["preprocessing"]`, else what the
     `model.init_from` weights expect (`Source.preprocessing` of `runs.resolve_from`: a
     DeiT's ImageNet mean and std, what a `.keras` model or run was built with), else
-    None (pixels scaled to [-1, 1]). The pipelines normalise with it and the run's
+    None (pixels scaled to [-1, 1]); a NaFlex run's with `naflex_inputs`' resize
+    (bilinear, antialiased, no crop). The pipelines normalise with it and the run's
     model records it."""
     model = config.model
-    if model.kwargs.get("preprocessing") is not None:
-        return model.kwargs["preprocessing"]
-    if model.init_from:
-        return runs.resolve_from(model.init_from).preprocessing
-    # A NaFlex run's images are resized as `naflex_inputs` resizes them: its model says so.
-    return vit_data.naflex.SIGLIP2_PREPROCESSING if config.data.naflex else None
+    preprocessing = model.kwargs.get("preprocessing")
+    if preprocessing is None and model.init_from:
+        preprocessing = runs.resolve_from(model.init_from).preprocessing
+    if config.data.naflex:
+        # Its images are resized as `naflex_inputs` resizes them, whole: its model says so.
+        preprocessing = {**check_preprocessing(preprocessing or DEFAULT),
+                         **{k: vit_data.naflex.SIGLIP2_PREPROCESSING[k]
+                            for k in ("interpolation", "antialias", "crop_fraction")}}
+    return preprocessing
 
 
 def make_pipelines(config, sources, plan, strategy, position):
