@@ -253,3 +253,55 @@ def test_naflex_fine_tune_of_a_fixed_size_run_learns_digits_at_mixed_sizes(tmp_p
     assert result.metrics["top1"] == pytest.approx(accuracy, abs=0.03)
     # It learnt in the fine-tune, not only before it.
     assert result.history["val_top1"][-1] > result.history["val_top1"][0] + 0.03
+
+
+def _tiny_pair():
+    """A fixed-size tiny ViT on 16x16 grey images and the NaFlex one with its weights."""
+    kwargs = dict(image_size=16, patch_size=PATCH, hidden_dim=16, num_layers=1, num_heads=2,
+                  mlp_dim=32, channels=1, include_top=False,
+                  preprocessing=SIGLIP2_PREPROCESSING)
+    fixed = keras_vit.ViT(**kwargs)
+    rng = np.random.default_rng(0)
+    fixed.set_weights([rng.normal(0, 0.2, w.shape).astype("float32") for w in fixed.get_weights()])
+    naflex = keras_vit.ViT(naflex=True, **kwargs)
+    naflex.set_weights(fixed.get_weights())
+    return fixed, naflex
+
+
+def test_naflex_features_are_each_image_alone_at_its_aspect(mixed_folder):
+    """`extract_features` of a NaFlex model, from `naflex_inputs` arrays (batches of 3,
+    the last padded) and from the NaFlex eval pipeline, equal the model's output on each
+    image alone; the labels pass through."""
+    from keras_vit.evaluation.features import extract_features
+
+    _, model = _tiny_pair()
+    images, labels = _mixed_digits("test", 7)
+    features, got = extract_features(model, naflex_inputs(images, PATCH, BUDGET), labels,
+                                     batch_size=3)
+    alone = np.concatenate([model.predict(naflex_inputs([image], PATCH, BUDGET), verbose=0)
+                            for image in images])
+    np.testing.assert_allclose(features, alone, atol=1e-5)
+    assert got.tolist() == labels.tolist()
+    source = load_source(str(mixed_folder), "test")
+    dataset = naflex_pipelines.naflex_eval_dataset(
+        source, 5, patch_size=PATCH, max_num_patches=BUDGET, channels=1,
+        preprocessing=SIGLIP2_PREPROCESSING).take(2)
+    features, got = extract_features(model, dataset)
+    first = naflex_inputs(_images_of(source)[:10], PATCH, BUDGET)
+    np.testing.assert_allclose(features, model.predict(first, verbose=0), atol=0.05)
+    assert len(got) == 10
+
+
+def test_fewshot_of_a_naflex_model_equals_the_fixed_size_model_on_square_images():
+    """On the square digits (upscaled 8 -> 16: the grid of the model's `image_size`, which
+    the NaFlex resize picks within 16 tokens) a NaFlex model's few-shot evaluation is
+    its fixed-size twin's."""
+    from keras_vit.evaluation.fewshot import FewshotConfig, evaluate_source
+
+    fixed, naflex = _tiny_pair()
+    config = FewshotConfig(data="digits", classes="5-9", shots=(1, 5), seeds=2)
+    expected = evaluate_source(fixed, config)
+    got = evaluate_source(naflex, config)
+    assert got["class_names"] == expected["class_names"]
+    for key in ("num_train", "num_test", "accuracy", "mean"):
+        assert got[key] == pytest.approx(expected[key]), key
