@@ -10,10 +10,11 @@ read without TensorFlow.
   pixels as `decode`), so that `classify` and `keras-vit predict` need no TensorFlow.
 - `naflex`: `naflex_inputs`, images of any sizes to a NaFlex model's patches (the pixels
   of HF's `Siglip2ImageProcessor`), without TensorFlow.
-- `naflex_pipelines`: `naflex_train_dataset`, `naflex_eval_dataset`: the same in a
-  NaFlex model's layout, each image at its own aspect (padded or packed batches).
+- `naflex_pipelines`: what the pipelines do with `naflex=NaFlexLayout(...)`: a NaFlex
+  model's batches, each image at its own aspect (padded or packed).
 - `augment`: AugReg levels and Keras preprocessing layers seeded by stream position.
-- `pipelines`: `train_dataset` (endless, seeded, resumable), `eval_dataset` (one pass).
+- `pipelines`: `train_dataset` (endless, seeded, resumable), `eval_dataset` (one pass),
+  fixed-size or NaFlex.
 - from `keras_vit.utils.tf_data`: `without_autotuning` (the options both pipelines end
   with), `array_batches` (arrays through it, as the model's `predict` reads them).
 
@@ -31,8 +32,7 @@ _MODULES = {
                "eval_resize", "inception_crop_window", "limit_pixels"),
     "folders": ("IMAGE_EXTENSIONS", "find_damaged", "load_listing"),
     "images": ("read_images",),
-    "naflex": ("naflex_inputs", "pack_rows"),
-    "naflex_pipelines": ("naflex_eval_dataset", "naflex_train_dataset"),
+    "naflex": ("NaFlexLayout", "naflex_inputs", "pack_rows"),
     "pipelines": ("eval_dataset", "train_dataset"),
     "sources": ("NoSplitError", "Source", "load_source", "parse_classes", "select_classes",
                 "spec_split"),

@@ -7,7 +7,9 @@ processor's, antialiased, in 8-bit fixed point: the same pixels), normalised, cu
 patches flattened in (row, column, channel) order and padded to the budget.
 """
 
+import dataclasses
 import math
+from typing import Optional
 
 import numpy as np
 from PIL import Image
@@ -119,42 +121,54 @@ def naflex_inputs(images, patch_size=16, max_num_patches=256, preprocessing=None
     }
 
 
-def check_layout(max_num_patches, buckets=None, images_per_row=None, row_tokens=None):
-    """The checked `(buckets, row_tokens)` of a NaFlex batch layout: `buckets` sorted,
-    each in [1, max_num_patches], the budget itself always one of them; `row_tokens`
-    (packed rows only) at least one image's budget, by default `images_per_row` of them.
-    Raises `ValueError` naming a bad value.
+@dataclasses.dataclass(frozen=True)
+class NaFlexLayout:
+    """The batches of a NaFlex input pipeline (`keras_vit.data.pipelines`' `naflex`):
+    each image resized to the largest grid of `patch_size` patches within
+    `max_num_patches`; batches padded to the smallest of `buckets` (token counts, the
+    budget always one of them) holding their longest image, or with `images_per_row` K
+    packed into rows of `row_tokens` tokens (default K budgets) of up to K images
+    (`pack_rows`). Checked when made: `ValueError` naming a bad value.
 
     Example:
 
-    >>> check_layout(64, buckets=(32, 16))
-    ((16, 32, 64), None)
-    >>> check_layout(64, images_per_row=4)
-    ((64,), 256)
+    >>> NaFlexLayout(16, 64, buckets=(32, 16)).buckets
+    (16, 32, 64)
+    >>> NaFlexLayout(16, 64, images_per_row=4).row_tokens
+    256
     """
-    check_positive_int("max_num_patches", max_num_patches)
-    buckets = tuple(buckets or ())
-    for bucket in buckets:
-        if isinstance(bucket, bool) or not isinstance(bucket, int) or not 1 <= bucket <= max_num_patches:
+
+    patch_size: int
+    max_num_patches: int = 256
+    buckets: Optional[tuple] = None
+    images_per_row: Optional[int] = None
+    row_tokens: Optional[int] = None
+
+    def __post_init__(self):
+        check_positive_int("patch_size", self.patch_size)
+        budget = check_positive_int("max_num_patches", self.max_num_patches)
+        for bucket in self.buckets or ():
+            if isinstance(bucket, bool) or not isinstance(bucket, int) or not 1 <= bucket <= budget:
+                raise ValueError(
+                    f"NaFlex bucket {bucket!r} must be a token count in [1, {budget}] "
+                    "(the token budget per image)."
+                )
+        object.__setattr__(self, "buckets", tuple(sorted({*(self.buckets or ()), budget})))
+        if self.images_per_row is None:
+            if self.row_tokens is not None:
+                raise ValueError(
+                    f"row_tokens={self.row_tokens!r} needs packed rows: set images_per_row."
+                )
+            return
+        check_positive_int("images_per_row", self.images_per_row)
+        if self.row_tokens is None:
+            object.__setattr__(self, "row_tokens", self.images_per_row * budget)
+        check_positive_int("row_tokens", self.row_tokens)
+        if self.row_tokens < budget:
             raise ValueError(
-                f"NaFlex bucket {bucket!r} must be a token count in [1, {max_num_patches}] "
-                "(the token budget per image)."
+                f"row_tokens={self.row_tokens} cannot hold an image of the budget of {budget} "
+                "patches: make it at least that."
             )
-    buckets = tuple(sorted({*buckets, max_num_patches}))
-    if images_per_row is None:
-        if row_tokens is not None:
-            raise ValueError(f"row_tokens={row_tokens!r} needs packed rows: set images_per_row.")
-        return buckets, None
-    check_positive_int("images_per_row", images_per_row)
-    if row_tokens is None:
-        row_tokens = images_per_row * max_num_patches
-    check_positive_int("row_tokens", row_tokens)
-    if row_tokens < max_num_patches:
-        raise ValueError(
-            f"row_tokens={row_tokens} cannot hold an image of the budget of {max_num_patches} "
-            "patches: make it at least that."
-        )
-    return buckets, row_tokens
 
 
 def pack_rows(patches, lengths, spatial_shapes, rows, row_tokens, images_per_row):

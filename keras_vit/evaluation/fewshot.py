@@ -310,32 +310,16 @@ def evaluate_source(model, config, *, verbose=0):
         )
     arch = getattr(model, "architecture", None)
     if arch is not None and arch.naflex:  # each image at its own aspect
-        rows, cols = arch.grid_size
-        if getattr(arch, "images_per_row", None) is not None:
-            raise ValueError(
-                "Few-shot features are computed image by image: pass the unpacked NaFlex "
-                f"model (images_per_row=None) with the weights of {model.name!r}."
-            )
-
-        def pipeline(source):
-            return vit_data.naflex_eval_dataset(
-                source, config.batch_size, patch_size=arch.patch_size,
-                max_num_patches=config.max_num_patches or rows * cols,
-                channels=arch.channels, preprocessing=model_preprocessing(model),
-            )
+        size, channels = None, arch.channels
+        naflex = vit_data.NaFlexLayout(
+            arch.patch_size, config.max_num_patches or math.prod(arch.grid_size))
     else:
-        _, height, width, channels = model.input_shape
-        if height != width or height is None:
+        _, size, width, channels = model.input_shape
+        if size != width or size is None:
             raise ValueError(
                 f"Few-shot evaluation needs a model with a fixed square input, got {model.input_shape}."
             )
-
-        def pipeline(source):
-            return vit_data.eval_dataset(
-                source, height, config.batch_size, channels=channels,
-                crop_fraction=config.crop_fraction, preprocessing=model_preprocessing(model),
-            )
-
+        naflex = None
     splits = []
     for spec, split in ((config.data, "train"), (config.test_data or config.data, "test")):
         source = vit_data.load_source(spec, split)
@@ -343,7 +327,11 @@ def evaluate_source(model, config, *, verbose=0):
         if config.classes is not None:
             source = vit_data.select_classes(source, config.classes)
             labels = tf.constant(vit_data.parse_classes(config.classes))
-        dataset = pipeline(source)
+        dataset = vit_data.eval_dataset(
+            source, size, config.batch_size, channels=channels,
+            crop_fraction=config.crop_fraction, preprocessing=model_preprocessing(model),
+            naflex=naflex,
+        )
         # The source's own labels (5-9, not 0-4), so that results and errors name them.
         splits.append(dataset.map(lambda x, y: (x, tf.gather(labels, tf.argmax(y, axis=-1)))))
     result = evaluate_model(

@@ -186,10 +186,16 @@ class DataConfig:
             )
         self.validate_naflex()
 
+    def naflex_layout(self, patch_size):
+        """The `keras_vit.data.naflex.NaFlexLayout` of a NaFlex run's batches."""
+        from keras_vit.data.naflex import NaFlexLayout
+
+        return NaFlexLayout(patch_size, self.naflex_max_patches, self.naflex_buckets,
+                            self.images_per_row, self.row_tokens)
+
     def validate_naflex(self):
         """The NaFlex settings: only with `naflex`, a valid layout, no MixUp/CutMix."""
         from keras_vit import data as vit_data
-        from keras_vit.data.naflex import check_layout
 
         layout = dict(naflex_buckets=self.naflex_buckets, images_per_row=self.images_per_row,
                       row_tokens=self.row_tokens)
@@ -199,8 +205,8 @@ class DataConfig:
                     raise ValueError(f"data.{name}={value!r} needs data.naflex=true.")
             return
         check_positive_int("data.naflex_max_patches", self.naflex_max_patches)
-        try:
-            check_layout(self.naflex_max_patches, *layout.values())
+        try:  # its token counts (the model gives the patch size)
+            self.naflex_layout(patch_size=1)
         except ValueError as error:
             raise ValueError(f"data.naflex: {error}") from None
         mixing = dict(mixup=self.mixup, cutmix=self.cutmix)

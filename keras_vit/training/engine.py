@@ -529,43 +529,40 @@ def make_pipelines(config, sources, plan, strategy, position):
     packed batches (`keras_vit.data.naflex_pipelines`)."""
     data, model = config.data, config.model
     epoch0, step0 = position
-    augmentation = dict(
-        seed=config.seed,
-        inception_crop=data.inception_crop,
-        crop_area=data.crop_area,
-        random_flip=data.random_flip,
-        augment=data.augment,
-        randaugment=data.randaugment,
-        mixup=data.mixup,
-        cutmix=data.cutmix,
-        layers=data.augmentations,
-        shuffle_buffer=data.shuffle_buffer,
-        start_batch=epoch0 * plan.micro_batches_per_epoch + step0,
-    )
-    # What both pipelines take alike: micro-batch, channels, caching, the pixel
-    # normalisation the weights expect, and the image size or NaFlex layout.
+
+    # What both pipelines take alike: image size (or NaFlex layout), micro-batch,
+    # channels, caching and the pixel normalisation the weights expect.
     shared = dict(
-        batch_size=config.micro_batch_size, channels=model.channels, cache=data.cache,
-        preprocessing=run_preprocessing(config),
+        image_size=model.image_size, batch_size=config.micro_batch_size,
+        channels=model.channels, cache=data.cache, preprocessing=run_preprocessing(config),
+        naflex=data.naflex_layout(run_architecture(config).patch_size) if data.naflex else None,
     )
-    if data.naflex:
-        shared.update(
-            patch_size=run_architecture(config).patch_size, max_num_patches=data.naflex_max_patches,
-            buckets=data.naflex_buckets, images_per_row=data.images_per_row,
-            row_tokens=data.row_tokens,
-        )
-        train_pipeline, eval_pipeline = vit_data.naflex_train_dataset, vit_data.naflex_eval_dataset
-        eval_settings = {}
-    else:
-        shared.update(image_size=model.image_size)
-        train_pipeline, eval_pipeline = vit_data.train_dataset, vit_data.eval_dataset
-        eval_settings = dict(crop_fraction=config.evaluation.crop_fraction)
 
     def make_train(input_context=None):
-        return train_pipeline(sources.train, input_context=input_context, **augmentation, **shared)
+        return vit_data.train_dataset(
+            sources.train,
+            seed=config.seed,
+            inception_crop=data.inception_crop,
+            crop_area=data.crop_area,
+            random_flip=data.random_flip,
+            augment=data.augment,
+            randaugment=data.randaugment,
+            mixup=data.mixup,
+            cutmix=data.cutmix,
+            layers=data.augmentations,
+            shuffle_buffer=data.shuffle_buffer,
+            start_batch=epoch0 * plan.micro_batches_per_epoch + step0,
+            input_context=input_context,
+            **shared,
+        )
 
     def make_eval(input_context=None):
-        return eval_pipeline(sources.eval, input_context=input_context, **eval_settings, **shared)
+        return vit_data.eval_dataset(
+            sources.eval,
+            crop_fraction=config.evaluation.crop_fraction,
+            input_context=input_context,
+            **shared,
+        )
 
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         train_data = strategy.distribute_datasets_from_function(make_train)
