@@ -313,3 +313,25 @@ def test_fewshot_of_a_naflex_model_equals_the_fixed_size_model_on_square_images(
     assert got["class_names"] == expected["class_names"]
     for key in ("num_train", "num_test", "accuracy", "mean"):
         np.testing.assert_allclose(got[key], expected[key], err_msg=key)
+
+
+@pytest.mark.parametrize("loss", ["softmax", "sigmoid"])
+def test_the_loss_of_packed_rows_is_the_mean_over_their_images(loss):
+    """Over `(rows, K, classes)` labels with `(rows, K)` weights the run's loss is the mean
+    of each real image's loss (NumPy's), not diluted by the empty slots."""
+    from keras_vit.training.engine import make_loss
+
+    rng = np.random.default_rng(0)
+    labels = np.eye(10, dtype="float32")[rng.integers(0, 10, (3, 4))]
+    logits = rng.normal(size=(3, 4, 10)).astype("float32")
+    weights = np.array([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]], "float32")
+    config = apply_overrides(TrainConfig(), ["data.naflex=true", "data.images_per_row=4",
+                                             f"optimization.loss={loss}"])
+    if loss == "softmax":
+        log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        each = -(labels * log_p).sum(-1)
+    else:
+        each = (np.maximum(logits, 0) - logits * labels + np.log1p(np.exp(-abs(logits)))).sum(-1)
+    expected = each[weights > 0].mean()
+    got = float(make_loss(config)(labels, logits, sample_weight=weights))
+    assert got == pytest.approx(expected, rel=1e-5)

@@ -601,6 +601,26 @@ def _build_model(config, num_classes):
     )
 
 
+def make_loss(config):
+    """The supervised loss of a run; over packed NaFlex rows (`data.images_per_row`)
+    the mean over the real images (slots of sample weight 1), whatever the rows' fill.
+
+    Example:
+
+    >>> make_loss(TrainConfig()).reduction
+    'sum_over_batch_size'
+    """
+    optimization = config.optimization
+    reduction = "sum_over_batch_size"
+    if config.data.images_per_row is not None:
+        reduction = "mean_with_sample_weight"
+    if optimization.loss == "sigmoid":
+        return SigmoidCrossEntropy(reduction=reduction)
+    return keras.losses.CategoricalCrossentropy(
+        from_logits=True, label_smoothing=optimization.label_smoothing, reduction=reduction
+    )
+
+
 def _objective(config, network, num_classes):
     """The model `fit` trains around `network`, and its `compile` arguments."""
     optimization = config.optimization
@@ -614,12 +634,7 @@ def _objective(config, network, num_classes):
             seed=config.seed,
         )
         return model, {}  # It computes its loss and masked-patch accuracy itself.
-    if optimization.loss == "sigmoid":
-        loss = SigmoidCrossEntropy()
-    else:
-        loss = keras.losses.CategoricalCrossentropy(
-            from_logits=True, label_smoothing=optimization.label_smoothing
-        )
+    loss = make_loss(config)
     metrics = [keras.metrics.CategoricalAccuracy(name="top1")]
     if num_classes > 5:
         metrics.append(keras.metrics.TopKCategoricalAccuracy(k=5, name="top5"))
