@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import bad_sos, jpeg
 from PIL import Image
 
 import keras_vit
@@ -335,3 +336,24 @@ def test_the_loss_of_packed_rows_is_the_mean_over_their_images(loss):
     expected = each[weights > 0].mean()
     got = float(make_loss(config)(labels, logits, sample_weight=weights))
     assert got == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_file_failing_to_decode_keeps_the_naflex_stream_in_place(tmp_path):
+    """A JPEG that fails to decode (it passes the start-up check) is named once; in its
+    training batch another image of the batch takes its place (the batches stay full
+    and a resumed stream stays exact); the evaluation pass leaves it out."""
+    root = _write_folder(tmp_path / "mixed", {"train": 40, "test": 40})
+    bad = root / "train" / "3" / "bad.jpg"
+    bad.write_bytes(bad_sos(jpeg(99, size=(40, 24))))
+    source = load_source(str(root))
+    assert source.size == 41 and not source.skipped
+    whole = list(_stream(source, 6, seed=2, random_flip=False).take(8))
+    assert list(source.undecodable) == [str(bad)]
+    for x, _ in whole:  # full batches of real images: no stand-in patch of a 1x1 grid
+        assert x["spatial_shapes"].shape == (6, 2) and (np.prod(x["spatial_shapes"], -1) > 1).all()
+    resumed = list(_stream(source, 6, seed=2, random_flip=False, start_batch=5).take(3))
+    for expected, got in zip(whole[5:], resumed):
+        for a, b in zip(tf.nest.flatten(expected), tf.nest.flatten(got)):
+            np.testing.assert_array_equal(a, b)
+    passes = eval_dataset(source, None, 8, channels=1, naflex=NaFlexLayout(PATCH, BUDGET))
+    assert sum(int(x["patches"].shape[0]) for x, _ in passes) == 40
