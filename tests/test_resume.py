@@ -35,6 +35,13 @@ TINY = [
 # 3 (0-based 2), epoch 4 is all in the second pass.
 VARIANTS = dict(
     supervised=["data.batch_size=128", "evaluation.enabled=true"],
+    # Each digit cropped at its own aspect to its own patch grid (the shifts per image),
+    # in batches padded to one of three token counts.
+    naflex=[
+        "data.batch_size=128", "evaluation.enabled=true", "data.naflex=true",
+        "data.naflex_max_patches=16", "data.naflex_buckets=(9, 12)", "data.inception_crop=true",
+        "data.crop_area=(0.5, 1.0)",
+    ],
     mpp_accumulating=[
         "optimization.objective=mpp", "data.batch_size=256",
         "optimization.micro_batches_per_update=2", "evaluation.enabled=false",
