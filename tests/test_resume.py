@@ -35,17 +35,23 @@ TINY = [
 # 3 (0-based 2), epoch 4 is all in the second pass.
 VARIANTS = dict(
     supervised=["data.batch_size=128", "evaluation.enabled=true"],
-    # Each digit cropped at its own aspect to its own patch grid (the shifts per image),
-    # in batches padded to one of three token counts.
-    naflex=[
-        "data.batch_size=128", "evaluation.enabled=true", "data.naflex=true",
-        "data.naflex_max_patches=16", "data.naflex_buckets=(9, 12)", "data.inception_crop=true",
-        "data.crop_area=(0.5, 1.0)",
-    ],
     mpp_accumulating=[
         "optimization.objective=mpp", "data.batch_size=256",
         "optimization.micro_batches_per_update=2", "evaluation.enabled=false",
     ],
+)
+
+
+# Each digit cropped at its own aspect to its own patch grid (the shifts per image), in
+# batches padded to one of three token counts, or packed two to a row.
+NAFLEX = [
+    "data.batch_size=128", "evaluation.enabled=true", "data.naflex=true",
+    "data.naflex_max_patches=16", "data.naflex_buckets=(9, 12)", "data.inception_crop=true",
+    "data.crop_area=(0.5, 1.0)",
+]
+VARIANTS.update(
+    naflex=NAFLEX,
+    naflex_packed=NAFLEX + ["data.images_per_row=2", "data.row_tokens=24"],
 )
 
 
@@ -113,7 +119,7 @@ def _files(folder):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", ["supervised", "mpp_accumulating"])
 def test_run_killed_anywhere_resumes_to_the_uninterrupted_run(tmp_path, variant):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     reference = _start(straight, variant)  # runs alongside the killed ones
@@ -136,6 +142,45 @@ def test_run_killed_anywhere_resumes_to_the_uninterrupted_run(tmp_path, variant)
     _, stderr = reference.communicate(timeout=900)
     assert reference.returncode == 0, stderr[-3000:]
 
+    _assert_same_run(straight, killed)
+    # Nothing half-written left behind, and the run no longer has a backup to resume.
+    names = [path.name for path in killed.rglob("*")]
+    assert not [name for name in names if name.startswith(".tmp-") or "partial" in name]
+    assert not (killed / runs.BACKUP / TrainingBackup.FILE).exists()
+
+    if variant == "supervised":
+        # Run once more: it is finished, so it says so and changes nothing.
+        before = _files(killed)
+        again = _start(killed, variant)
+        _, stderr = again.communicate(timeout=900)
+        assert again.returncode == 0, stderr[-3000:]
+        assert "holds this finished run: nothing to do" in stderr
+        assert _files(killed) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["naflex", "naflex_packed"])
+def test_a_naflex_run_killed_mid_epoch_resumes_to_the_uninterrupted_run(tmp_path, variant):
+    """NaFlex batches (padded to buckets, or packed) resume exactly: killed after a batch
+    of epoch 1, in a backup of epoch 2 and in the second pass over the data."""
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    reference = _start(straight, variant)
+    for point in [("batch", 3), ("state.npz", 2), ("state.npz", 3), ("batch", 2)]:
+        process = _start(killed, variant, point)
+        _, stderr = process.communicate(timeout=900)
+        assert process.returncode == -signal.SIGKILL, (point, stderr[-3000:])
+    assert TrainingBackup.saved_position(str(killed / runs.BACKUP))[0] >= 2  # in epoch 3 or 4
+    rerun = _start(killed, variant)
+    _, stderr = rerun.communicate(timeout=900)
+    assert rerun.returncode == 0, stderr[-3000:]
+    _, stderr = reference.communicate(timeout=900)
+    assert reference.returncode == 0, stderr[-3000:]
+    _assert_same_run(straight, killed)
+
+
+def _assert_same_run(straight, killed):
+    """The run in `killed` ended as the uninterrupted one in `straight`: the same weights,
+    every epoch once with the same values in metrics.csv, metrics.json and TensorBoard."""
     expected = keras.saving.load_model(straight / runs.MODEL).get_weights()
     resumed = keras.saving.load_model(killed / runs.MODEL).get_weights()
     assert len(resumed) == len(expected)
@@ -152,16 +197,3 @@ def test_run_killed_anywhere_resumes_to_the_uninterrupted_run(tmp_path, variant)
     assert scalars == _events(straight)
     assert ("train", "epoch_loss") in scalars
     assert all([step for step, _ in points] == [0, 1, 2, 3] for points in scalars.values())
-    # Nothing half-written left behind, and the run no longer has a backup to resume.
-    names = [path.name for path in killed.rglob("*")]
-    assert not [name for name in names if name.startswith(".tmp-") or "partial" in name]
-    assert not (killed / runs.BACKUP / TrainingBackup.FILE).exists()
-
-    if variant == "supervised":
-        # Run once more: it is finished, so it says so and changes nothing.
-        before = _files(killed)
-        again = _start(killed, variant)
-        _, stderr = again.communicate(timeout=900)
-        assert again.returncode == 0, stderr[-3000:]
-        assert "holds this finished run: nothing to do" in stderr
-        assert _files(killed) == before
