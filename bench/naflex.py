@@ -24,6 +24,7 @@ the variant's sizes) on the same padded inputs and square images in PyTorch, run
 `--timm-python` (a Python where `import timm` works; skipped where none does).
 
     python bench/naflex.py [--variant Ti/16] [--budget 256] [--batch 8] [--rounds 3]
+        [--images-per-row 4] [--steps 2] [--num-layers N]
         [--contenders keras-tensorflow,keras-jax,keras-torch,timm-naflexvit]
         [--timm-python PATH] [--out FILE]
 """
@@ -66,48 +67,34 @@ def mixed_images(count, seed, min_pixels, max_pixels):
     return images
 
 
-def pack_rows(single, rows, budget, images_per_row):
-    """Packs the one-image NaFlex inputs `single` (`naflex_inputs` of each image alone)
-    greedily into `rows` rows of `budget` tokens and at most `images_per_row` images,
-    in the layout of `keras_vit.ViT(naflex=True, images_per_row=K)`; returns the packed
-    dict and the number of images it holds."""
-    width = single[0]["patches"].shape[-1]
-    patches = np.zeros((rows, budget, width), np.float32)
-    slots = np.zeros((rows, budget), np.int32)
-    shapes = np.zeros((rows, images_per_row, 2), np.int32)
-    row = used = slot = placed = 0
-    for inputs in single:
-        count = int(inputs["patch_mask"].sum())
-        if used + count > budget or slot == images_per_row:
-            row, used, slot = row + 1, 0, 0
-        if row == rows:
-            break
-        patches[row, used: used + count] = inputs["patches"][0, :count]
-        slots[row, used: used + count] = slot + 1
-        shapes[row, slot] = inputs["spatial_shapes"][0]
-        used, slot, placed = used + count, slot + 1, placed + 1
-    return {"patches": patches, "patch_mask": slots, "spatial_shapes": shapes}, placed
-
-
-def make_data(path, variant, budget, batch, images_per_row, seed=0):
+def make_data(path, variant, budget, batch, images_per_row, num_layers=None, seed=0):
     """Writes every contender's inputs to `path` (.npz): the padded and packed NaFlex
     batches, their real token counts, and the square images' side."""
     from keras_vit import naflex_inputs
+    from keras_vit.data.naflex import pack_rows
     from keras_vit.models.vit import parse_variant
 
     arch = parse_variant(variant)
+    arch["num_layers"] = num_layers or arch["num_layers"]
     patch = arch["patch_size"]
     side = patch * int(round(budget**0.5))
     if (side // patch) ** 2 != budget:
         raise SystemExit(f"--budget {budget} is not a square number of patches: pick e.g. 256.")
     area = side * side
     padded = naflex_inputs(mixed_images(batch, seed, area / 2, area * 2), patch, budget)
-    # Each packed image gets its own budget, a quarter of the row's to all of it.
+    # Each packed image gets its own budget, a quarter of the row's to all of it; the rows
+    # are filled first-fit (`pack_rows`, as the training pipelines pack).
     budgets = np.random.default_rng(seed + 2).integers(budget // 4, budget + 1,
                                                        batch * images_per_row)
     singles = [naflex_inputs([image], patch, int(b)) for image, b in
                zip(mixed_images(len(budgets), seed + 1, area / 4, area * 2), budgets)]
-    packed, placed = pack_rows(singles, batch, budget, images_per_row)
+    patches = np.zeros((len(singles), budget, singles[0]["patches"].shape[-1]), np.float32)
+    for i, inputs in enumerate(singles):
+        patches[i, : inputs["patches"].shape[1]] = inputs["patches"][0]
+    packed, index = pack_rows(patches, [int(x["patch_mask"].sum()) for x in singles],
+                              [x["spatial_shapes"][0] for x in singles], batch, budget,
+                              images_per_row)
+    placed = int((index >= 0).sum())
     np.savez(path, side=side, patch=patch,
              sizes=[arch[k] for k in ("hidden_dim", "mlp_dim", "num_heads", "num_layers")],
              padded_patches=padded["patches"], padded_mask=padded["patch_mask"],
@@ -116,29 +103,31 @@ def make_data(path, variant, budget, batch, images_per_row, seed=0):
              packed_shapes=packed["spatial_shapes"], packed_images=placed)
 
 
-def keras_runners(variant, data, batch, images_per_row):
+def keras_runners(data, batch, images_per_row):
     """`{mode: (infer, train, real tokens per batch)}` for keras-vit on this backend."""
     import keras
 
     import keras_vit
 
     keras_vit.configure_for_backend()
-    family = dict(classifier="map", gelu_approximate=True, num_classes=NUM_CLASSES)
     side = int(data["side"])
+    hidden, mlp, heads, layers = (int(v) for v in data["sizes"])
+    family = dict(classifier="map", gelu_approximate=True, num_classes=NUM_CLASSES,
+                  image_size=side, patch_size=int(data["patch"]), hidden_dim=hidden,
+                  mlp_dim=mlp, num_heads=heads, num_layers=layers)
     labels = np.arange(batch) % NUM_CLASSES
     models = {
-        "fixed": (keras_vit.ViT(variant, image_size=side, **family),
+        "fixed": (keras_vit.ViT(**family),
                   np.random.default_rng(0).uniform(-1, 1, (batch, side, side, 3)).astype("float32"),
                   labels, None, batch * (side // int(data["patch"])) ** 2),
-        "padded": (keras_vit.ViT(variant, image_size=side, naflex=True, **family),
+        "padded": (keras_vit.ViT(naflex=True, **family),
                    {"patches": data["padded_patches"], "patch_mask": data["padded_mask"],
                     "spatial_shapes": data["padded_shapes"]},
                    labels, None, int(data["padded_mask"].sum())),
     }
     weights = (data["packed_shapes"].prod(axis=-1) > 0).astype("float32")  # real slots
     models["packed"] = (
-        keras_vit.ViT(variant, image_size=side, naflex=True, images_per_row=images_per_row,
-                      **family),
+        keras_vit.ViT(naflex=True, images_per_row=images_per_row, **family),
         {"patches": data["packed_patches"], "patch_mask": data["packed_mask"],
          "spatial_shapes": data["packed_shapes"]},
         np.zeros((batch, images_per_row), "int32") + labels[:, None], weights,
@@ -208,13 +197,13 @@ def timed(run, steps):
     return (time.perf_counter() - start) / steps
 
 
-def worker(contender, variant, data_path, batch, images_per_row, rounds, steps, warmup):
+def worker(contender, data_path, batch, images_per_row, rounds, steps, warmup):
     """Times every mode of `contender`, alternated; prints one JSON line of results."""
     data = dict(np.load(data_path))
     if contender == "timm-naflexvit":
         runners = timm_runners(data, batch)
     else:
-        runners = keras_runners(variant, data, batch, images_per_row)
+        runners = keras_runners(data, batch, images_per_row)
     results = {}
     for task, pick in (("infer", 0), ("train", 1)):
         modes = list(runners)
@@ -241,8 +230,7 @@ def run(contender, args, data_path, python):
     backend = contender.split("-", 1)[1] if contender.startswith("keras-") else "torch"
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3",
            "PYTHONPATH": str(ROOT)}
-    command = [python, __file__, "--worker", contender, "--variant", args.variant,
-               "--data", data_path, "--batch", str(args.batch), "--rounds", str(args.rounds),
+    command = [python, __file__, "--worker", contender, "--data", data_path, "--batch", str(args.batch), "--rounds", str(args.rounds),
                "--images-per-row", str(args.images_per_row), "--steps", str(args.steps)]
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     if result.returncode:
@@ -273,6 +261,7 @@ def format_table(contenders):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", default="Ti/16")
+    parser.add_argument("--num-layers", type=int, help="fewer blocks than the variant's")
     parser.add_argument("--budget", type=int, default=256)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--images-per-row", type=int, default=4)
@@ -285,7 +274,7 @@ def main(argv=None):
     parser.add_argument("--data", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.worker, args.variant, args.data, args.batch, args.images_per_row,
+        return worker(args.worker, args.data, args.batch, args.images_per_row,
                       args.rounds, args.steps, warmup=2)
     contenders = args.contenders.split(",")
     unknown = sorted(set(contenders) - set(CONTENDERS))
@@ -295,7 +284,15 @@ def main(argv=None):
     results, notes = {}, {}
     with tempfile.TemporaryDirectory(prefix="keras_vit_naflex_bench_") as folder:
         data_path = os.path.join(folder, "data.npz")
-        make_data(data_path, args.variant, args.budget, args.batch, args.images_per_row)
+        make_data(data_path, args.variant, args.budget, args.batch, args.images_per_row,
+                  args.num_layers)
+        data = np.load(data_path)
+        batches = dict(  # what one batch of each mode holds
+            fixed=dict(images=args.batch, tokens=args.batch * args.budget),
+            padded=dict(images=args.batch, tokens=int(data["padded_mask"].sum())),
+            packed=dict(images=int(data["packed_images"]),
+                        tokens=int((data["packed_mask"] > 0).sum())),
+        )
         for contender in contenders:
             python = sys.executable
             if contender == "timm-naflexvit":
@@ -306,8 +303,11 @@ def main(argv=None):
                 notes[contender] = f"timm {versions[0]}, torch {versions[1]} ({python})"
             results[contender] = run(contender, args, data_path, python)
     report = dict(machine=machine(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                  settings=dict(variant=args.variant, budget=args.budget, batch=args.batch,
-                                images_per_row=args.images_per_row, rounds=args.rounds),
+                  settings=dict(variant=args.variant, num_layers=args.num_layers,
+                                budget=args.budget, batch=args.batch,
+                                images_per_row=args.images_per_row, rounds=args.rounds,
+                                steps=args.steps),
+                  batches=batches,
                   notes=notes, results=results, table=format_table(results))
     if "timm-naflexvit" in results and "keras-torch" in results:
         report["keras_torch_x_timm"] = {
@@ -317,7 +317,8 @@ def main(argv=None):
     Path(out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"{report['machine']['cpu']} ({', '.join(report['machine']['cpu_flags'])}), "
           f"{report['machine']['cores']} cores; {args.variant}, {args.budget} tokens per row, "
-          f"batch {args.batch}")
+          f"batch {args.batch}; real tokens (images) per batch: "
+          + ", ".join(f"{m} {b['tokens']} ({b['images']})" for m, b in batches.items()))
     print(report["table"])
     for contender, note in notes.items():
         print(f"{contender}: {note}")
