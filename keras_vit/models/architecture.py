@@ -271,12 +271,15 @@ class Architecture:
             num_classes=num_classes,
         )
 
-    def activation_values(self):
+    def activation_values(self, patches=None):
         """Values one image's forward pass keeps for the backward pass
-        (`keras_vit.models.size.activation_values`), with `remat` as set."""
+        (`keras_vit.models.size.activation_values`), with `remat` as set; with `patches`,
+        one row's of that many patch tokens (a NaFlex batch's padded or packed row, each
+        of its `images_per_row` images with its own prefix token)."""
         rows, cols = self.grid_size
+        tokens = rows * cols + 1 if patches is None else patches + (self.images_per_row or 1)
         return size.activation_values(
-            tokens=rows * cols + 1, hidden_dim=self.hidden_dim, mlp_dim=self.mlp_dim,
+            tokens=tokens, hidden_dim=self.hidden_dim, mlp_dim=self.mlp_dim,
             num_heads=self.num_heads, num_layers=self.num_layers, remat=self.remat,
         )
 

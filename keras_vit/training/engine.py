@@ -211,13 +211,16 @@ def check_run(config):
 
 
 def run_architecture(config):
-    """The `Architecture` of the run's model (its head and preprocessing left out)."""
+    """The `Architecture` of the run's model (its head and preprocessing left out; NaFlex
+    and packing as the data asks)."""
     model = config.model
     fields = {field.name for field in dataclasses.fields(Architecture)} - {"preprocessing"}
+    naflex = dict(naflex=True, images_per_row=config.data.images_per_row) \
+        if config.data.naflex else {}
     return Architecture(
         None if model.variant == "custom" else model.variant,
         image_size=model.image_size, channels=model.channels,
-        **{k: v for k, v in model.kwargs.items() if k in fields},
+        **{k: v for k, v in model.kwargs.items() if k in fields}, **naflex,
     )
 
 
@@ -238,7 +241,11 @@ def check_memory(config):
         slots = 0
     weights = parameters * 4 * (2 + slots)  # float32 weights and gradients, and the slots
     bytes_per_value = 4 if config.distribution.precision == "float32" else 2
-    activations = config.micro_batch_size * arch.activation_values() * bytes_per_value
+    patches = None
+    if config.data.naflex:  # rows of the layout's tokens, not of the model's image size
+        layout = config.data.naflex_layout(arch.patch_size)
+        patches = layout.row_tokens if layout.images_per_row else layout.max_num_patches
+    activations = config.micro_batch_size * arch.activation_values(patches) * bytes_per_value
     size.check_fits(
         weights + activations,
         f"Training this model ({parameters:,} parameters; {weights / size.GB:,.1f} GB for "
