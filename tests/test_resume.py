@@ -122,26 +122,14 @@ def _files(folder):
 @pytest.mark.parametrize("variant", ["supervised", "mpp_accumulating"])
 def test_run_killed_anywhere_resumes_to_the_uninterrupted_run(tmp_path, variant):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    reference = _start(straight, variant)  # runs alongside the killed ones
     points = _kill_points(seed=len(variant))
     assert len(points) >= 10
-    positions = []
-    for point in points:
-        process = _start(killed, variant, point)
-        _, stderr = process.communicate(timeout=900)
-        assert process.returncode == -signal.SIGKILL, (point, stderr[-3000:])
-        positions.append(TrainingBackup.saved_position(str(killed / runs.BACKUP)))
+    positions = _killed_then_finished(straight, killed, variant, points)
     print("backup after each kill:", list(zip(points, positions)))
     # The kills span the run: before the first backup, mid-epoch, in the second pass over
     # the data, and once training was done (while the final files were written).
     assert positions[0] == (0, 0) and positions[-2:] == [(4, 0), (4, 0)]
     assert any(step for _, step in positions) and (3, 2) in positions
-    rerun = _start(killed, variant)
-    _, stderr = rerun.communicate(timeout=900)
-    assert rerun.returncode == 0, stderr[-3000:]
-    _, stderr = reference.communicate(timeout=900)
-    assert reference.returncode == 0, stderr[-3000:]
-
     _assert_same_run(straight, killed)
     # Nothing half-written left behind, and the run no longer has a backup to resume.
     names = [path.name for path in killed.rglob("*")]
@@ -164,18 +152,29 @@ def test_a_naflex_run_killed_mid_epoch_resumes_to_the_uninterrupted_run(tmp_path
     """NaFlex batches (padded to buckets, or packed) resume exactly: killed after a batch
     of epoch 1, in a backup of epoch 2 and in the second pass over the data."""
     straight, killed = tmp_path / "straight", tmp_path / "killed"
+    points = [("batch", 3), ("state.npz", 2), ("state.npz", 3), ("batch", 2)]
+    positions = _killed_then_finished(straight, killed, variant, points)
+    assert positions[-1][0] >= 2  # the last kill in epoch 3 or 4
+    _assert_same_run(straight, killed)
+
+
+def _killed_then_finished(straight, killed, variant, points):
+    """Runs `variant` uninterrupted into `straight` and, alongside, into `killed` killed at
+    each of `points` in turn and then run to its end; returns the backup's position
+    after each kill."""
     reference = _start(straight, variant)
-    for point in [("batch", 3), ("state.npz", 2), ("state.npz", 3), ("batch", 2)]:
+    positions = []
+    for point in points:
         process = _start(killed, variant, point)
         _, stderr = process.communicate(timeout=900)
         assert process.returncode == -signal.SIGKILL, (point, stderr[-3000:])
-    assert TrainingBackup.saved_position(str(killed / runs.BACKUP))[0] >= 2  # in epoch 3 or 4
+        positions.append(TrainingBackup.saved_position(str(killed / runs.BACKUP)))
     rerun = _start(killed, variant)
     _, stderr = rerun.communicate(timeout=900)
     assert rerun.returncode == 0, stderr[-3000:]
     _, stderr = reference.communicate(timeout=900)
     assert reference.returncode == 0, stderr[-3000:]
-    _assert_same_run(straight, killed)
+    return positions
 
 
 def _assert_same_run(straight, killed):
