@@ -493,9 +493,19 @@ def _export_file(args, model, labels, metadata, crop_fraction):
         runtime = "the LiteRT interpreter"
     print(f"{args.format.upper()} ({os.path.getsize(args.out)} bytes"
           f"{', ' + args.quantize if args.quantize else ''}): {args.out}")
-    print(f"Input {record['input']['name']} float32 {record['input']['shape']}: "
-          f"{record['preprocessing']}.")
-    print(f"Checked with {runtime} against Keras on 3 random images: max |difference| "
+    naflex = record.get("naflex")
+    if naflex:
+        inputs = ", ".join(f"{name} {spec['dtype']} {spec['shape']}"
+                           for name, spec in naflex["inputs"].items())
+        print(f"Inputs {inputs}: {record['preprocessing']}.")
+        budget = naflex["max_num_patches"]
+        checked = (f"3 random images of mixed aspect ratios at {budget} and "
+                   f"{max(1, budget // 2)} tokens")
+    else:
+        print(f"Input {record['input']['name']} float32 {record['input']['shape']}: "
+              f"{record['preprocessing']}.")
+        checked = "3 random images"
+    print(f"Checked with {runtime} against Keras on {checked}: max |difference| "
           f"{difference:.2g}.")
 
 
@@ -520,6 +530,7 @@ def _check_export(args):
 def export(args):
     from keras_vit.export.records import check_export_target
     from keras_vit.export.saved_model import export_saved_model
+    from keras_vit.models.naflex_mode import is_naflex
     from keras_vit.training.runs import output_activation, resolve_from
 
     if args.quantize and args.format != "tflite":
@@ -539,10 +550,10 @@ def export(args):
         source=args.source, file=resolve_from(args.source).path,
         train_config=config and config.to_dict(),
     )
-    # Served at its own size, an image is not cropped unless --crop-fraction asks (an error).
-    crop_fraction = (
-        args.crop_fraction if args.native_resolution else _crop_fraction(args, config, model)
-    )
+    # Served at its own size (or as NaFlex patches), an image is not cropped unless
+    # --crop-fraction asks (an error).
+    native = args.native_resolution or is_naflex(model)
+    crop_fraction = args.crop_fraction if native else _crop_fraction(args, config, model)
     if args.format != "saved_model":
         _export_file(args, model, labels, metadata, crop_fraction)
         return 0
@@ -554,7 +565,12 @@ def export(args):
     crop = "whole image" if crop_fraction is None else f"central crop {crop_fraction}"
     if args.native_resolution:
         crop = "each image at its own size"
+    if "naflex" in record:
+        crop = (f"NaFlex: {record['naflex']['patch_size']}-pixel patches, any token count, "
+                f"budget {record['naflex']['max_num_patches']}")
     print(f"SavedModel ({activation}, top {record['top_k']}, {crop}): {args.out}")
+    if "naflex" in record:
+        print(f"Inputs: {record['naflex']['make_inputs']}.")
     return 0
 
 
@@ -719,6 +735,16 @@ def _predict_arguments(parser):
         "--labels", metavar="FILE",
         help="class names, one per line, in class order (default: the run's labels.txt)",
     )
+    parser.add_argument(
+        "--naflex", action="store_true",
+        help="run a model that is not a NaFlex one as its NaFlex twin (the same weights): "
+        "each image at its own aspect ratio, within the token budget (NaFlex models always are)",
+    )
+    parser.add_argument(
+        "--max-num-patches", type=int, metavar="N",
+        help="NaFlex token budget per image (default: the model's, the patches of its "
+        "position table's grid)",
+    )
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print JSON")
     output.add_argument(
@@ -740,6 +766,11 @@ def _check_predict(args):
         registry.get_weights(weights)
     check_from(weights)
     _check_model_command(args)
+    if args.max_num_patches is not None and args.max_num_patches < 1:
+        raise ValueError(
+            f"--max-num-patches must be 1 or more, got {args.max_num_patches}: pass the "
+            "tokens each image may take (SigLIP 2's default: 256)."
+        )
     paths = image_paths(args.images)
     if all("://" not in path and not os.path.exists(path) for path in paths):
         raise FileNotFoundError(f"No such image file: {paths[0]!r}; nothing to classify.")
@@ -751,6 +782,7 @@ def predict(args):
     import json
 
     from keras_vit.inference import classify
+    from keras_vit.models.naflex_mode import is_naflex
     from keras_vit.utils.csv_rows import write_rows
     from keras_vit.weights.pretrained import NotFiniteWeights, pretrained
 
@@ -771,10 +803,14 @@ def predict(args):
         model, config = _load_run_model(args.source)
         activation = output_activation(config) if config is not None else None
         crop_fraction = _crop_fraction(args, config, model)
+    if args.naflex or is_naflex(model):  # no crop: classify refuses a --crop-fraction
+        crop_fraction = "model" if args.crop_fraction is None else args.crop_fraction
     results = classify(
         model, args.images, top_k=args.top_k, labels=labels, activation=activation,
         crop_fraction=crop_fraction, batch_size=args.batch_size, skip_unreadable=True,
-        progress=_progress_line if sys.stderr.isatty() else None, precision=args.precision,
+        progress=_progress_line if sys.stderr.isatty() else None,
+        naflex=args.naflex or None, max_num_patches=args.max_num_patches,
+        precision=args.precision,
     )
     if sys.stderr.isatty():
         print(file=sys.stderr)

@@ -257,3 +257,28 @@ OFFICIAL_HYBRID_COUNTS = {
     "R50+B/16": 98_659_112,
     "R50+L/32": 328_994_856,
 }
+
+
+def jpeg(seed, mode="RGB", size=(24, 20)):
+    """A JPEG written by PIL (`mode` "CMYK" writes a CMYK JPEG, as Photoshop does)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).convert(mode).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def bad_sos(payload):
+    """`payload` with its scan header damaged as found: the spectral end (Se) and the
+    first component's Huffman tables (0x0F: none defined). libjpeg prints "Invalid SOS
+    parameters for sequential JPEG", then fails; every marker is still in place."""
+    damaged = bytearray(payload)
+    sos = damaged.index(b"\xff\xda")
+    length = int.from_bytes(damaged[sos + 2:sos + 4], "big")
+    damaged[sos + 2 + length - 2] = 0x20
+    damaged[sos + 6] = 0x0F
+    return bytes(damaged)

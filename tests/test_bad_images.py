@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
-from helpers import decodes, tiny_vit
+from helpers import bad_sos, decodes, jpeg, tiny_vit
 from PIL import Image
 
 from keras_vit import cli, data
@@ -36,26 +36,6 @@ TINY = [
     "--set", "model.kwargs.hidden_dim=16", "--set", "model.kwargs.num_layers=1",
     "--set", "model.kwargs.num_heads=2", "--set", "model.kwargs.mlp_dim=32",
 ]
-
-
-def jpeg(seed, mode="RGB", size=(24, 20)):
-    """A JPEG written by PIL (`mode` "CMYK" writes a CMYK JPEG, as Photoshop does)."""
-    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).convert(mode).save(buffer, "JPEG", quality=90)
-    return buffer.getvalue()
-
-
-def bad_sos(payload):
-    """`payload` with its scan header damaged as found: the spectral end (Se) and the
-    first component's Huffman tables (0x0F: none defined). libjpeg prints "Invalid SOS
-    parameters for sequential JPEG", then fails; every marker is still in place."""
-    damaged = bytearray(payload)
-    sos = damaged.index(b"\xff\xda")
-    length = int.from_bytes(damaged[sos + 2:sos + 4], "big")
-    damaged[sos + 2 + length - 2] = 0x20
-    damaged[sos + 6] = 0x0F
-    return bytes(damaged)
 
 
 def garbled_without_ff(payload, seed=0):

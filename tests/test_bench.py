@@ -143,6 +143,30 @@ def test_predict_benchmark_times_keras_vit_and_hfs_pipeline_on_the_same_files(tm
 
 
 @pytest.mark.slow
+def test_naflex_benchmark_counts_the_real_tokens_of_each_mode(tmp_path):
+    """The NaFlex benchmark on one backend: every mode timed for inference and training,
+    its tokens per second the real tokens of its batch over its step time, the fixed
+    mode's ratio 1, the padded batch one image per row and the packed one more images
+    than rows."""
+    out = tmp_path / "naflex.json"
+    stdout = run_bench("naflex.py", "--budget", "16", "--batch", "2", "--num-layers", "1",
+                       "--rounds", "1", "--steps", "1", "--images-per-row", "3",
+                       "--contenders", "keras-tensorflow", "--out", str(out))
+    report = json.loads(out.read_text())
+    batches, results = report["batches"], report["results"]["keras-tensorflow"]
+    assert set(results) == {f"{t}/{m}" for t in ("infer", "train")
+                            for m in ("fixed", "padded", "packed")}
+    assert batches["fixed"] == {"images": 2, "tokens": 32}
+    assert batches["padded"]["images"] == 2 and 2 <= batches["padded"]["tokens"] <= 32
+    assert 2 < batches["packed"]["images"] <= 6 and batches["packed"]["tokens"] <= 32
+    for key, row in results.items():
+        assert row["tokens_per_s"] * row["step_s"] == pytest.approx(
+            batches[key.split("/")[1]]["tokens"], rel=1e-6)
+        assert row["x_fixed"] == 1.0 if key.endswith("/fixed") else row["x_fixed"] > 0
+    assert "| keras-tensorflow | train | packed |" in stdout
+
+
+@pytest.mark.slow
 def test_models_benchmark_times_keras_predict_and_fit_beside_the_harness(tmp_path):
     """Every contender, task and interface for the tiny ViT; the tiny DINOv2 and SigLIP
     rows (HF's Dinov2Model and SiglipVisionModel with a linear head) through the harness

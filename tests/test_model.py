@@ -238,6 +238,17 @@ def test_bad_arguments_raise_clear_errors(kwargs, message):
         keras_vit.ViT(variant, **kwargs)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_layer=1), r"unknown argument 'num_layer': did you mean 'num_layers'\?"),
+    (dict(colour=3), r"unknown argument 'colour': see help\(keras_vit.VisionTransformer\)"),
+])
+def test_an_unknown_argument_is_named_not_ignored(kwargs, message):
+    # Keras' Model takes and drops keywords it does not know: a misspelt one would
+    # silently build another model.
+    with pytest.raises(TypeError, match=message):
+        keras_vit.ViT("Ti/16", image_size=32, **kwargs)
+
+
 def test_wrong_channel_count_at_call_time_is_a_clear_error():
     model = tiny_vit()
     with pytest.raises(ValueError, match=r"3 channels.*got 1"):

@@ -42,6 +42,19 @@ VARIANTS = dict(
 )
 
 
+# Each digit cropped at its own aspect to its own patch grid (the shifts per image), in
+# batches padded to one of three token counts, or packed two to a row.
+NAFLEX = [
+    "data.batch_size=128", "evaluation.enabled=true", "data.naflex=true",
+    "data.naflex_max_patches=16", "data.naflex_buckets=(9, 12)", "data.inception_crop=true",
+    "data.crop_area=(0.5, 1.0)",
+]
+VARIANTS.update(
+    naflex=NAFLEX,
+    naflex_packed=NAFLEX + ["data.images_per_row=2", "data.row_tokens=24"],
+)
+
+
 def _command(out, variant):
     sets = [arg for value in TINY + VARIANTS[variant] for arg in ("--set", value)]
     return ["pretrain", "--recipe", "demo", "--data", "digits", "--out", str(out), *sets]
@@ -106,29 +119,67 @@ def _files(folder):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", ["supervised", "mpp_accumulating"])
 def test_run_killed_anywhere_resumes_to_the_uninterrupted_run(tmp_path, variant):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    reference = _start(straight, variant)  # runs alongside the killed ones
     points = _kill_points(seed=len(variant))
     assert len(points) >= 10
+    positions = _killed_then_finished(straight, killed, variant, points)
+    print("backup after each kill:", list(zip(points, positions)))
+    # The kills span the run: before the first backup, mid-epoch, in the second pass over
+    # the data, and once training was done (while the final files were written).
+    assert positions[0] == (0, 0) and positions[-2:] == [(4, 0), (4, 0)]
+    assert any(step for _, step in positions) and (3, 2) in positions
+    _assert_same_run(straight, killed)
+    # Nothing half-written left behind, and the run no longer has a backup to resume.
+    names = [path.name for path in killed.rglob("*")]
+    assert not [name for name in names if name.startswith(".tmp-") or "partial" in name]
+    assert not (killed / runs.BACKUP / TrainingBackup.FILE).exists()
+
+    if variant == "supervised":
+        # Run once more: it is finished, so it says so and changes nothing.
+        before = _files(killed)
+        again = _start(killed, variant)
+        _, stderr = again.communicate(timeout=900)
+        assert again.returncode == 0, stderr[-3000:]
+        assert "holds this finished run: nothing to do" in stderr
+        assert _files(killed) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["naflex", "naflex_packed"])
+def test_a_naflex_run_killed_mid_epoch_resumes_to_the_uninterrupted_run(tmp_path, variant):
+    """NaFlex batches (padded to buckets, or packed) resume exactly: killed after a batch
+    of epoch 1, in a backup of epoch 2 and in the second pass over the data."""
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    points = [("batch", 3), ("state.npz", 2), ("state.npz", 3), ("batch", 2)]
+    positions = _killed_then_finished(straight, killed, variant, points)
+    assert positions[-1][0] >= 2  # the last kill in epoch 3 or 4
+    _assert_same_run(straight, killed)
+
+
+def _killed_then_finished(straight, killed, variant, points):
+    """Runs `variant` uninterrupted into `straight` and, alongside, into `killed` killed at
+    each of `points` in turn and then run to its end; returns the backup's position
+    after each kill."""
+    reference = _start(straight, variant)
     positions = []
     for point in points:
         process = _start(killed, variant, point)
         _, stderr = process.communicate(timeout=900)
         assert process.returncode == -signal.SIGKILL, (point, stderr[-3000:])
         positions.append(TrainingBackup.saved_position(str(killed / runs.BACKUP)))
-    print("backup after each kill:", list(zip(points, positions)))
-    # The kills span the run: before the first backup, mid-epoch, in the second pass over
-    # the data, and once training was done (while the final files were written).
-    assert positions[0] == (0, 0) and positions[-2:] == [(4, 0), (4, 0)]
-    assert any(step for _, step in positions) and (3, 2) in positions
     rerun = _start(killed, variant)
     _, stderr = rerun.communicate(timeout=900)
     assert rerun.returncode == 0, stderr[-3000:]
     _, stderr = reference.communicate(timeout=900)
     assert reference.returncode == 0, stderr[-3000:]
+    return positions
 
+
+def _assert_same_run(straight, killed):
+    """The run in `killed` ended as the uninterrupted one in `straight`: the same weights,
+    every epoch once with the same values in metrics.csv, metrics.json and TensorBoard."""
     expected = keras.saving.load_model(straight / runs.MODEL).get_weights()
     resumed = keras.saving.load_model(killed / runs.MODEL).get_weights()
     assert len(resumed) == len(expected)
@@ -145,16 +196,3 @@ def test_run_killed_anywhere_resumes_to_the_uninterrupted_run(tmp_path, variant)
     assert scalars == _events(straight)
     assert ("train", "epoch_loss") in scalars
     assert all([step for step, _ in points] == [0, 1, 2, 3] for points in scalars.values())
-    # Nothing half-written left behind, and the run no longer has a backup to resume.
-    names = [path.name for path in killed.rglob("*")]
-    assert not [name for name in names if name.startswith(".tmp-") or "partial" in name]
-    assert not (killed / runs.BACKUP / TrainingBackup.FILE).exists()
-
-    if variant == "supervised":
-        # Run once more: it is finished, so it says so and changes nothing.
-        before = _files(killed)
-        again = _start(killed, variant)
-        _, stderr = again.communicate(timeout=900)
-        assert again.returncode == 0, stderr[-3000:]
-        assert "holds this finished run: nothing to do" in stderr
-        assert _files(killed) == before

@@ -11,12 +11,14 @@ import os
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 from PIL import Image
 
+import keras_vit
 from keras_vit import cli, data
 
 FORMATS = ("tfrecord", "array_record")
@@ -136,6 +138,44 @@ def test_array_record_stream_equals_tfrecord_stream_and_resumes_exactly(data_dir
     full = stream("array_record", 0)
     np.testing.assert_array_equal(np.stack(full), np.stack(stream("tfrecord", 0)))
     np.testing.assert_array_equal(np.stack(full[5:]), np.stack(stream("array_record", 5)))
+
+
+def test_naflex_batches_from_tfds_take_each_image_at_its_aspect_and_resume(data_dirs):
+    """NaFlex batches of a TFDS dataset: the eval pass gives `naflex_inputs` of the
+    split's images (grids and masks exactly, pixels within a grey level: TensorFlow's
+    resize in float, PIL's in 8-bit), and a packed training stream started at batch 3
+    is the uninterrupted one from there, in both file formats."""
+    from keras_vit.data.naflex import NaFlexLayout
+
+    root = data_dirs["tfrecord"]  # which TFDS's own as_dataset reads
+    source = data.load_source("tfds:tiny_shapes", "validation", data_dir=root)
+    batches = list(data.eval_dataset(source, None, 4, naflex=NaFlexLayout(2, 16)))
+    # The stored files, decoded by PIL (TFDS's own decoder reads JPEGs less accurately).
+    split = tfds.as_numpy(TinyShapes(data_dir=root).as_dataset(
+        split="validation", decoders={"image": tfds.decode.SkipDecoding()}))
+    examples = [(np.asarray(Image.open(io.BytesIO(e["image"])).convert("RGB")), e["label"])
+                for e in split]
+    images, labels = [image for image, _ in examples], [label for _, label in examples]
+    assert len({image.shape for image in images}) > 1  # the aspects differ
+    expected = keras_vit.naflex_inputs(images, patch_size=2, max_num_patches=16)
+    got = {key: np.concatenate([x[key].numpy() for x, _ in batches]) for key in expected}
+    np.testing.assert_array_equal(got["spatial_shapes"], expected["spatial_shapes"])
+    np.testing.assert_array_equal(got["patch_mask"], expected["patch_mask"])
+    np.testing.assert_allclose(got["patches"], expected["patches"], rtol=0, atol=2 / 255 + 1e-6)
+    assert np.concatenate([y.numpy() for _, y in batches]).argmax(-1).tolist() == labels
+
+    packed = NaFlexLayout(2, 16, images_per_row=2)
+
+    def stream(file_format, start):
+        train = data.load_source("tfds:tiny_shapes", data_dir=data_dirs[file_format])
+        return [keras.tree.map_structure(lambda t: t.numpy(), batch) for batch in
+                data.train_dataset(train, None, 4, seed=5, start_batch=start,
+                                   naflex=packed).take(8 - start)]
+
+    full = stream("array_record", 0)
+    assert full[0][0]["spatial_shapes"].shape == (2, 2, 2)  # 4 images a batch, 2 a row
+    for a, b in zip(full[3:] + full, stream("array_record", 3) + stream("tfrecord", 0)):
+        keras.tree.map_structure(np.testing.assert_array_equal, a, b)
 
 
 def test_an_unknown_dataset_is_one_line_naming_the_data_folder(tmp_path):

@@ -3,6 +3,7 @@ saying what is wrong and what to do, and files written for spreadsheets run no f
 
 import csv
 import io
+import re
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
@@ -158,6 +159,26 @@ def test_a_run_whose_model_cannot_fit_is_refused_with_the_estimate(tmp_path, cap
                            "parameters; "), line
     assert " GB available: make the model smaller (model.kwargs.num_layers" in line
     assert not out.exists()  # refused before anything was written or built
+
+
+def test_a_naflex_run_is_estimated_at_its_rows_tokens(tmp_path, capsys):
+    """Packed NaFlex rows of 20,000 tokens: the activations of rows of that many patch
+    tokens and one prefix token per image, not of the model's 17-token images, are what
+    cannot fit."""
+    from keras_vit.models.size import GB, activation_values
+
+    out = tmp_path / "run"
+    code = cli.main(["pretrain", "--recipe", "demo", "--out", str(out), "--set",
+                     "data.naflex=true", "--set", "data.images_per_row=4", "--set",
+                     "data.row_tokens=20000", "--set", "distribution.precision=float32"])
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert code == 2, line
+    batch = int(re.search(r"for a micro-batch of (\d+) images", line).group(1))
+    # The demo's model: width 64, MLP 128, 4 heads, 2 blocks; float32.
+    values = activation_values(tokens=20000 + 4, hidden_dim=64, mlp_dim=128, num_heads=4,
+                               num_layers=2)
+    assert f"{batch * values * 4 / GB:,.1f} GB for a micro-batch of {batch} images'" in line
+    assert not out.exists()
 
 
 def test_the_estimate_counts_the_parameters_keras_counts():

@@ -7,11 +7,15 @@ read without TensorFlow.
 - `libjpeg`: JPEGs that decode with a libjpeg warning, checked off the start-up path.
 - `decode`: files to pixels, crop windows, the eval resize, in `tf.data`.
 - `images`: `read_images`, files to a batch of model inputs with PIL and NumPy (the same
-  pixels as `decode`), so that `classify` and `keras-vit predict` need no TensorFlow.
+  pixels as `decode`), and `read_pixels`, one file's uint8 pixels at its own size, so
+  that `classify` and `keras-vit predict` need no TensorFlow.
 - `naflex`: `naflex_inputs`, images of any sizes to a NaFlex model's patches (the pixels
   of HF's `Siglip2ImageProcessor`), without TensorFlow.
+- `naflex_pipelines`: what the pipelines do with `naflex=NaFlexLayout(...)`: a NaFlex
+  model's batches, each image at its own aspect (padded or packed).
 - `augment`: AugReg levels and Keras preprocessing layers seeded by stream position.
-- `pipelines`: `train_dataset` (endless, seeded, resumable), `eval_dataset` (one pass).
+- `pipelines`: `train_dataset` (endless, seeded, resumable), `eval_dataset` (one pass),
+  fixed-size or NaFlex.
 - from `keras_vit.utils.tf_data`: `without_autotuning` (the options both pipelines end
   with), `array_batches` (arrays through it, as the model's `predict` reads them).
 
@@ -28,8 +32,8 @@ _MODULES = {
     "decode": ("central_crop", "channel_note", "check_crop_fraction", "decode_pixels",
                "eval_resize", "inception_crop_window", "limit_pixels"),
     "folders": ("IMAGE_EXTENSIONS", "find_damaged", "load_listing"),
-    "images": ("read_images",),
-    "naflex": ("naflex_inputs",),
+    "images": ("read_images", "read_pixels"),
+    "naflex": ("NaFlexLayout", "naflex_inputs", "pack_rows"),
     "pipelines": ("eval_dataset", "train_dataset"),
     "sources": ("NoSplitError", "Source", "load_source", "parse_classes", "select_classes",
                 "spec_split"),
@@ -37,7 +41,7 @@ _MODULES = {
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
 _SUBMODULES = ("augment", "decode", "folders", "headers", "images", "libjpeg", "naflex",
-               "pipelines", "sources")
+               "naflex_pipelines", "pipelines", "sources")
 
 __all__ = sorted(_HOME)
 

@@ -22,6 +22,7 @@ from typing import Optional
 
 from keras_vit.data import headers
 from keras_vit.utils.files import atomic_write
+from keras_vit.utils.paths import is_url
 from keras_vit.utils.image_files import IMAGE_EXTENSIONS
 
 logger = logging.getLogger("keras_vit")
@@ -125,10 +126,6 @@ class Listing:
                 if field.init and field.name not in ("cached", "cache_path")}
 
 
-def is_remote(path):
-    return "://" in path
-
-
 def is_folder(entry):
     """Whether the `os.DirEntry` is a folder; a symbolic link loop is judged as a file,
     as a dangling link is (the check then names it unreadable)."""
@@ -140,7 +137,7 @@ def is_folder(entry):
 
 def scan(folder):
     """`(sub-folder names, file names)` of `folder` (local: no stat per file)."""
-    if not is_remote(folder):
+    if not is_url(folder):
         folders, files = [], []
         with os.scandir(folder) as entries:
             for entry in entries:
@@ -171,7 +168,7 @@ def stamp(path):
 def damage(path):
     """Why `path` is not a readable image, or None: a local file is read whole and
     judged by `headers.image_problem`, a remote one by its first and last bytes."""
-    if is_remote(path):
+    if is_url(path):
         return remote_damage(path)
     try:  # Positioned reads, no buffering: a fraction of the syscalls of open().
         fd = os.open(path, os.O_RDONLY)
@@ -229,7 +226,7 @@ def find_damaged(paths):
 
 def stamps_of(paths):
     """`[size, mtime_ns]` (None where unreadable) of each local file of `paths`."""
-    return [] if not paths or is_remote(paths[0]) else in_parallel(stamp, paths, STAT_CHUNK)
+    return [] if not paths or is_url(paths[0]) else in_parallel(stamp, paths, STAT_CHUNK)
 
 
 def list_folder(folder):
@@ -270,7 +267,7 @@ def list_folder(folder):
 def folder_key(folder):
     """What the listing of `folder` depends on: its path and its class folders' mtimes,
     or None where modification times cannot be read (then nothing is cached)."""
-    if is_remote(folder):
+    if is_url(folder):
         return None
     root = os.path.abspath(folder)
     try:

@@ -239,19 +239,56 @@ def eval_resize(image, size, crop_fraction=None, preprocessing=None):
     return image[top : top + height, left : left + width]
 
 
+def read_pixels(path, channels=3):
+    """The uint8 pixels `(height, width, channels)` of one image file, at its own size.
+
+    Checked without decoding first (`headers.image_problem`: damaged files and those
+    over the pixel limit are refused), then decoded (a JPEG that libjpeg decodes without
+    a warning once, by `libjpeg.decode_clean`; anything else by `decode_file`: JPEG,
+    PNG, GIF, BMP, WebP; the same pixels). A missing, unreadable (no permission, a
+    folder), damaged or oversize file is
+    an error naming it; a JPEG that decodes with a libjpeg warning is used, named in one
+    logged line (`libjpeg.kept_line`).
+
+    Example:
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "white.png")
+    >>> Image.new("RGB", (30, 20), (255, 255, 255)).save(path)
+    >>> read_pixels(path).shape
+    (20, 30, 3)
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"No such image file: {path!r}.")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path!r} is a folder, not an image file.")
+    try:
+        with open(path, "rb") as file:
+            payload = file.read()
+    except OSError as error:  # no read permission, an I/O error
+        raise OSError(f"{path!r} cannot be read: {error.strerror or error}.") from None
+    problem = headers.image_problem(payload)
+    if problem:
+        raise ValueError(f"{path!r} is not a readable image: {problem}.")
+    image = libjpeg.decode_clean(payload, channels) if channels in (1, 3) else None
+    if image is None:  # not a clean JPEG: PIL, and libjpeg's warning if any
+        try:
+            image = decode_file(payload, channels)
+        except ValueError as error:
+            raise ValueError(f"{path!r} is not a readable image: {error}") from None
+        warning = libjpeg.message(payload)
+        if warning:
+            logger.warning(libjpeg.kept_line(path, warning))
+    return image
+
+
 def read_images(paths, image_size, *, channels=3, crop_fraction=None, preprocessing=None):
     """Image files as one batch of model inputs, `(len(paths), size, size, channels)`.
 
-    Checked without decoding first (`headers.image_problem`: damaged files and those
-    over the pixel limit are refused), decoded (a JPEG that libjpeg decodes without a
-    warning once, by `libjpeg.decode_clean`; anything else by `decode_file`: JPEG, PNG,
-    GIF, BMP, WebP; the same pixels), brought to `image_size` by `eval_resize` (the
-    whole image, or a run's central crop) with the resize of `preprocessing` (a model's:
-    `model_preprocessing`) and normalised by it (`keras_vit.preprocess`; None: scaled
-    to [-1, 1]). A missing,
-    unreadable (no permission, a folder), damaged or oversize file is an error naming
-    it; a JPEG that decodes with a libjpeg warning is used, named in one logged line
-    (`libjpeg.kept_line`).
+    Each file is read by `read_pixels` (checked, decoded; errors name the file),
+    brought to `image_size` by `eval_resize` (the whole image, or a run's central
+    crop) with the resize of `preprocessing` (a model's: `model_preprocessing`) and
+    normalised by it (`keras_vit.preprocess`; None: scaled to [-1, 1]).
 
     Example:
 
@@ -262,28 +299,8 @@ def read_images(paths, image_size, *, channels=3, crop_fraction=None, preprocess
     (1, 16, 16, 3)
     """
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-    images = []
-    for path in paths:
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"No such image file: {path!r}.")
-        if os.path.isdir(path):
-            raise IsADirectoryError(f"{path!r} is a folder, not an image file.")
-        try:
-            with open(path, "rb") as file:
-                payload = file.read()
-        except OSError as error:  # no read permission, an I/O error
-            raise OSError(f"{path!r} cannot be read: {error.strerror or error}.") from None
-        problem = headers.image_problem(payload)
-        if problem:
-            raise ValueError(f"{path!r} is not a readable image: {problem}.")
-        image = libjpeg.decode_clean(payload, channels) if channels in (1, 3) else None
-        if image is None:  # not a clean JPEG: PIL, and libjpeg's warning if any
-            try:
-                image = decode_file(payload, channels)
-            except ValueError as error:
-                raise ValueError(f"{path!r} is not a readable image: {error}") from None
-            warning = libjpeg.message(payload)
-            if warning:
-                logger.warning(libjpeg.kept_line(path, warning))
-        images.append(eval_resize(image, size, crop_fraction, preprocessing))
+    images = [
+        eval_resize(read_pixels(path, channels), size, crop_fraction, preprocessing)
+        for path in paths
+    ]
     return keras.ops.convert_to_numpy(preprocess(np.stack(images), preprocessing))

@@ -16,7 +16,8 @@ import threading
 import simplejpeg
 
 from keras_vit.data import headers
-from keras_vit.data.folders import is_remote, save_listing
+from keras_vit.data.folders import save_listing
+from keras_vit.utils.paths import is_url
 
 logger = logging.getLogger("keras_vit")
 
@@ -164,7 +165,7 @@ class BackgroundCheck:
             for index, (path, _) in enumerate(listing.files):
                 if self.stopping.is_set():
                     break
-                if results[index] is not None or path not in kept or is_remote(path):
+                if results[index] is not None or path not in kept or is_url(path):
                     continue
                 results[index] = file_warning(path) or ""
                 if results[index]:

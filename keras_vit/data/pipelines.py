@@ -39,6 +39,14 @@ from keras_vit.data.decode import (
     inception_crop_window,
     resize_square,
 )
+from keras_vit.data.naflex_pipelines import (
+    blank_image,
+    naflex_batch,
+    native_crop_window,
+    padded_images,
+    patchify,
+    resize_native,
+)
 from keras_vit.data.sources import AUTOTUNE
 from keras_vit.models.preprocessing import DEFAULT, check_preprocessing, normalize
 from keras_vit.utils.tf_data import without_autotuning
@@ -137,7 +145,9 @@ def decoded_or_flagged(stream, prepare, source, channels, read, name, shape):
     """`stream` of `(position, (key, label))` mapped to `(image, one-hot label, True)` by
     `prepare(position, key, label)`, in order, or where that fails (a file that does not
     decode) to `(zeros of shape, one-hot label, False)` once `note_undecodable` has
-    recorded the file: one element per position, so a failure shifts nothing.
+    recorded the file: one element per position, so a failure shifts nothing. `shape`
+    may instead be a function making the stand-in image (an image that is a structure
+    of tensors, e.g. NaFlex patches and their grid).
 
     Each element of an encoded source is prepared in a dataset of its own (`interleave`
     with `deterministic=True`), whose errors `ignore_errors` drops; the flagged element is
@@ -154,7 +164,8 @@ def decoded_or_flagged(stream, prepare, source, channels, read, name, shape):
             [name(key) if name else tf.constant(""), position, read(key)], tf.bool,
         )
         ok.set_shape([])
-        return tf.zeros(shape), tf.one_hot(label, source.num_classes, dtype=tf.float32), ok
+        blank = shape() if callable(shape) else tf.zeros(shape)
+        return blank, tf.one_hot(label, source.num_classes, dtype=tf.float32), ok
 
     def one(position, record):
         element = tf.data.Dataset.from_tensors((position, *record))
@@ -162,6 +173,18 @@ def decoded_or_flagged(stream, prepare, source, channels, read, name, shape):
         return decoded.concatenate(element.map(flagged)).take(1)
 
     return stream.interleave(one, num_parallel_calls=AUTOTUNE, deterministic=True)
+
+
+def decoded_rows(decoded):
+    """The rows of a batch that stand in for its examples: each example's own, or for
+    one that failed to decode (`decoded` False) the batch's first decoded one, so the
+    batch keeps its size and its positions in the stream."""
+    check = tf.debugging.Assert(
+        tf.reduce_any(decoded), ["No image of a batch decoded (see the warnings)."]
+    )
+    with tf.control_dependencies([check]):
+        first = tf.argmax(tf.cast(decoded, tf.int32), output_type=tf.int32)
+    return tf.where(decoded, tf.range(tf.shape(decoded)[0]), first)
 
 
 def train_dataset(
@@ -185,11 +208,14 @@ def train_dataset(
     start_batch=0,
     input_context=None,
     preprocessing=None,
+    naflex=None,
 ):
     """The training stream: endless, shuffled, augmented batches.
 
     Yields `(images, labels)`: float32 images `(batch, image_size, image_size, channels)`
-    in [-1, 1] and float32 one-hot (or MixUp/CutMix-mixed) labels `(batch, classes)`.
+    in [-1, 1] and float32 one-hot (or MixUp/CutMix-mixed) labels `(batch, classes)`;
+    with `naflex` the batches of a NaFlex model, each image at its own aspect
+    (`keras_vit.data.naflex_pipelines`).
 
     Args:
         source: a `Source` (see `load_source`).
@@ -214,6 +240,13 @@ def train_dataset(
             global batches of a single-pipeline stream.
         preprocessing: the normalisation the model's weights expect
             (`keras_vit.models.preprocessing.normalize`); None scales to [-1, 1].
+        naflex: a `keras_vit.data.naflex.NaFlexLayout`: NaFlex batches (`image_size`
+            unused), padded or packed (then `batch_size` images are packed into
+            `ceil(batch_size / images_per_row)` rows; one that fits in no row is left
+            out). The inception crop draws its aspect ratio relative to the image's;
+            `layers` apply to each image alone, at its size; MixUp and CutMix, which
+            mix images of one size, are a `ValueError` (an `augment` level's MixUp
+            too, unless `mixup=0`).
 
     Example:
 
@@ -222,12 +255,27 @@ def train_dataset(
     >>> images, labels = next(iter(stream))
     >>> tuple(images.shape), tuple(labels.shape)
     ((8, 16, 16, 1), (8, 10))
+    >>> from keras_vit.data.naflex import NaFlexLayout
+    >>> stream = train_dataset(load_source("digits"), None, 4, channels=1,
+    ...                        naflex=NaFlexLayout(patch_size=4, max_num_patches=16))
+    >>> x, labels = next(iter(stream))
+    >>> tuple(x["patches"].shape), tuple(x["spatial_shapes"].shape), tuple(labels.shape)
+    ((4, 16, 16), (4, 2), (4, 10))
     """
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels!r}.")
     per_image, per_batch = augmentation_layers(augment, randaugment, mixup, cutmix)
     extra_image, extra_batch = stream_layers(layers)
-    per_image, per_batch = per_image + extra_image, extra_batch + per_batch
+    if naflex is None:
+        per_image, per_batch = per_image + extra_image, extra_batch + per_batch
+    elif per_batch:
+        names = ", ".join(type(layer).__name__ for layer in per_batch)
+        raise ValueError(
+            f"NaFlex batches hold images of different sizes: {names} cannot mix them; set "
+            "mixup and cutmix to 0 (an augment level sets MixUp)."
+        )
+    else:  # each image alone, at its size
+        per_image = per_image + extra_image + extra_batch
     seeds = PositionSeeds()
     seed_from_stream(per_image + per_batch, seeds)
     num_classes = source.num_classes
@@ -253,29 +301,31 @@ def train_dataset(
             tf.random.experimental.stateless_split(element_seed, 3)
         )
         if inception_crop:
-            window = inception_crop_window(crop_seed, crop_area, aspect_ratio)
+            crop = inception_crop_window if naflex is None else native_crop_window
+            window = crop(crop_seed, crop_area, aspect_ratio)
         else:
             window = full_window
         image = decode_crop(payload, source.encoded, channels, window)
-        image = resize_square(image, image_size, channels)
+        if naflex is None:
+            image = resize_square(image, image_size, channels)
+        else:
+            image = resize_native(tf.ensure_shape(image, [None, None, channels]),
+                                  naflex.patch_size, naflex.max_num_patches)
         if random_flip:
             image = tf.image.stateless_random_flip_left_right(image, flip_seed)
         with seeds.at(layer_seed):
             for layer in per_image:
                 image = augment_image(layer, image, seeds)
         image = tf.clip_by_value(image, 0.0, 255.0)
+        label = tf.one_hot(label, num_classes, dtype=tf.float32)
+        if naflex is not None:
+            return patchify(normalize(image, preprocessing), naflex.patch_size), label
         image.set_shape([image_size, image_size, channels])
-        return image, tf.one_hot(label, num_classes, dtype=tf.float32)
+        return image, label
 
     def mix(batch_index, batch):
         images, labels, decoded = batch
-        # An example that failed to decode takes the place of the batch's first decoded one.
-        check = tf.debugging.Assert(
-            tf.reduce_any(decoded), ["No image of a batch decoded (see the warnings)."]
-        )
-        with tf.control_dependencies([check]):
-            first = tf.argmax(tf.cast(decoded, tf.int32), output_type=tf.int32)
-        rows = tf.where(decoded, tf.range(tf.shape(decoded)[0]), first)
+        rows = decoded_rows(decoded)
         images, labels = tf.gather(images, rows), tf.gather(labels, rows)
         if per_batch:
             data = {"images": images, "labels": labels}
@@ -290,6 +340,12 @@ def train_dataset(
         labels.set_shape([local_batch, num_classes])
         return images, labels
 
+    if naflex is not None:
+        return without_autotuning(naflex_batches(
+            decoded_or_flagged(stream, prepare, source, channels, read, name,
+                               blank_image(naflex.patch_size, channels)),
+            naflex, local_batch, channels, training=True,
+        ))
     prepared = decoded_or_flagged(stream, prepare, source, channels, read, name,
                                   [image_size, image_size, channels])
     return without_autotuning(
@@ -310,10 +366,15 @@ def eval_dataset(
     cache=False,
     input_context=None,
     preprocessing=None,
+    naflex=None,
 ):
     """One pass over `source`: `eval_resize` (by default a central crop) with the
     resize filter of `preprocessing`, normalised by it (None: scaled to [-1, 1]),
-    one-hot labels.
+    one-hot labels. With `naflex` (a `keras_vit.data.naflex.NaFlexLayout`;
+    `image_size` and `crop_fraction` unused) each whole image is resized, its aspect
+    kept, to the largest grid within the budget (`naflex_inputs`' patches, by
+    TensorFlow's resize), in the layout's batches (packed: one row per image at most,
+    so that every image counts).
 
     The last batch may be smaller, so every example counts once.
 
@@ -324,7 +385,8 @@ def eval_dataset(
     >>> sum(int(images.shape[0]) for images, _ in test)
     360
     """
-    height, width = check_crop_fraction(crop_fraction, image_size)
+    if naflex is None:
+        height, width = check_crop_fraction(crop_fraction, image_size)
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels!r}.")
     checked = check_preprocessing(preprocessing or DEFAULT)
@@ -339,16 +401,23 @@ def eval_dataset(
 
     def prepare(position, key, label):
         image = decode_crop(read(key), source.encoded, channels, full_window)
-        image = eval_resize(image, image_size, crop_fraction, *method)
-        return image, tf.one_hot(label, num_classes, dtype=tf.float32)
+        label = tf.one_hot(label, num_classes, dtype=tf.float32)
+        if naflex is not None:
+            image = resize_native(tf.ensure_shape(image, [None, None, channels]),
+                                  naflex.patch_size, naflex.max_num_patches)
+            return patchify(normalize(image, preprocessing), naflex.patch_size), label
+        return eval_resize(image, image_size, crop_fraction, *method), label
 
-    dataset = decoded_or_flagged(records.enumerate(), prepare, source, channels, read, name,
-                                 [height, width, channels])
+    blank = [height, width, channels] if naflex is None else blank_image(naflex.patch_size, channels)
+    dataset = decoded_or_flagged(records.enumerate(), prepare, source, channels, read, name, blank)
     count = tf.get_static_value(records.cardinality())
     if count is not None and count >= 0:  # one element a record: Keras knows the pass's end
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(count))
     if cache:
         dataset = dataset.cache()
+    if naflex is not None:
+        return without_autotuning(naflex_batches(dataset, naflex, local_batch, channels,
+                                                 training=False))
 
     def kept(images, labels, decoded):
         # Files that failed to decode are left out of their batch (the batches keep
@@ -359,5 +428,30 @@ def eval_dataset(
     return without_autotuning(
         dataset.batch(local_batch)
         .map(kept, num_parallel_calls=AUTOTUNE)
+        .prefetch(AUTOTUNE)
+    )
+
+
+def naflex_batches(prepared, layout, batch_size, channels, training):
+    """The NaFlex batches (`naflex_batch`) of a stream of `((patches, grid), label,
+    decoded)`: training batches of `batch_size` where an image that failed to decode
+    takes the place of another (`decoded_rows`), packed into `ceil(batch_size / K)`
+    rows; evaluation batches without it (the last one smaller), packed one row per
+    image at most."""
+    rows = batch_size
+    if training and layout.images_per_row is not None:
+        rows = -(-batch_size // layout.images_per_row)
+
+    def batch(images, labels, decoded):
+        if training:
+            kept = decoded_rows(decoded)
+            patches, grids, labels = (tf.gather(v, kept) for v in (*images, labels))
+        else:
+            patches, grids, labels = (tf.boolean_mask(v, decoded) for v in (*images, labels))
+        return naflex_batch(patches, grids, labels, layout, rows)
+
+    return (
+        padded_images(prepared, batch_size, layout.patch_size, channels, drop_remainder=training)
+        .map(batch, num_parallel_calls=AUTOTUNE, deterministic=True)
         .prefetch(AUTOTUNE)
     )

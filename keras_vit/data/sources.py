@@ -17,9 +17,10 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.data.folders import IMAGE_EXTENSIONS, is_remote, load_listing
+from keras_vit.data.folders import IMAGE_EXTENSIONS, load_listing
 from keras_vit.data.libjpeg import BackgroundCheck
 from keras_vit.digits import SPLITS, digits_arrays
+from keras_vit.utils.paths import is_url
 
 logger = logging.getLogger("keras_vit")
 
@@ -449,5 +450,5 @@ def _folder(root, split, *, strict):
         class_names=classes,
         skipped=skipped,
         strict=strict,
-        libjpeg=None if is_remote(folder) else BackgroundCheck(listing),
+        libjpeg=None if is_url(folder) else BackgroundCheck(listing),
     )

@@ -80,8 +80,9 @@ def image_batches(data, labels, batch_size):
     """Yields `(images, labels)` batches of numpy arrays from arrays or a `tf.data.Dataset`.
 
     Args:
-        data: an array of images, or a `tf.data.Dataset` of images or `(images, labels)`,
-            batched or single images (then batched here).
+        data: an array of images (or a NaFlex model's dict of arrays, `naflex_inputs`'),
+            or a `tf.data.Dataset` of images or `(images, labels)`, batched or single
+            images (then batched here).
         labels: labels of array `data` (or None); must be None for a dataset.
         batch_size: images per batch of array data or of an unbatched dataset.
 
@@ -98,7 +99,12 @@ def image_batches(data, labels, batch_size):
             )
         spec = data.element_spec
         image_spec = spec[0] if isinstance(spec, tuple) else spec
-        if len(image_spec.shape) == 3:  # single images: batch them here
+        if isinstance(image_spec, dict):  # NaFlex inputs
+            image_spec = image_spec["patches"]
+            single = len(image_spec.shape) == 2
+        else:
+            single = len(image_spec.shape) == 3
+        if single:  # single images: batch them here
             data = data.batch(batch_size)
         for element in data.as_numpy_iterator():
             if isinstance(element, tuple):
@@ -106,14 +112,49 @@ def image_batches(data, labels, batch_size):
             else:
                 yield element, None
         return
-    images = np.asarray(data)
-    if labels is not None and len(labels) != len(images):
+    images = {k: np.asarray(v) for k, v in data.items()} if isinstance(data, dict) else np.asarray(data)
+    count = batch_length(images)
+    if labels is not None and len(labels) != count:
         raise ValueError(
-            f"Got {len(images)} images but {len(labels)} labels: expected one label per image."
+            f"Got {count} images but {len(labels)} labels: expected one label per image."
         )
-    for start in range(0, len(images), batch_size):
+    for start in range(0, count, batch_size):
         end = start + batch_size
-        yield images[start:end], None if labels is None else np.asarray(labels)[start:end]
+        batch = ({k: v[start:end] for k, v in images.items()} if isinstance(images, dict)
+                 else images[start:end])
+        yield batch, None if labels is None else np.asarray(labels)[start:end]
+
+
+def batch_length(images):
+    """The images in a batch: an array's rows, or those of a NaFlex dict's `patches`.
+
+    Example:
+
+    >>> batch_length({"patches": np.zeros((3, 5, 4)), "patch_mask": np.ones((3, 5))})
+    3
+    """
+    if isinstance(images, dict):
+        return len(images["patches"])
+    return len(images)
+
+
+def padded_batch(images, rows):
+    """A batch of images padded to `rows`: with zero images, or a NaFlex dict's (whose
+    rows must stay valid inputs: every image needs a grid) with copies of its last row.
+
+    Example:
+
+    >>> padded_batch(np.ones((1, 2)), 3).tolist()
+    [[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+    >>> padded_batch({"spatial_shapes": np.array([[2, 3]])}, 2)["spatial_shapes"].tolist()
+    [[2, 3], [2, 3]]
+    """
+    if isinstance(images, dict):
+        return {key: np.concatenate([value, np.repeat(value[-1:], rows - len(value), axis=0)])
+                for key, value in images.items()}
+    images = np.asarray(images)
+    pad = np.zeros((rows - len(images), *images.shape[1:]), images.dtype)
+    return np.concatenate([images, pad])
 
 
 def extract_features(model, data, labels=None, *, batch_size=256, layer=None, verbose=0):
@@ -123,7 +164,8 @@ def extract_features(model, data, labels=None, *, batch_size=256, layer=None, ve
         model: a keras-vit model (any backend); see `representation_model` for which
             layer's output is used.
         data: images as the model takes them (NHWC, scaled with
-            `keras_vit.preprocess`), or a `tf.data.Dataset` of image batches or
+            `keras_vit.preprocess`; a NaFlex model's dict, `keras_vit.naflex_inputs`',
+            each image at its own aspect), or a `tf.data.Dataset` of image batches or
             `(images, labels)` batches (integer or one-hot labels).
         labels: labels of array `data` (optional), passed through.
         batch_size: images per forward pass (and per batch of an unbatched dataset).
@@ -165,12 +207,10 @@ def extract_with(extractor, data, labels=None, *, batch_size=256, verbose=0):
     progress = keras.utils.Progbar(None, unit_name="image") if progress_verbosity(verbose) == 1 else None
     features, all_labels, full = [], [], None
     for images, batch_labels in image_batches(data, labels, batch_size):
-        images = np.asarray(images)
-        count = len(images)
+        count = batch_length(images)
         full = full or count
         if count < full:  # one input shape per extractor: no retracing or recompiling
-            pad = np.zeros((full - count, *images.shape[1:]), images.dtype)
-            images = np.concatenate([images, pad])
+            images = padded_batch(images, full)
         outputs = np.asarray(extractor.predict_on_batch(images))
         features.append(outputs[:count].astype("float32"))
         if batch_labels is not None:

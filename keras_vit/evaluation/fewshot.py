@@ -17,6 +17,7 @@ import numpy as np
 
 from keras_vit.evaluation.features import extract_with, representation_model
 from keras_vit.evaluation.ridge import DEFAULT_L2, RidgeProbe, feature_matrix
+from keras_vit.models.naflex_mode import naflex_twin
 from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.utils.checks import check_in_range, check_positive_int, check_positive_number
 
@@ -238,7 +239,9 @@ class FewshotConfig:
     Images are resized to the model's input size (`crop_fraction=1`, as big_vision's
     few-shot evaluators do, or a central crop) and passed through the model
     `batch_size` at a time; `layer` picks the representation (see `representation_model`).
-    `out` is where `save_results` writes.
+    A NaFlex model (`ViT(naflex=True)`) sees each whole image at its own aspect, resized
+    to the largest patch grid within `max_num_patches` (default: the patches of its
+    `image_size`). `out` is where `save_results` writes.
 
     Example:
 
@@ -257,6 +260,7 @@ class FewshotConfig:
     batch_size: int = 256
     crop_fraction: float = 1.0
     layer: Optional[str] = None
+    max_num_patches: Optional[int] = None
     out: str = "runs/fewshot"
 
     def __post_init__(self):
@@ -269,6 +273,7 @@ class FewshotConfig:
         check_positive_number("l2", self.l2)
         check_positive_int("batch_size", self.batch_size)
         check_in_range("crop_fraction", self.crop_fraction, "(0, 1]")
+        check_positive_int("max_num_patches", self.max_num_patches, optional=True)
         if self.sweep:
             check_in_range("holdout_fraction", self.holdout_fraction, "(0, 1)", " to choose l2")
         if self.classes is not None:
@@ -304,11 +309,19 @@ def evaluate_source(model, config, *, verbose=0):
         raise ValueError(
             f"data={config.data!r} names its split: set test_data to the split to score."
         )
-    _, height, width, channels = model.input_shape
-    if height != width or height is None:
-        raise ValueError(
-            f"Few-shot evaluation needs a model with a fixed square input, got {model.input_shape}."
-        )
+    arch = getattr(model, "architecture", None)
+    if arch is not None and arch.naflex:  # each image at its own aspect, one per row
+        model = naflex_twin(model)
+        size, channels = None, arch.channels
+        naflex = vit_data.NaFlexLayout(
+            arch.patch_size, config.max_num_patches or math.prod(arch.grid_size))
+    else:
+        _, size, width, channels = model.input_shape
+        if size != width or size is None:
+            raise ValueError(
+                f"Few-shot evaluation needs a model with a fixed square input, got {model.input_shape}."
+            )
+        naflex = None
     splits = []
     for spec, split in ((config.data, "train"), (config.test_data or config.data, "test")):
         source = vit_data.load_source(spec, split)
@@ -317,8 +330,9 @@ def evaluate_source(model, config, *, verbose=0):
             source = vit_data.select_classes(source, config.classes)
             labels = tf.constant(vit_data.parse_classes(config.classes))
         dataset = vit_data.eval_dataset(
-            source, height, config.batch_size, channels=channels,
+            source, size, config.batch_size, channels=channels,
             crop_fraction=config.crop_fraction, preprocessing=model_preprocessing(model),
+            naflex=naflex,
         )
         # The source's own labels (5-9, not 0-4), so that results and errors name them.
         splits.append(dataset.map(lambda x, y: (x, tf.gather(labels, tf.argmax(y, axis=-1)))))

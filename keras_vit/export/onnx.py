@@ -20,9 +20,11 @@ from keras_vit.export.records import (
     compare_with_keras,
     export_record,
     image_input_size,
+    naflex_signature,
     read_onnx_record,  # noqa: F401  (read beside the export: `onnx.read_onnx_record`)
 )
 from keras_vit.backend.export import tracing_for_export
+from keras_vit.models.naflex_mode import is_naflex, naflex_twin
 from keras_vit.utils.extras import ONNX_EXPORTERS, optional_import
 from keras_vit.utils.files import atomic_path
 
@@ -39,6 +41,12 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
     model returns (logits, or features with `include_top=False`). The file's
     metadata property `keras_vit` holds a JSON record of the input size, the eval
     preprocessing a client must apply, the labels and `metadata`.
+
+    A NaFlex model (`keras_vit.ViT(naflex=True)`) takes, under TensorFlow or PyTorch,
+    its three inputs of any batch and token count: `patches` float32 `(batch, tokens,
+    P * P * channels)`, `patch_mask` int32 `(batch, tokens)`, `spatial_shapes` int32
+    `(batch, 2)`, as `keras_vit.naflex_inputs` makes them; its record says so
+    (`naflex`: patch size, token budget, inputs; `keras_vit.export.records.naflex_entry`).
 
     Args:
         model: a model built by `keras_vit.ViT` under any backend, float32.
@@ -66,12 +74,20 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
     onnx = optional_import("onnx", "ONNX export")
     optional_import(ONNX_EXPORTERS[keras.backend.backend()], "ONNX export")
     check_export_target(path, "onnx", overwrite=overwrite)
-
+    naflex = is_naflex(model)
+    if naflex:  # a packed model (images_per_row) serves one image per row
+        model = naflex_twin(model)
+    if naflex and keras.backend.backend() == "jax":
+        raise ValueError(
+            f"ONNX export of NaFlex model {model.name!r} needs the TensorFlow or PyTorch "
+            "backend: jax2onnx gives its patch layer no token count to number the tokens "
+            "by. Save it (model.save('model.keras')) and export it from a process started "
+            "with KERAS_BACKEND=tensorflow."
+        )
     record = export_record(
         model, "ONNX export", INPUT_NAME, crop_fraction=crop_fraction, labels=labels,
         metadata=metadata,
     )
-    height, width, channels = image_input_size(model, "ONNX export")
     policy = keras.backend.standardize_dtype(model.compute_dtype)
     if policy != "float32":
         raise ValueError(
@@ -80,8 +96,12 @@ def export_onnx(model, path, *, opset=None, crop_fraction=None, labels=None, met
         )
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    spec = keras.InputSpec(shape=(None, height, width, channels), dtype="float32",
-                           name=INPUT_NAME)
+    if naflex:
+        spec = naflex_signature(model)
+    else:
+        height, width, channels = image_input_size(model, "ONNX export")
+        spec = keras.InputSpec(shape=(None, height, width, channels), dtype="float32",
+                               name=INPUT_NAME)
     # Written under a temporary name, renamed into place whole (a kill leaves the old file).
     with atomic_path(path) as temporary:
         with tracing_for_export(), warnings.catch_warnings():
@@ -107,8 +127,10 @@ def check_onnx(model, path, batch_size=3, seed=0):
     onnxruntime = optional_import("onnxruntime", "Checking an ONNX file")
 
     session = onnxruntime.InferenceSession(os.fspath(path), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return compare_with_keras(
-        model, lambda images: session.run(None, {name: images})[0], "onnxruntime",
-        batch_size=batch_size, seed=seed,
-    )
+    names = [source.name for source in session.get_inputs()]
+
+    def run(inputs):  # one image batch, or a NaFlex model's inputs by name
+        feed = inputs if isinstance(inputs, dict) else {names[0]: inputs}
+        return session.run(None, {name: feed[name] for name in names})[0]
+
+    return compare_with_keras(model, run, "onnxruntime", batch_size=batch_size, seed=seed)

@@ -8,7 +8,10 @@ import keras
 import numpy as np
 
 from keras_vit import __version__
+from keras_vit.data import naflex_inputs
+from keras_vit.models.naflex_mode import is_naflex, naflex_budget, naflex_preprocessing
 from keras_vit.models.preprocessing import DEFAULT, describe, model_preprocessing, resize_name
+from keras_vit.models.vit import vit_parts
 from keras_vit.utils.extras import optional_import
 
 # The metadata key under which an ONNX export holds its record.
@@ -16,6 +19,9 @@ METADATA_KEY = "keras_vit"
 # Peak absolute difference between a float export and Keras that `compare_with_keras`
 # accepts, relative to the largest output (at least 1).
 TOLERANCE = 1e-4
+# The patch grids (rows, cols) of the mixed-size images `compare_with_keras` checks a
+# NaFlex export on, in patches; one more pixel than whole patches on odd images.
+NAFLEX_CHECK_GRIDS = ((3, 7), (5, 2), (4, 4), (1, 6), (6, 1))
 # The record `export_saved_model` writes in its folder: `assets.extra/` is the
 # SavedModel folder for files that serving systems carry along but never load into the
 # graph (TensorFlow Serving's convention).
@@ -51,6 +57,83 @@ def image_input_size(model, what):
     return shape[1:]
 
 
+def naflex_signature(model):
+    """The inputs of a NaFlex model's export, by name: `keras.InputSpec`s of any batch
+    and token count (`patch_mask` int32, as `keras_vit.naflex_inputs` makes it).
+
+    Example:
+
+    >>> import keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
+    ...                       num_heads=4, mlp_dim=64, naflex=True)
+    >>> {name: spec.shape for name, spec in naflex_signature(model).items()}
+    {'patches': (None, None, 192), 'patch_mask': (None, None), 'spatial_shapes': (None, 2)}
+    """
+    patches = vit_parts(model).patches
+    width = patches.patch_size**2 * patches.channels
+    return {
+        "patches": keras.InputSpec(shape=(None, None, width), dtype="float32", name="patches"),
+        "patch_mask": keras.InputSpec(shape=(None, None), dtype="int32", name="patch_mask"),
+        "spatial_shapes": keras.InputSpec(shape=(None, 2), dtype="int32", name="spatial_shapes"),
+    }
+
+
+def naflex_entry(model):
+    """What the record of a NaFlex model's export tells a client: that the model is
+    NaFlex, its patch size, channels and token budget, its inputs, how to make them.
+
+    Example:
+
+    >>> import keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
+    ...                       num_heads=4, mlp_dim=64, naflex=True)
+    >>> entry = naflex_entry(model)
+    >>> entry["patch_size"], entry["max_num_patches"], entry["inputs"]["patches"]
+    (8, 16, {'dtype': 'float32', 'shape': ['batch', 'tokens', 192]})
+    """
+    patches = vit_parts(model).patches
+    budget = naflex_budget(model)
+    return {
+        "naflex": True,
+        "patch_size": patches.patch_size,
+        "channels": patches.channels,
+        "max_num_patches": budget,
+        "inputs": {
+            name: {
+                "dtype": spec.dtype,
+                "shape": ["batch" if i == 0 else "tokens" if d is None else d
+                          for i, d in enumerate(spec.shape)],
+            }
+            for name, spec in naflex_signature(model).items()
+        },
+        "make_inputs": f"keras_vit.naflex_inputs(images, patch_size={patches.patch_size}, "
+        f"max_num_patches={budget}, preprocessing=record['preprocessing_config']); any "
+        "token count is served (a larger budget: more detail, more compute)",
+    }
+
+
+def naflex_description(model):
+    """The preprocessing of a NaFlex model's inputs, in words, for the records.
+
+    Example:
+
+    >>> import keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
+    ...                       num_heads=4, mlp_dim=64, naflex=True)
+    >>> naflex_description(model)[:60]
+    'NaFlex: each image resized, its aspect kept, to the largest '
+    """
+    patches = vit_parts(model).patches
+    return (
+        f"NaFlex: each image resized, its aspect kept, to the largest grid of "
+        f"{patches.patch_size}-pixel patches within max_num_patches (PIL's antialiased "
+        f"bilinear, as HF's Siglip2ImageProcessor: keras_vit.naflex_inputs), then float32 "
+        f"{describe(naflex_preprocessing(model))}, cut into patches flattened in (row, "
+        "column, channel) order, padded with zeros to one token count (patch_mask 0), "
+        "with each image's patch rows and columns in spatial_shapes"
+    )
+
+
 def export_record(model, what, input_name, *, crop_fraction=None, labels=None, metadata=None):
     """The JSON-serialisable record of a float-pixel export: input, preprocessing, labels.
 
@@ -67,7 +150,28 @@ def export_record(model, what, input_name, *, crop_fraction=None, labels=None, m
     ...                       num_heads=4, mlp_dim=64, num_classes=3)
     >>> export_record(model, "ONNX export", "images")["input"]["shape"]
     ['batch', 32, 32, 3]
+
+    A NaFlex model's record has `inputs` and `naflex` (`naflex_entry`) instead of
+    `input`, and the NaFlex preprocessing (`naflex_description`); it takes no crop.
     """
+    if is_naflex(model):
+        if crop_fraction is not None:
+            raise ValueError(
+                f"crop_fraction={crop_fraction} crops to the model's size, but NaFlex model "
+                f"{model.name!r} takes each whole image at its own aspect ratio: leave it out."
+            )
+        return _checked({
+            "keras_vit_version": __version__,
+            "keras_version": keras.__version__,
+            "backend": keras.backend.backend(),
+            "naflex": naflex_entry(model),
+            "output_shape": ["batch", *model.outputs[0].shape[1:]],
+            "preprocessing": naflex_description(model),
+            "preprocessing_config": naflex_preprocessing(model),
+            "crop_fraction": None,
+            "labels": None if labels is None else [str(label) for label in labels],
+            "metadata": metadata,
+        }, metadata)
     height, width, channels = image_input_size(model, what)
     preprocessing = model_preprocessing(model)
     method = resize_name(preprocessing)
@@ -92,6 +196,12 @@ def export_record(model, what, input_name, *, crop_fraction=None, labels=None, m
         "labels": None if labels is None else [str(label) for label in labels],
         "metadata": metadata,
     }
+    return _checked(record, metadata)
+
+
+def _checked(record, metadata):
+    """`record`, once it is known to be JSON-serialisable (else a `ValueError` naming
+    `metadata`, the only part that may not be)."""
     try:
         json.dumps(record)
     except TypeError as error:
@@ -102,13 +212,18 @@ def export_record(model, what, input_name, *, crop_fraction=None, labels=None, m
 def compare_with_keras(model, run, runtime, *, batch_size=3, seed=0, tolerance=TOLERANCE):
     """The largest absolute difference between an exported file's outputs and Keras'.
 
+    A NaFlex model is checked on `batch_size` random images of mixed aspect ratios
+    (`NAFLEX_CHECK_GRIDS`) made into its inputs by `keras_vit.naflex_inputs` at two
+    token counts (its budget and half of it), with one export: the dynamic token count.
+
     Args:
         model: the Keras model the file was exported from.
-        run: runs the file: float32 images `(batch, height, width, channels)` to outputs.
+        run: runs the file: float32 images `(batch, height, width, channels)` (a NaFlex
+            model: the dict of `naflex_inputs`) to outputs.
         runtime: the runtime's name, for the error message.
         batch_size: images in the batch (the exports trace other sizes, so this checks
             the variable batch dimension too).
-        seed: seed of the uniform [-1, 1] test images.
+        seed: seed of the uniform [-1, 1] test images (NaFlex: uint8 pixels).
         tolerance: raise a `ValueError` naming the difference when it exceeds this
             times the largest output (at least 1); None never raises.
 
@@ -120,18 +235,51 @@ def compare_with_keras(model, run, runtime, *, batch_size=3, seed=0, tolerance=T
     >>> compare_with_keras(model, lambda x: model.predict(x, verbose=0), "Keras")
     0.0
     """
-    shape = (batch_size, *image_input_size(model, "compare_with_keras"))
-    images = np.random.default_rng(seed).uniform(-1, 1, shape).astype("float32")
-    served = np.asarray(run(images))
-    expected = keras.ops.convert_to_numpy(model(images, training=False))
-    difference = float(np.max(np.abs(served - expected)))
-    bound = None if tolerance is None else tolerance * max(1.0, float(np.max(np.abs(expected))))
+    rng = np.random.default_rng(seed)
+    if is_naflex(model):
+        batches = [naflex_inputs(images, patch_size, tokens, naflex_preprocessing(model))
+                   for images, patch_size, tokens in naflex_check_images(model, batch_size, rng)]
+    else:
+        shape = (batch_size, *image_input_size(model, "compare_with_keras"))
+        batches = [rng.uniform(-1, 1, shape).astype("float32")]
+    difference = bound = 0.0
+    for inputs in batches:
+        served = np.asarray(run(inputs))
+        expected = keras.ops.convert_to_numpy(model(inputs, training=False))
+        difference = max(difference, float(np.max(np.abs(served - expected))))
+        bound = max(bound, float(np.max(np.abs(expected))))
+    bound = None if tolerance is None else tolerance * max(1.0, bound)
     if bound is not None and difference > bound:
         raise ValueError(
             f"{runtime}'s outputs differ from Keras' by up to {difference:.3g} (more than "
             f"{bound:.3g}): the export is wrong; please report it with the model config."
         )
     return difference
+
+
+def naflex_check_images(model, batch_size, rng):
+    """`(images, patch_size, tokens)` twice, at the NaFlex model's token budget and at
+    half of it: `batch_size` random uint8 images of mixed aspect ratios
+    (`NAFLEX_CHECK_GRIDS`, cycled), what `compare_with_keras` checks exports on.
+
+    Example:
+
+    >>> import keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
+    ...                       num_heads=4, mlp_dim=64, naflex=True)
+    >>> [(len(images), [image.shape for image in images[:2]], tokens)
+    ...  for images, _, tokens in naflex_check_images(model, 3, np.random.default_rng(0))]
+    [(3, [(24, 56, 3), (41, 17, 3)], 16), (3, [(24, 56, 3), (41, 17, 3)], 8)]
+    """
+    patches = vit_parts(model).patches
+    size = patches.patch_size
+    images = [
+        rng.integers(0, 256, (rows * size + i % 2, cols * size + i % 2, patches.channels),
+                     dtype=np.uint8)
+        for i, (rows, cols) in zip(range(batch_size), NAFLEX_CHECK_GRIDS * batch_size)
+    ]
+    budget = naflex_budget(model)
+    return [(images, size, tokens) for tokens in (budget, max(1, budget // 2))]
 
 
 def _record(path):

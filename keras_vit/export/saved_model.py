@@ -15,7 +15,15 @@ import tensorflow as tf
 from keras_vit import __version__
 from keras_vit.data import check_crop_fraction, decode_pixels, eval_resize, limit_pixels
 from keras_vit.data.headers import max_image_pixels
-from keras_vit.export.records import SAVED_MODEL_RECORD, check_export_target, image_input_size
+from keras_vit.export.records import (
+    SAVED_MODEL_RECORD,
+    check_export_target,
+    image_input_size,
+    naflex_description,
+    naflex_entry,
+    naflex_signature,
+)
+from keras_vit.models.naflex_mode import is_naflex, naflex_preprocessing, naflex_twin
 from keras_vit.models.preprocessing import (
     DEFAULT,
     check_preprocessing,
@@ -127,6 +135,50 @@ def _at_own_size(images, multiple, pad, zero_pixel):
         return tf.cast(images, tf.float32)
 
 
+def _outputs(scores, activation, top_k, labels):
+    """The serving signatures' outputs for a batch of logits `scores`."""
+    probabilities = tf.nn.softmax(scores) if activation == "softmax" else tf.sigmoid(scores)
+    top = tf.math.top_k(probabilities, k=top_k)
+    result = {
+        "probabilities": probabilities,
+        "top_k_indices": top.indices,
+        "top_k_probabilities": top.values,
+    }
+    if labels is not None:
+        result["top_k_labels"] = tf.gather(tf.constant(labels), top.indices)
+    return result
+
+
+def _naflex_serving(logits, signature, activation, top_k, labels):
+    """The `serving_default` tf.function of a NaFlex export: its inputs (`signature`)
+    to probabilities and the top-k classes, through `logits`."""
+    specs = [tf.TensorSpec(spec.shape, spec.dtype, name=name) for name, spec in signature.items()]
+
+    @tf.function(input_signature=specs, autograph=False)
+    def serve(patches, patch_mask, spatial_shapes):
+        inputs = _consistent_naflex(patches, patch_mask, spatial_shapes)
+        return _outputs(logits(*inputs)["logits"], activation, top_k, labels)
+
+    serve.get_concrete_function()
+    return serve
+
+
+def _consistent_naflex(patches, patch_mask, spatial_shapes):
+    """The NaFlex inputs once their batch and token counts agree, failing readably if
+    not (a loaded signature takes any shapes its specs allow)."""
+    shapes = tf.shape(patches), tf.shape(patch_mask), tf.shape(spatial_shapes)
+    checks = [
+        tf.debugging.assert_equal(
+            shapes[1], shapes[0][:2],
+            message="patch_mask must be (batch, tokens) as patches (batch, tokens, P*P*C)"),
+        tf.debugging.assert_equal(
+            shapes[2][:1], shapes[0][:1],
+            message="spatial_shapes must be (batch, 2), one row per image of patches"),
+    ]
+    with tf.control_dependencies(checks):
+        return tf.identity(patches), tf.identity(patch_mask), tf.identity(spatial_shapes)
+
+
 def _serving_functions(
     logits, image_size, channels, num_classes, crop_fraction, activation, top_k, labels,
     multiple=None, pad=False, preprocessing=None,
@@ -154,16 +206,7 @@ def _serving_functions(
         return outputs(logits(pixels)["logits"])
 
     def outputs(scores):
-        probabilities = tf.nn.softmax(scores) if activation == "softmax" else tf.sigmoid(scores)
-        top = tf.math.top_k(probabilities, k=top_k)
-        result = {
-            "probabilities": probabilities,
-            "top_k_indices": top.indices,
-            "top_k_probabilities": top.values,
-        }
-        if labels is not None:
-            result["top_k_labels"] = tf.gather(tf.constant(labels), top.indices)
-        return result
+        return _outputs(scores, activation, top_k, labels)
 
     @tf.function(
         input_signature=[tf.TensorSpec((None, None, None, None), tf.uint8, name="images")],
@@ -256,7 +299,16 @@ def export_saved_model(
     padded as the model does). A `dynamic_image_size` model exported without it
     serves at the size its position table was trained at (its `image_size`).
 
-    The first two return `probabilities` (batch, classes), `top_k_indices`,
+    A NaFlex model (`keras_vit.ViT(naflex=True)`) is served on the inputs
+    `keras_vit.naflex_inputs` makes (its pixels are PIL's, which a graph does not
+    resize alike), of any batch and token count, with two signatures:
+    `serving_default(patches, patch_mask, spatial_shapes)` (float32 `(batch, tokens,
+    P * P * channels)`, int32 `(batch, tokens)`, int32 `(batch, 2)`) and `logits` of
+    the same inputs. Its record says it is NaFlex, with its patch size, token budget
+    and inputs (`naflex`: `keras_vit.export.records.naflex_entry`); it takes neither
+    `crop_fraction` nor `native_resolution`.
+
+    The serving signatures return `probabilities` (batch, classes), `top_k_indices`,
     `top_k_probabilities` (batch, top_k) and, with `labels`, `top_k_labels`.
     The model's config, the labels and the export options are written to
     `assets.extra/keras_vit.json` in the SavedModel folder.
@@ -305,11 +357,24 @@ def export_saved_model(
     """
     _check_backend()
     check_export_target(path, "saved_model", overwrite=overwrite)
-    preprocessing = model_preprocessing(model)
+    naflex = is_naflex(model)
+    if naflex:  # a packed model (images_per_row) serves one image per row
+        model = naflex_twin(model)
+    if naflex and (native_resolution or crop_fraction not in ("model", None)):
+        given = "native_resolution=True" if native_resolution else f"crop_fraction={crop_fraction}"
+        raise ValueError(
+            f"{given} does not apply to NaFlex model {model.name!r}, which takes each whole "
+            "image at its own aspect ratio as naflex_inputs makes it: leave it out."
+        )
+    preprocessing = naflex_preprocessing(model) if naflex else model_preprocessing(model)
     if crop_fraction == "model":
-        crop_fraction = None if native_resolution else preprocessing["crop_fraction"]
-    (height, width, channels), multiple = _input_size(model, native_resolution)
-    pad = bool(native_resolution and model.get_config().get("dynamic_image_pad"))
+        crop_fraction = None if native_resolution or naflex else preprocessing["crop_fraction"]
+    if naflex:
+        (height, width), channels = vit_parts(model).image_size, vit_parts(model).patches.channels
+        multiple, pad = None, False
+    else:
+        (height, width, channels), multiple = _input_size(model, native_resolution)
+        pad = bool(native_resolution and model.get_config().get("dynamic_image_pad"))
     num_classes = _num_classes(model)
     labels = _check_labels(labels, num_classes)
     check_choice("activation", activation, ACTIVATIONS)
@@ -340,22 +405,15 @@ def export_saved_model(
         "crop_fraction": crop_fraction,
         "max_image_pixels": max_image_pixels(),
         "native_resolution": bool(native_resolution),
-        "preprocessing": (
-            "none: each image at its own size"
-            + (f", padded at the bottom and the right to multiples of {multiple} with "
-               f"{np.round(shift_and_scale(preprocessing)[0], 4).tolist()}" if pad
-               else f" (height and width multiples of {multiple})")
-            + f", then {describe(preprocessing)}"
-        ) if native_resolution else (
-            f"{resize_name(preprocessing)} resize of the whole image"
-            if crop_fraction is None
-            else f"{resize_name(preprocessing)} resize of the short side to image_size "
-            f"/ {crop_fraction}, central image_size crop"
-        ) + f" unless already image_size, then {describe(preprocessing)}",
+        "preprocessing": naflex_description(model) if naflex else _description(
+            preprocessing, crop_fraction, native_resolution, multiple, pad),
         "preprocessing_config": preprocessing,
         "signatures": ["serving_default", "serving_bytes", "logits"],
         "metadata": metadata,
     }
+    if naflex:
+        record.update(naflex=naflex_entry(model), signatures=["serving_default", "logits"])
+        del record["max_image_pixels"]  # no image is decoded in the graph
     try:
         record_json = json.dumps(record, indent=2)
     except TypeError as error:
@@ -365,6 +423,83 @@ def export_saved_model(
 
     archive = keras.export.ExportArchive()
     archive.track(model)
+    if naflex:
+        _naflex_endpoints(archive, model, activation, top_k, labels)
+    else:
+        _image_endpoints(
+            archive, model, preprocessing, (height, width), channels, num_classes, crop_fraction,
+            activation, top_k, labels, native_resolution, multiple, pad,
+        )
+    # Built beside `path` and swapped in whole: a kill leaves the previous export.
+    with atomic_folder(path) as folder:
+        archive.write_out(folder, verbose=False)
+        config_path = os.path.join(folder, CONFIG_FILE)
+        tf.io.gfile.makedirs(os.path.dirname(config_path))
+        with tf.io.gfile.GFile(config_path, "w") as f:
+            f.write(record_json)
+    return record
+
+
+def _description(preprocessing, crop_fraction, native_resolution, multiple, pad):
+    """The preprocessing the image signatures apply, in words, for the record."""
+    if native_resolution:
+        return (
+            "none: each image at its own size"
+            + (f", padded at the bottom and the right to multiples of {multiple} with "
+               f"{np.round(shift_and_scale(preprocessing)[0], 4).tolist()}" if pad
+               else f" (height and width multiples of {multiple})")
+            + f", then {describe(preprocessing)}"
+        )
+    return (
+        f"{resize_name(preprocessing)} resize of the whole image"
+        if crop_fraction is None
+        else f"{resize_name(preprocessing)} resize of the short side to image_size "
+        f"/ {crop_fraction}, central image_size crop"
+    ) + f" unless already image_size, then {describe(preprocessing)}"
+
+
+def _jax_options(polymorphic_shapes=None):
+    """`add_endpoint`'s options under JAX (none on TensorFlow): lowered for every
+    platform (not only this machine's), so that a model exported on a CPU serves on
+    GPUs and TPUs; inference only, no gradients; with `polymorphic_shapes`, jax2tf's
+    symbolic input shapes."""
+    if keras.backend.backend() != "jax":
+        return {}
+    options = dict(native_serialization_platforms=("cpu", "cuda", "tpu"), with_gradient=False)
+    if polymorphic_shapes is not None:
+        options["polymorphic_shapes"] = polymorphic_shapes
+    return {"jax2tf_kwargs": options}
+
+
+def _naflex_endpoints(archive, model, activation, top_k, labels):
+    """`logits` and `serving_default` of a NaFlex model: its three inputs, any batch and
+    token count (`naflex_signature`), to logits and to probabilities and top-k."""
+    signature = naflex_signature(model)
+
+    def logits_from_patches(patches, patch_mask, spatial_shapes):
+        if keras.backend.backend() == "tensorflow":  # jax2tf's module checks its own
+            patches, patch_mask, spatial_shapes = _consistent_naflex(
+                patches, patch_mask, spatial_shapes)
+        inputs = {"patches": patches, "patch_mask": keras.ops.cast(patch_mask, "float32"),
+                  "spatial_shapes": spatial_shapes}
+        return {"logits": model(inputs, training=False)}
+
+    width = signature["patches"].shape[-1]
+    # Under JAX, one symbolic batch b and token count t that the inputs share.
+    logits = archive.add_endpoint(
+        "logits", logits_from_patches, input_signature=list(signature.values()),
+        **_jax_options([f"(b, t, {width})", "(b, t)", "(b, 2)"]),
+    )
+    archive.add_endpoint(
+        "serving_default", _naflex_serving(logits, signature, activation, top_k, labels))
+
+
+def _image_endpoints(
+    archive, model, preprocessing, image_size, channels, num_classes, crop_fraction,
+    activation, top_k, labels, native_resolution, multiple, pad,
+):
+    """`logits`, `serving_default` and `serving_bytes` of a model that takes images."""
+    height, width = image_size
 
     def logits_from_pixels(images):
         if keras.backend.backend() == "tensorflow":
@@ -377,24 +512,14 @@ def export_saved_model(
 
     # Under JAX, add_endpoint converts this function with jax2tf; everything else is
     # plain TensorFlow around it, so the serving graph is the same for both backends.
-    jax_options = {}
-    if keras.backend.backend() == "jax":
-        # Lowered for every platform (not only this machine's), so that a model
-        # exported on a CPU serves on GPUs and TPUs; inference only, no gradients.
-        jax_options["jax2tf_kwargs"] = dict(
-            native_serialization_platforms=("cpu", "cuda", "tpu"), with_gradient=False
-        )
-        if native_resolution:
-            # Symbolic sizes that the patches divide, as jax2tf must be able to prove.
-            jax_options["jax2tf_kwargs"]["polymorphic_shapes"] = [
-                f"(b, {multiple}*h, {multiple}*w, {channels})"
-            ]
+    # Native sizes: symbolic sizes that the patches divide, as jax2tf must prove.
+    polymorphic = [f"(b, {multiple}*h, {multiple}*w, {channels})"] if native_resolution else None
     pixels_size = (None, None) if native_resolution else (height, width)
     logits = archive.add_endpoint(
         "logits",
         logits_from_pixels,
         input_signature=[keras.InputSpec(shape=(None, *pixels_size, channels), dtype="float32")],
-        **jax_options,
+        **_jax_options(polymorphic),
     )
     serve_images, serve_bytes = _serving_functions(
         logits, (height, width), channels, num_classes, crop_fraction, activation, top_k,
@@ -402,11 +527,3 @@ def export_saved_model(
     )
     archive.add_endpoint("serving_default", serve_images)
     archive.add_endpoint("serving_bytes", serve_bytes)
-    # Built beside `path` and swapped in whole: a kill leaves the previous export.
-    with atomic_folder(path) as folder:
-        archive.write_out(folder, verbose=False)
-        config_path = os.path.join(folder, CONFIG_FILE)
-        tf.io.gfile.makedirs(os.path.dirname(config_path))
-        with tf.io.gfile.GFile(config_path, "w") as f:
-            f.write(record_json)
-    return record

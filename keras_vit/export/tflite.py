@@ -33,6 +33,7 @@ from keras_vit.export.records import (
     image_input_size,
 )
 from keras_vit.backend.export import tracing_for_export
+from keras_vit.models.naflex_mode import is_naflex
 from keras_vit.utils.files import atomic_path, atomic_write
 
 INPUT_NAME = "images"
@@ -70,6 +71,12 @@ def export_tflite(
             f"LiteRT export needs the TensorFlow backend, but Keras runs on "
             f"{keras.backend.backend()!r}: save the model (model.save('model.keras')) and "
             "export it from a process started with KERAS_BACKEND=tensorflow."
+        )
+    if is_naflex(model):
+        raise ValueError(
+            f"LiteRT export refuses NaFlex model {model.name!r}: its varying token count "
+            "converts only to TensorFlow ops (FlexStridedSlice) that the LiteRT interpreter "
+            "does not run; export it with --format saved_model or onnx."
         )
     check_export_target(path, "tflite", overwrite=overwrite)
     if quantize not in QUANTIZATIONS:

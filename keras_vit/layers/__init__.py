@@ -11,7 +11,8 @@ alone (see `keras_vit.weights.pretrained`).
 - `posembed`: resampling a position-embedding grid to another patch grid, or to each
   token's image grid (NaFlex).
 - `naflex`: `NaFlexPatches`, `TokenMask`, `mask_bias`, `masked_mean`: images of
-  several sizes in one padded batch.
+  several sizes in one padded batch; `PackedNaFlexPatches`, `SlotPrefix`, `PackSlots`,
+  `SlotMasks`: several images in one row (NaViT's packing).
 - `rope`: `RotaryEmbedding` (EVA-02's), `rotate`.
 - `dinov3_rope`: `DINOv3RotaryEmbedding` (patch centres on [-1, 1]).
 - `attention`: `Attention`.
@@ -31,7 +32,9 @@ from keras_vit.layers.dinov3_rope import DINOv3RotaryEmbedding
 from keras_vit.layers.drop_path import DropPath
 from keras_vit.layers.embedding import ClassToken, PatchEncoder, sincos_2d_table
 from keras_vit.layers.mlp import MLP, mlp_activation
-from keras_vit.layers.naflex import NaFlexPatches, TokenMask
+from keras_vit.layers.naflex import (
+    NaFlexPatches, PackedNaFlexPatches, PackSlots, SlotMasks, SlotPrefix, TokenMask,
+)
 from keras_vit.layers.normalization import LayerNormalization
 from keras_vit.layers.patches import PadToMultiple, Patches
 from keras_vit.layers.pooling import MAPHead, TokenPooling
@@ -39,6 +42,6 @@ from keras_vit.layers.rope import RotaryEmbedding, rotate
 
 __all__ = [
     "Attention", "ClassToken", "DINOv3RotaryEmbedding", "Dense", "DropPath", "LayerNormalization", "MAPHead", "MLP",
-    "NaFlexPatches", "PadToMultiple", "PatchEncoder", "Patches", "RotaryEmbedding", "TokenMask", "TokenPooling",
+    "NaFlexPatches", "PackSlots", "PackedNaFlexPatches", "PadToMultiple", "PatchEncoder", "Patches", "RotaryEmbedding", "SlotMasks", "SlotPrefix", "TokenMask", "TokenPooling",
     "TransformerBlock", "mlp_activation", "rotate", "sincos_2d_table",
 ]

@@ -64,7 +64,8 @@ class Attention(InParentNameScope, keras.layers.Layer):
 
     `call(x, token_mask=mask)` attends only to the keys whose float `(batch, tokens)`
     mask is 1: the padded tokens of a NaFlex batch (`keras_vit.layers.naflex`) take no
-    part in any token's attention.
+    part in any token's attention. A `(batch, tokens, tokens)` mask gives each query its
+    own keys (a packed NaFlex row's `SlotMasks`: each image's tokens attend to their own).
         dense_dtypes: policies of the quantized Dense sublayers by name (`qkv`,
             `attention_output`), as `get_config` writes them after `model.quantize`.
 

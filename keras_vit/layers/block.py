@@ -72,7 +72,8 @@ class TransformerBlock(keras.layers.Layer):
         rope: rotary position embedding: the queries and keys are rotated by the table
             passed as `call(x, rope=table)` (`keras_vit.layers.rope.rotate`).
             `call(x, token_mask=mask)` keeps the padded tokens of a NaFlex batch out of
-            the attention (see `Attention`).
+            the attention, a `(batch, tokens, tokens)` mask each packed image's tokens
+            to their own (see `Attention`).
         mlp_norm: a LayerNorm on the MLP's hidden features before `mlp_fc2` (EVA-02's
             `SwiGLU(norm_layer=...)`, timm's `scale_mlp=True`).
         attention: a ready-made `Attention`, or None to build one from `num_heads`.

@@ -242,6 +242,10 @@ class PatchEncoder(keras.layers.Layer):
 class ClassToken(keras.layers.Layer):
     """Prepends a learned class token (zero-initialised) to a token sequence.
 
+    It prepends along the tokens axis, the last but one: given `(batch, K, tokens, D)`
+    (a packed NaFlex row's K slots, `keras_vit.layers.naflex.SlotPrefix`), each slot
+    gets the same tokens, one set of variables.
+
     Args:
         use_position: also learn the class token's own position-embedding row
             (initialised like the position table). The official checkpoints'
@@ -254,6 +258,8 @@ class ClassToken(keras.layers.Layer):
     >>> tokens = keras.random.uniform((2, 16, 32))
     >>> tuple(ClassToken()(tokens).shape), tuple(ClassToken(num_tokens=4)(tokens).shape)
     ((2, 17, 32), (2, 20, 32))
+    >>> tuple(ClassToken(num_tokens=4)(keras.ops.zeros((2, 3, 0, 32))).shape)
+    (2, 3, 4, 32)
     """
 
     def __init__(self, use_position=False, num_tokens=1, **kwargs):
@@ -276,13 +282,13 @@ class ClassToken(keras.layers.Layer):
         token = self.token + self.position if self.use_position else self.token
         token = ops.cast(token, tokens.dtype)
         token = ops.broadcast_to(
-            token, (ops.shape(tokens)[0], self.num_tokens, tokens.shape[-1])
+            token, (*ops.shape(tokens)[:-2], self.num_tokens, tokens.shape[-1])
         )
-        return ops.concatenate([token, tokens], axis=1)
+        return ops.concatenate([token, tokens], axis=len(tokens.shape) - 2)
 
     def compute_output_shape(self, input_shape):
-        batch, length, width = input_shape
-        return (batch, None if length is None else length + self.num_tokens, width)
+        *leading, length, width = input_shape
+        return (*leading, None if length is None else length + self.num_tokens, width)
 
     def get_config(self):
         # `num_tokens` only when set: the configs of the class tokens stay as they were.

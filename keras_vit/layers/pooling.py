@@ -9,7 +9,7 @@ from keras import ops
 from keras_vit.backend import products
 from keras_vit.layers.dense import Dense, dense_dtypes_entry
 from keras_vit.layers.mlp import MLP
-from keras_vit.layers.naflex import mask_bias, masked_mean
+from keras_vit.layers.naflex import after_first, mask_bias, masked_mean, nth_of_rows
 from keras_vit.layers.normalization import LayerNormalization
 from keras_vit.utils.checks import check_choice, check_positive_int
 from keras_vit.utils.serialization import serializable
@@ -24,7 +24,9 @@ class TokenPooling(keras.layers.Layer):
     first with the mean of the tokens from `index` on (the patches: HF's
     `Dinov2ForImageClassification`), twice the width. `call(tokens, token_mask=mask)`
     averages only the tokens whose `(batch, tokens)` mask is 1 (a NaFlex batch's real
-    patches).
+    patches). Given a mask of rows `(batch, K, tokens)` (a packed NaFlex row's slots,
+    `keras_vit.layers.naflex.SlotMasks`), it pools each row's tokens as the sequence
+    alone, `index` counting within the row: `(batch, K, width)`.
 
     Example:
 
@@ -41,20 +43,29 @@ class TokenPooling(keras.layers.Layer):
         self.index = int(index)
 
     def call(self, tokens, token_mask=None):
+        rows = token_mask is not None and len(token_mask.shape) == 3
+
+        def token(n):  # the n-th token of the sequence, or of each row
+            return nth_of_rows(tokens, token_mask, n) if rows else tokens[:, n]
+
         if self.classifier == "token":
-            return tokens[:, self.index]
+            return token(self.index)
         if self.classifier == "distilled":
-            return (tokens[:, 0] + tokens[:, 1]) / 2
-        if token_mask is None:
+            return (token(0) + token(1)) / 2
+        if rows:
+            patches = masked_mean(tokens, after_first(token_mask, self.index))
+        elif token_mask is None:
             patches = ops.mean(tokens[:, self.index:], axis=1)
         else:
             patches = masked_mean(tokens[:, self.index:], token_mask[:, self.index:])
         if self.classifier == "token_gap":
-            return ops.concatenate([tokens[:, 0], patches], axis=-1)
+            return ops.concatenate([token(0), patches], axis=-1)
         return patches
 
     def compute_output_shape(self, tokens_shape, token_mask_shape=None):
         width = tokens_shape[2] * (2 if self.classifier == "token_gap" else 1)
+        if token_mask_shape is not None and len(token_mask_shape) == 3:
+            return (tokens_shape[0], token_mask_shape[1], width)
         return (tokens_shape[0], width)
 
     def get_config(self):
@@ -85,7 +96,9 @@ class MAPHead(keras.layers.Layer):
             by `get_config` after `model.quantize`).
 
     Returns:
-        `(batch, width)` pooled features.
+        `(batch, width)` pooled features; with a mask of rows `(batch, K, tokens)`
+        (`call(tokens, token_mask=rows)`, a packed NaFlex row's slots), the probe pools
+        each row's tokens alone: `(batch, K, width)`.
 
     Example:
 
@@ -143,8 +156,11 @@ class MAPHead(keras.layers.Layer):
         """Pools `tokens`; with `return_attention`, also returns the probe's float32
         attention over them, `(batch, heads, tokens)` (where the model looks). With a
         `token_mask` `(batch, tokens)` the probe attends only to the tokens where it is
-        1 (HF's `key_padding_mask`: a NaFlex batch's real patches)."""
+        1 (HF's `key_padding_mask`: a NaFlex batch's real patches); with a mask of rows
+        `(batch, K, tokens)`, once per row, the attention `(batch, heads, K, tokens)`."""
         length, width = ops.shape(tokens)[1], tokens.shape[-1]
+        rows = token_mask is not None and len(token_mask.shape) == 3
+        queries = token_mask.shape[1] if rows else 1
         probe = ops.cast(self.probe, tokens.dtype)
         query = ops.reshape(self.query(probe), (1, 1, self.num_heads, self.head_dim))
         query = ops.transpose(query, (0, 2, 1, 3)) * ops.cast(1.0 / math.sqrt(self.head_dim),
@@ -153,7 +169,7 @@ class MAPHead(keras.layers.Layer):
         key, value = (ops.squeeze(part, 0) for part in ops.split(ops.transpose(kv, (2, 0, 3, 1, 4)), 2))
         # Float32 logits under every policy, as in `Attention`.
         logits = products.matmul_float32(
-            ops.broadcast_to(query, (ops.shape(tokens)[0], self.num_heads, 1, self.head_dim)),
+            ops.broadcast_to(query, (ops.shape(tokens)[0], self.num_heads, queries, self.head_dim)),
             key, transpose_x2=True,
         )
         if token_mask is not None:
@@ -161,14 +177,17 @@ class MAPHead(keras.layers.Layer):
         attention = ops.softmax(logits, axis=-1)
         weights = ops.cast(attention, value.dtype)
         out = ops.reshape(ops.transpose(products.matmul(weights, value), (0, 2, 1, 3)),
-                          (-1, 1, width))
+                          (-1, queries, width))
         x = self.attention_output(out)
-        pooled = (x + self._mlp(self.norm(x)))[:, 0]
+        pooled = x + self._mlp(self.norm(x))
+        pooled, attention = (pooled, attention) if rows else (pooled[:, 0], attention[:, :, 0])
         if return_attention:
-            return pooled, ops.cast(attention[:, :, 0], "float32")
+            return pooled, ops.cast(attention, "float32")
         return pooled
 
     def compute_output_shape(self, tokens_shape, token_mask_shape=None):
+        if token_mask_shape is not None and len(token_mask_shape) == 3:
+            return (tokens_shape[0], token_mask_shape[1], tokens_shape[-1])
         return (tokens_shape[0], tokens_shape[-1])
 
     def get_config(self):

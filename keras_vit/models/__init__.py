@@ -7,6 +7,8 @@
   other module reads the structure from.
 - `preprocessing`: the pixel mean, std, resize and crop a checkpoint expects, and
   `normalize`, the one map from pixels to model inputs.
+- `naflex_mode`: a model's NaFlex mode for serving: `is_naflex`, its token budget and
+  NaFlex preprocessing, `naflex_twin` (a fixed-grid model's weights in a NaFlex model).
 - `resnet`: the BiT-style ResNet trunk of the hybrid models.
 - `features`: `feature_model`, the token features after chosen blocks (maps or sequences).
 - `flexi`: `resample_patch_embedding`, FlexiViT's patch-size resampling.

@@ -29,6 +29,7 @@ FAMILY_SWITCHES = (
     "distilled", "distillation_head", "no_embed_class", "layer_scale_init",
     "layer_norm_epsilon", "num_registers", "mlp", "pre_norm", "quick_gelu", "patch_bias",
     "projection_dim", "rope", "rope_reference_grid", "mlp_norm", "fc_norm", "naflex",
+    "images_per_row",
 )
 BOOLEAN_SWITCHES = ("distilled", "distillation_head", "no_embed_class", "pre_norm", "quick_gelu",
                     "patch_bias", "mlp_norm", "fc_norm", "naflex")
@@ -107,6 +108,7 @@ class Architecture:
     mlp_norm: bool = False
     fc_norm: bool = False
     naflex: bool = False
+    images_per_row: Optional[int] = None
     remat: bool = False
 
     def __post_init__(self):
@@ -160,6 +162,13 @@ class Architecture:
             )
         if self.preprocessing is not None:
             normalise("preprocessing", check_preprocessing(self.preprocessing))
+        if self.images_per_row is not None:
+            if not self.naflex:
+                raise ValueError(
+                    f"images_per_row={self.images_per_row!r} packs NaFlex images into a row, "
+                    "which needs naflex=True: pass both, or leave images_per_row None."
+                )
+            normalise("images_per_row", check_positive_int("images_per_row", self.images_per_row))
         if self.naflex:
             self._check_naflex()
 
@@ -262,12 +271,15 @@ class Architecture:
             num_classes=num_classes,
         )
 
-    def activation_values(self):
+    def activation_values(self, patches=None):
         """Values one image's forward pass keeps for the backward pass
-        (`keras_vit.models.size.activation_values`), with `remat` as set."""
+        (`keras_vit.models.size.activation_values`), with `remat` as set; with `patches`,
+        one row's of that many patch tokens (a NaFlex batch's padded or packed row, each
+        of its `images_per_row` images with its own prefix token)."""
         rows, cols = self.grid_size
+        tokens = rows * cols + 1 if patches is None else patches + (self.images_per_row or 1)
         return size.activation_values(
-            tokens=rows * cols + 1, hidden_dim=self.hidden_dim, mlp_dim=self.mlp_dim,
+            tokens=tokens, hidden_dim=self.hidden_dim, mlp_dim=self.mlp_dim,
             num_heads=self.num_heads, num_layers=self.num_layers, remat=self.remat,
         )
 

@@ -10,6 +10,7 @@ role for every module that works on a model's weights or intermediate outputs.
 
 import contextlib
 import dataclasses
+import difflib
 from typing import Optional
 
 import keras
@@ -41,7 +42,8 @@ class ViTParts:
         stem: a hybrid's ResNet trunk (`keras_vit.models.resnet.ResNetParts`), or None.
         patches: the `Patches` layer, cutting the images (a hybrid: the trunk's
             feature map) into flattened patches; a NaFlex model's `NaFlexPatches`,
-            placing each of its patches in its image's grid.
+            placing each of its patches in its image's grid (a packed model's
+            `PackedNaFlexPatches`, in its slot's image's grid).
         patch_encoder: the `PatchEncoder`: the patch embedding (`patch_embedding`)
             and the position table (`position_table()`).
         class_token: the `ClassToken` of a `classifier="token"` (or `"token_gap"`)
@@ -325,6 +327,15 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             grid) is resampled to each image's grid with `pos_interpolation` (SigLIP 2:
             `"bilinear_antialias"`; `"learned2d"`: its row and column tables, NaViT's
             factorised embeddings); padded tokens take no part in attention or pooling.
+        images_per_row: with `naflex`, K images per row (NaViT's packing, Dehghani et
+            al. 2023), or None (one: HF's layout). The row's images' patches come one
+            image after another, then padding; `patch_mask` gives each token's slot (k
+            in 1..K for the row's k-th image, 0 for padding) and `spatial_shapes` is
+            `(batch, K, 2)` ((0, 0) for an empty slot). Each slot gets its own prefix
+            tokens (the same variables), its tokens attend only to its own and it is
+            pooled alone: the model returns `(batch, K, num_classes)` (without the top,
+            `(batch, K, features)`), each slot's what the unpacked model with the same
+            weights gives on that image alone, and finite values for an empty slot.
         remat: rematerialise each transformer block (`keras.RematScope`): training
             keeps only the blocks' inputs for the backward pass and recomputes the rest,
             less memory for more compute, the same numbers (big_vision's `remat`).
@@ -399,9 +410,19 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         mlp_norm=False,
         fc_norm=False,
         naflex=False,
+        images_per_row=None,
         remat=False,
         **kwargs,
     ):
+        unknown = sorted(set(kwargs) - {"trainable"})  # Keras' Model ignores the others
+        if unknown:
+            names = [field.name for field in dataclasses.fields(Architecture)]
+            close = difflib.get_close_matches(unknown[0], names, n=1)
+            raise TypeError(
+                f"VisionTransformer got an unknown argument {unknown[0]!r}"
+                + (f": did you mean {close[0]!r}?" if close else
+                   ": see help(keras_vit.VisionTransformer) for its arguments.")
+            )
         given = locals()  # the architecture arguments, read by the fields' names
         arch = Architecture(**{
             field.name: given[field.name] for field in dataclasses.fields(Architecture)
@@ -572,11 +593,13 @@ def _rotary_embedding(rope, *, head_dim, grid_size, num_prefix_tokens, reference
 
 
 def _naflex_inputs(arch):
-    """The inputs of a NaFlex model: `keras_vit.naflex_inputs`' dict, any token count."""
+    """The inputs of a NaFlex model: `keras_vit.naflex_inputs`' dict, any token count; a
+    packed model's `spatial_shapes` are `(images_per_row, 2)` per row."""
+    slots = () if arch.images_per_row is None else (arch.images_per_row,)
     return {
         "patches": keras.Input((None, arch.patch_size**2 * arch.channels), name="patches"),
         "patch_mask": keras.Input((None,), name="patch_mask"),
-        "spatial_shapes": keras.Input((2,), dtype="int32", name="spatial_shapes"),
+        "spatial_shapes": keras.Input((*slots, 2), dtype="int32", name="spatial_shapes"),
     }
 
 
@@ -588,7 +611,15 @@ def _build_graph(arch):
     """
     grid = arch.grid_size  # the patches of the trained size
     stem = token_grid = patch_mask = None
-    if arch.naflex:
+    packed = arch.images_per_row  # the slots of a packed NaFlex row, or None
+    if packed:
+        images = _naflex_inputs(arch)
+        patches = vit_layers.PackedNaFlexPatches(
+            arch.patch_size, packed, arch.channels, name="naflex_patches"
+        )
+        patch_mask = images["patch_mask"]
+        patch_grid, token_grid = patches(images["patches"], images["spatial_shapes"], patch_mask)
+    elif arch.naflex:
         images = _naflex_inputs(arch)
         patches = vit_layers.NaFlexPatches(arch.patch_size, arch.channels, name="naflex_patches")
         patch_grid, token_grid = patches(images["patches"], images["spatial_shapes"])
@@ -618,18 +649,23 @@ def _build_graph(arch):
     class_token = distillation_token = registers = None
     # Prefix tokens learn their own position rows unless no_embed_class.
     use_position = arch.pos_embedding.startswith("learned") and not arch.no_embed_class
+    num_prefix = (arch.classifier in CLASS_TOKEN_CLASSIFIERS) + arch.distilled + arch.num_registers
+    # A packed row's prefix tokens are prepended to each slot's empty prefix, then put in
+    # front of the patches slot after slot.
+    prefixed = vit_layers.SlotPrefix(packed, name="slot_prefix")(x) if packed and num_prefix else x
     if arch.num_registers:  # prepended first, so that they follow the other prefix tokens
         # Without position rows, as DINOv2's: added after the position embedding.
         registers = vit_layers.ClassToken(num_tokens=arch.num_registers, name="registers")
-        x = registers(x)
+        prefixed = registers(prefixed)
     if arch.distilled:  # prepended first, so that it follows the class token
         distillation_token = vit_layers.ClassToken(
             use_position=use_position, name="distillation_token"
         )
-        x = distillation_token(x)
+        prefixed = distillation_token(prefixed)
     if arch.classifier in CLASS_TOKEN_CLASSIFIERS:
         class_token = vit_layers.ClassToken(use_position=use_position, name="class_token")
-        x = class_token(x)
+        prefixed = class_token(prefixed)
+    x = vit_layers.PackSlots(name="pack_slots")(prefixed, x) if packed and num_prefix else prefixed
     dropout = keras.layers.Dropout(arch.dropout_rate, name="embedding_dropout")
     x = dropout(x)
     pre = None
@@ -638,17 +674,20 @@ def _build_graph(arch):
         x = pre(x)
     token_mask = None
     if patch_mask is not None:  # the tokens in front of the patches are never padding
-        prefix = sum(t is not None for t in (class_token, distillation_token)) + arch.num_registers
-        token_mask = vit_layers.TokenMask(prefix, name="token_mask")(patch_mask)
-    masked = {} if token_mask is None else {"token_mask": token_mask}
+        token_mask = vit_layers.TokenMask(
+            num_prefix, images_per_row=packed, name="token_mask"
+        )(patch_mask)
+    masked = pooled_mask = {} if token_mask is None else {"token_mask": token_mask}
+    if packed:  # each token attends to its own slot's tokens; each slot is pooled alone
+        pairs, rows = vit_layers.SlotMasks(packed, name="slot_masks")(token_mask)
+        masked, pooled_mask = {"token_mask": pairs}, {"token_mask": rows}
     rotary = table = None
     if arch.rope:  # one table of the patch grid's rotations, which every block applies
         rotary = _rotary_embedding(
             arch.rope,
             head_dim=arch.hidden_dim // arch.num_heads,
             grid_size=grid,
-            num_prefix_tokens=sum(t is not None for t in (class_token, distillation_token))
-            + arch.num_registers,
+            num_prefix_tokens=num_prefix * (packed or 1),
             reference_grid=arch.rope_reference_grid,
         )
         table = rotary(patch_grid) if token_grid is None else rotary(patch_grid, token_grid)
@@ -712,7 +751,7 @@ def _build_graph(arch):
                 if arch.classifier in ("token_gap", "avg") else 0,
                 name="pool",
             )
-        x = pool(tokens, **masked)
+        x = pool(tokens, **pooled_mask)
         if pooled_norm:
             x = norm(x)
         if arch.representation_size:

@@ -123,6 +123,13 @@ class DataConfig:
     `randaugment` (num_ops, magnitude), `mixup`, `cutmix`, `augmentations` (more Keras
     layers, or their serialized dicts), `shuffle_buffer`, `cache`, `strict`
     (undecodable files are an error, not skipped).
+
+    `naflex`: train a NaFlex model (`keras_vit.ViT(naflex=True)`) on each image at its
+    own aspect ratio (`keras_vit.data.naflex_pipelines`), resized to the largest patch
+    grid within `naflex_max_patches` tokens; batches padded to the smallest of
+    `naflex_buckets` (token counts; the budget is always one) that holds their longest
+    image, or with `images_per_row` K packed into rows of `row_tokens` tokens (default
+    K budgets) of up to K images each (`ViT(naflex=True, images_per_row=K)`).
     """
 
     source: str = "digits"
@@ -140,9 +147,16 @@ class DataConfig:
     shuffle_buffer: Optional[int] = None
     cache: bool = False
     strict: bool = False
+    naflex: bool = False
+    naflex_max_patches: int = 256
+    naflex_buckets: Optional[tuple] = None
+    images_per_row: Optional[int] = None
+    row_tokens: Optional[int] = None
 
     def __post_init__(self):
         self.crop_area = tuple(self.crop_area)
+        if self.naflex_buckets is not None:
+            self.naflex_buckets = tuple(self.naflex_buckets)
         if self.randaugment is not None:
             self.randaugment = tuple(self.randaugment)
         self.augmentations = list(self.augmentations)
@@ -170,6 +184,41 @@ class DataConfig:
             raise ValueError(
                 f"data.crop_area must be (low, high) with 0 < low <= high <= 1, got {self.crop_area!r}."
             )
+        self.validate_naflex()
+
+    def naflex_layout(self, patch_size):
+        """The `keras_vit.data.naflex.NaFlexLayout` of a NaFlex run's batches."""
+        from keras_vit.data.naflex import NaFlexLayout
+
+        return NaFlexLayout(patch_size, self.naflex_max_patches, self.naflex_buckets,
+                            self.images_per_row, self.row_tokens)
+
+    def validate_naflex(self):
+        """The NaFlex settings: only with `naflex`, a valid layout, no MixUp/CutMix."""
+        from keras_vit import data as vit_data
+
+        layout = dict(naflex_buckets=self.naflex_buckets, images_per_row=self.images_per_row,
+                      row_tokens=self.row_tokens)
+        if not self.naflex:
+            for name, value in layout.items():
+                if value is not None:
+                    raise ValueError(f"data.{name}={value!r} needs data.naflex=true.")
+            return
+        check_positive_int("data.naflex_max_patches", self.naflex_max_patches)
+        try:  # its token counts (the model gives the patch size)
+            self.naflex_layout(patch_size=1)
+        except ValueError as error:
+            raise ValueError(f"data.naflex: {error}") from None
+        mixing = dict(mixup=self.mixup, cutmix=self.cutmix)
+        if self.mixup is None:
+            mixing["augment"] = self.augment if vit_data.AUGREG_LEVELS[self.augment][1] else None
+        for name, value in mixing.items():
+            if value:
+                raise ValueError(
+                    f"data.{name}={value!r} mixes images of one size (MixUp/CutMix), which "
+                    "NaFlex batches (data.naflex=true) do not hold: "
+                    + ("set data.mixup=0." if name == "augment" else f"set data.{name}=none.")
+                )
 
 
 @dataclasses.dataclass
@@ -577,6 +626,16 @@ class TrainConfig:
                 f"data.batch_size {self.data.batch_size} is not divisible by "
                 f"optimization.micro_batches_per_update {batches}."
             )
+        if self.data.naflex and self.optimization.objective != "supervised":
+            raise ValueError(
+                f"optimization.objective={self.optimization.objective!r} does not train on "
+                "NaFlex batches: use objective='supervised' with data.naflex=true."
+            )
+        for name in ("naflex", "images_per_row"):
+            if name in self.model.kwargs:
+                raise ValueError(
+                    f"model.kwargs.{name} is set by the run from its data: set data.{name} instead."
+                )
         backup = self.checkpointing.backup_every_micro_batches
         execution = self.distribution.micro_batches_per_execution
         if backup and backup % execution:

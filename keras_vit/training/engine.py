@@ -24,6 +24,7 @@ from keras_vit import data as vit_data
 from keras_vit.models import mpp as vit_mpp
 from keras_vit.models import size
 from keras_vit.models.architecture import Architecture
+from keras_vit.models.preprocessing import DEFAULT, check_preprocessing
 from keras_vit.models.vit import VisionTransformer, vit_parts
 from keras_vit.training import distribute, multiworker, runs
 from keras_vit.training.callbacks import (
@@ -209,6 +210,20 @@ def check_run(config):
             )
 
 
+def run_architecture(config):
+    """The `Architecture` of the run's model (its head and preprocessing left out; NaFlex
+    and packing as the data asks)."""
+    model = config.model
+    fields = {field.name for field in dataclasses.fields(Architecture)} - {"preprocessing"}
+    naflex = dict(naflex=True, images_per_row=config.data.images_per_row) \
+        if config.data.naflex else {}
+    return Architecture(
+        None if model.variant == "custom" else model.variant,
+        image_size=model.image_size, channels=model.channels,
+        **{k: v for k, v in model.kwargs.items() if k in fields}, **naflex,
+    )
+
+
 # Optimizer state per weight (Adam's two moments, SGD's momentum).
 OPTIMIZER_SLOTS = {"adam": 2, "adamw": 2, "sgd": 1}
 
@@ -218,20 +233,19 @@ def check_memory(config):
     machine's memory (`keras_vit.models.size`: its weights, their gradients and optimizer
     state, a micro-batch's activations; the head, whose classes the data decides, left
     out), before any of it is built."""
-    model, optimization = config.model, config.optimization
-    fields = {field.name for field in dataclasses.fields(Architecture)} - {"preprocessing"}
-    arch = Architecture(
-        None if model.variant == "custom" else model.variant,
-        image_size=model.image_size, channels=model.channels,
-        **{k: v for k, v in model.kwargs.items() if k in fields},
-    )
+    optimization = config.optimization
+    arch = run_architecture(config)
     parameters = arch.parameter_count(num_classes=0)
     slots = OPTIMIZER_SLOTS.get(optimization.optimizer, 0)
     if optimization.optimizer == "sgd" and not optimization.momentum:
         slots = 0
     weights = parameters * 4 * (2 + slots)  # float32 weights and gradients, and the slots
     bytes_per_value = 4 if config.distribution.precision == "float32" else 2
-    activations = config.micro_batch_size * arch.activation_values() * bytes_per_value
+    patches = None
+    if config.data.naflex:  # rows of the layout's tokens, not of the model's image size
+        layout = config.data.naflex_layout(arch.patch_size)
+        patches = layout.row_tokens if layout.images_per_row else layout.max_num_patches
+    activations = config.micro_batch_size * arch.activation_values(patches) * bytes_per_value
     size.check_fits(
         weights + activations,
         f"Training this model ({parameters:,} parameters; {weights / size.GB:,.1f} GB for "
@@ -500,25 +514,35 @@ def run_preprocessing(config):
     """The preprocessing of a run: `model.kwargs["preprocessing"]`, else what the
     `model.init_from` weights expect (`Source.preprocessing` of `runs.resolve_from`: a
     DeiT's ImageNet mean and std, what a `.keras` model or run was built with), else
-    None (pixels scaled to [-1, 1]). The pipelines normalise with it and the run's
+    None (pixels scaled to [-1, 1]); a NaFlex run's with `naflex_inputs`' resize
+    (bilinear, antialiased, no crop). The pipelines normalise with it and the run's
     model records it."""
     model = config.model
-    if model.kwargs.get("preprocessing") is not None:
-        return model.kwargs["preprocessing"]
-    return runs.resolve_from(model.init_from).preprocessing if model.init_from else None
+    preprocessing = model.kwargs.get("preprocessing")
+    if preprocessing is None and model.init_from:
+        preprocessing = runs.resolve_from(model.init_from).preprocessing
+    if config.data.naflex:
+        # Its images are resized as `naflex_inputs` resizes them, whole: its model says so.
+        preprocessing = {**check_preprocessing(preprocessing or DEFAULT),
+                         **{k: vit_data.naflex.SIGLIP2_PREPROCESSING[k]
+                            for k in ("interpolation", "antialias", "crop_fraction")}}
+    return preprocessing
 
 
 def make_pipelines(config, sources, plan, strategy, position):
     """The train and eval `tf.data` pipelines (per worker under `multiworker`); the
-    train stream starts at the micro-batch `position` (epoch, micro-batch) resumes at."""
+    train stream starts at the micro-batch `position` (epoch, micro-batch) resumes at.
+    A NaFlex run's (`data.naflex`) take each image at its own aspect, in padded or
+    packed batches (`keras_vit.data.naflex_pipelines`)."""
     data, model = config.data, config.model
     epoch0, step0 = position
 
-    # What both pipelines take alike: image size, micro-batch, channels, caching and
-    # the pixel normalisation the weights expect.
+    # What both pipelines take alike: image size (or NaFlex layout), micro-batch,
+    # channels, caching and the pixel normalisation the weights expect.
     shared = dict(
         image_size=model.image_size, batch_size=config.micro_batch_size,
         channels=model.channels, cache=data.cache, preprocessing=run_preprocessing(config),
+        naflex=data.naflex_layout(run_architecture(config).patch_size) if data.naflex else None,
     )
 
     def make_train(input_context=None):
@@ -568,6 +592,11 @@ def _build_model(config, num_classes):
     if head_bias is None:
         head_bias = -10.0 if optimization.loss == "sigmoid" else 0.0
     variant = None if model.variant == "custom" else model.variant
+    naflex = {}
+    if config.data.naflex:
+        naflex = dict(naflex=True)
+        if config.data.images_per_row is not None:  # the packed model
+            naflex["images_per_row"] = config.data.images_per_row
     return VisionTransformer(
         variant,
         image_size=model.image_size,
@@ -575,7 +604,27 @@ def _build_model(config, num_classes):
         channels=model.channels,
         head_bias_init=head_bias,
         include_top=optimization.objective == "supervised",
-        **{**model.kwargs, "preprocessing": run_preprocessing(config)},
+        **{**model.kwargs, **naflex, "preprocessing": run_preprocessing(config)},
+    )
+
+
+def make_loss(config):
+    """The supervised loss of a run; over packed NaFlex rows (`data.images_per_row`)
+    the mean over the real images (slots of sample weight 1), whatever the rows' fill.
+
+    Example:
+
+    >>> make_loss(TrainConfig()).reduction
+    'sum_over_batch_size'
+    """
+    optimization = config.optimization
+    reduction = "sum_over_batch_size"
+    if config.data.images_per_row is not None:
+        reduction = "mean_with_sample_weight"
+    if optimization.loss == "sigmoid":
+        return SigmoidCrossEntropy(reduction=reduction)
+    return keras.losses.CategoricalCrossentropy(
+        from_logits=True, label_smoothing=optimization.label_smoothing, reduction=reduction
     )
 
 
@@ -592,12 +641,7 @@ def _objective(config, network, num_classes):
             seed=config.seed,
         )
         return model, {}  # It computes its loss and masked-patch accuracy itself.
-    if optimization.loss == "sigmoid":
-        loss = SigmoidCrossEntropy()
-    else:
-        loss = keras.losses.CategoricalCrossentropy(
-            from_logits=True, label_smoothing=optimization.label_smoothing
-        )
+    loss = make_loss(config)
     metrics = [keras.metrics.CategoricalAccuracy(name="top1")]
     if num_classes > 5:
         metrics.append(keras.metrics.TopKCategoricalAccuracy(k=5, name="top5"))
