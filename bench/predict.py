@@ -5,20 +5,24 @@ Writes the same randomly initialised ViT as an HF transformers checkpoint
 scaled to [-1, 1], as keras-vit preprocesses) and a folder of JPEGs of mixed sizes, then
 runs each contender in a fresh process on the same files:
 
-- `keras-BACKEND`: `keras_vit.classify(model, folder, batch_size=B)` (what
-  `keras-vit predict FOLDER` runs), the model built by `keras_vit.ViT` and loaded from the
-  HF checkpoint by `keras_vit.load_pretrained`;
+- `keras-BACKEND`: `keras_vit.classify(model, folder, batch_size=B, precision=P)` (what
+  `keras-vit predict FOLDER --precision P` runs), the model built by `keras_vit.ViT` and
+  loaded from the HF checkpoint by `keras_vit.load_pretrained`;
 - `hf-pipeline`: `transformers.pipeline("image-classification", model=DIR, batch_size=B)`
-  on the list of files, PyTorch with `torch.set_num_threads(cores)`.
+  on the list of files, PyTorch with `torch.set_num_threads(cores)`; in bfloat16 with
+  `dtype=torch.bfloat16` (the weights and the computation in bfloat16).
 
-Each worker reports its start-up (from the process start to its first prediction, one
-image, imports and model loading included) and then the images/s over the whole folder.
-The top-1 agreement with HF's pipeline is reported too (the resizes differ: PIL's
-bilinear filter antialiases a downscale, TensorFlow's does not).
+Each contender runs in each precision of `--precisions` (float32, bfloat16). Each worker
+reports its start-up (from the process start to its first prediction, one image,
+imports and model loading included) and then the images/s over the whole folder,
+against HF's pipeline in float32 (its default) and in the row's precision. The top-1
+agreement is reported with HF's pipeline in float32 (the resizes differ: PIL's bilinear
+filter antialiases a downscale, TensorFlow's does not) and with the same contender in
+float32 (what bfloat16 changes). The machine's CPU model and flags are recorded.
 
     python bench/predict.py [--images 1000] [--variant Ti/16] [--batch 32]
                             [--contenders keras-tensorflow,keras-jax,keras-torch,hf-pipeline]
-                            [--out FILE]
+                            [--precisions float32,bfloat16] [--out FILE]
 """
 
 import argparse
@@ -36,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from bench.models import machine, results_path  # noqa: E402
 
 CONTENDERS = ("keras-tensorflow", "keras-jax", "keras-torch", "hf-pipeline")
+PRECISIONS = ("float32", "bfloat16")
 IMAGE_SIZE = 224
 NUM_CLASSES = 1000
 
@@ -77,9 +82,9 @@ def write_images(folder, count, seed=0):
         Image.fromarray(scene).save(os.path.join(folder, f"{i:05d}.jpg"), quality=90)
 
 
-def worker(contender, variant, checkpoint, images, batch):
-    """Runs one contender; prints `{"first": time}` after its first prediction, then
-    `{"seconds": s, "top1": [...]}` for the whole folder."""
+def worker(contender, precision, variant, checkpoint, images, batch):
+    """Runs one contender in `precision`; prints `{"first": time}` after its first
+    prediction, then `{"seconds": s, "top1": [...]}` for the whole folder."""
     paths = sorted(str(p) for p in Path(images).glob("*.jpg"))
     if contender == "hf-pipeline":
         import torch
@@ -87,7 +92,7 @@ def worker(contender, variant, checkpoint, images, batch):
 
         torch.set_num_threads(os.cpu_count())
         classifier = pipeline("image-classification", model=checkpoint, batch_size=batch,
-                              device="cpu")
+                              device="cpu", dtype=getattr(torch, precision))
         classifier(paths[:1])
         print(json.dumps({"first": time.time()}), flush=True)
         start = time.perf_counter()
@@ -100,20 +105,21 @@ def worker(contender, variant, checkpoint, images, batch):
         keras_vit.configure_for_backend()
         model = keras_vit.ViT(variant, image_size=IMAGE_SIZE, num_classes=NUM_CLASSES)
         keras_vit.load_pretrained(model, checkpoint)
-        keras_vit.classify(model, paths[:1])
+        keras_vit.classify(model, paths[:1], precision=precision)
         print(json.dumps({"first": time.time()}), flush=True)
         start = time.perf_counter()
-        results = keras_vit.classify(model, paths, top_k=1, batch_size=batch)
+        results = keras_vit.classify(model, paths, top_k=1, batch_size=batch, precision=precision)
         seconds = time.perf_counter() - start
         top1 = [r["top_k"][0]["class"] for r in results]
     print(json.dumps({"seconds": seconds, "top1": top1}), flush=True)
 
 
-def run(contender, variant, checkpoint, images, batch):
+def run(contender, precision, variant, checkpoint, images, batch):
     """Starts a worker process; returns its start-up seconds, seconds and top-1 classes."""
     backend = contender.split("-", 1)[1] if contender.startswith("keras-") else "torch"
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    command = [sys.executable, __file__, "--worker", contender, "--variant", variant,
+    command = [sys.executable, __file__, "--worker", contender, "--precision", precision,
+               "--variant", variant,
                "--checkpoint", checkpoint, "--image-folder", images, "--batch", str(batch)]
     started = time.time()
     result = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -130,35 +136,48 @@ def main(argv=None):
     parser.add_argument("--variant", default="Ti/16")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--out", default=results_path("predict"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--precision", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
     parser.add_argument("--image-folder", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.worker, args.variant, args.checkpoint, args.image_folder, args.batch)
-    contenders = args.contenders.split(",")
-    unknown = sorted(set(contenders) - set(CONTENDERS))
-    if unknown:
-        parser.error(f"--contenders: unknown {', '.join(unknown)}; choose from {', '.join(CONTENDERS)}")
+        return worker(args.worker, args.precision, args.variant, args.checkpoint,
+                      args.image_folder, args.batch)
+    contenders, precisions = args.contenders.split(","), args.precisions.split(",")
+    for name, given, known in (("contenders", contenders, CONTENDERS),
+                               ("precisions", precisions, PRECISIONS)):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            parser.error(f"--{name}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     with tempfile.TemporaryDirectory(prefix="keras_vit_predict_bench_") as folder:
         checkpoint, images = os.path.join(folder, "checkpoint"), os.path.join(folder, "images")
         write_checkpoint(checkpoint, args.variant)
         write_images(images, args.images)
-        results = {c: run(c, args.variant, checkpoint, images, args.batch) for c in contenders}
-    reference = results.get("hf-pipeline")
+        results = {(c, p): run(c, p, args.variant, checkpoint, images, args.batch)
+                   for p in precisions for c in contenders}
+
+    def agreement(result, reference):
+        return sum(a == b for a, b in zip(result["top1"], reference["top1"])) / args.images
+
+    hf = results.get(("hf-pipeline", "float32"))
     rows = []
-    for contender, result in results.items():
+    for (contender, precision), result in results.items():
         row = dict(
-            contender=contender, images=args.images, variant=args.variant, batch=args.batch,
-            startup_s=round(result["startup_s"], 2),
+            contender=contender, precision=precision, images=args.images, variant=args.variant,
+            batch=args.batch, startup_s=round(result["startup_s"], 2),
             images_per_s=round(args.images / result["seconds"], 2),
         )
-        if reference is not None:
-            row["x_hf_pipeline"] = round(reference["seconds"] / result["seconds"], 3)
-            row["top1_agreement"] = sum(
-                a == b for a, b in zip(result["top1"], reference["top1"])
-            ) / args.images
+        same, own = results.get(("hf-pipeline", precision)), results.get((contender, "float32"))
+        if hf is not None:
+            row["x_hf_pipeline"] = round(hf["seconds"] / result["seconds"], 3)
+            row["top1_agreement_hf_pipeline"] = agreement(result, hf)
+        if same is not None:
+            row["x_hf_pipeline_same_precision"] = round(same["seconds"] / result["seconds"], 3)
+        if own is not None and precision != "float32":
+            row["top1_agreement_float32"] = agreement(result, own)
         rows.append(row)
     report = dict(machine=machine(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   rows=rows, table=format_table(rows))
@@ -172,12 +191,21 @@ def main(argv=None):
 
 def format_table(rows):
     """The result rows as a Markdown table (printed, and kept in the result file)."""
-    lines = ["| contender | start-up s | images/s | x HF pipeline | top-1 agreement |",
-             "|---|---|---|---|---|"]
+    lines = ["| contender | precision | start-up s | images/s | x HF pipeline (float32) "
+             "| x HF pipeline (same precision) | top-1 agreement with HF (float32) "
+             "| top-1 agreement with its float32 |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def cell(row, key, digits):
+        return f"{row[key]:.{digits}f}" if key in row else ""
+
     for row in rows:
-        lines.append(f"| {row['contender']} | {row['startup_s']:.1f} | {row['images_per_s']:.1f} | "
-                     f"{row.get('x_hf_pipeline', float('nan')):.2f} | "
-                     f"{row.get('top1_agreement', float('nan')):.3f} |")
+        lines.append(
+            f"| {row['contender']} | {row['precision']} | {row['startup_s']:.1f} "
+            f"| {row['images_per_s']:.1f} | {cell(row, 'x_hf_pipeline', 2)} "
+            f"| {cell(row, 'x_hf_pipeline_same_precision', 2)} "
+            f"| {cell(row, 'top1_agreement_hf_pipeline', 3)} "
+            f"| {cell(row, 'top1_agreement_float32', 3)} |")
     return "\n".join(lines)
 
 

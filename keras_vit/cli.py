@@ -726,6 +726,12 @@ def _predict_arguments(parser):
         "--batch-size", type=int, default=32, metavar="N", help="images per batch (default 32)"
     )
     parser.add_argument(
+        "--precision", choices=("float32", "bfloat16", "auto"), default=None,
+        help="compute in float32 or bfloat16 (float32 weights and logits), or auto: bfloat16 "
+        "on a CPU with bfloat16 products (avx512_bf16, amx_bf16), else float32 (default: "
+        "the model's own)",
+    )
+    parser.add_argument(
         "--labels", metavar="FILE",
         help="class names, one per line, in class order (default: the run's labels.txt)",
     )
@@ -804,6 +810,7 @@ def predict(args):
         crop_fraction=crop_fraction, batch_size=args.batch_size, skip_unreadable=True,
         progress=_progress_line if sys.stderr.isatty() else None,
         naflex=args.naflex or None, max_num_patches=args.max_num_patches,
+        precision=args.precision,
     )
     if sys.stderr.isatty():
         print(file=sys.stderr)

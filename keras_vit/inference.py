@@ -12,6 +12,7 @@ import concurrent.futures
 import functools
 import logging
 import os
+import weakref
 
 import keras
 import numpy as np
@@ -25,15 +26,92 @@ from keras_vit.models.naflex_mode import (
 )
 from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.models.vit import default_image_size, vit_parts
-from keras_vit.utils.checks import check_positive_int
+from keras_vit.utils.allocator import cpu_flags
+from keras_vit.utils.checks import check_choice, check_positive_int
+from keras_vit.utils.devices import device_name
 from keras_vit.utils.image_files import image_paths
 from keras_vit.weights import registry
 
 logger = logging.getLogger("keras_vit")
 
-# Decoding and resizing wait in PIL and NumPy, which release the GIL: threads overlap them
-# with the model's batch.
+# Decoding and resizing wait in libjpeg and NumPy, which release the GIL: threads overlap
+# them with the model's batch.
 DECODE_THREADS = max(2, os.cpu_count() or 1)
+
+PRECISIONS = ("float32", "bfloat16", "auto")
+# The CPU flags of bfloat16 products in hardware: AVX-512 BF16's dot products, AMX's
+# matrix units. Without them bfloat16 is emulated, slower than float32.
+BFLOAT16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+# Keras' policy of each precision: bfloat16 products and activations, float32 weights (the
+# model's own values) and a float32 head (float32 logits).
+POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16"}
+# The copy of each model that `with_precision` made, by the model and policy.
+_copies = weakref.WeakKeyDictionary()
+
+
+def auto_precision(device, flags):
+    """The precision `"auto"` means on `device` (`keras_vit.utils.devices.device_name`:
+    "cpu" or an accelerator's name) with the CPU's `flags`: bfloat16 on a CPU with
+    bfloat16 products in hardware (`BFLOAT16_CPU_FLAGS`), else float32 (accelerators
+    included: their 16-bit choice is not measured here).
+
+    Example:
+
+    >>> auto_precision("cpu", {"avx512f", "avx512_bf16"}), auto_precision("cpu", {"avx512f"})
+    ('bfloat16', 'float32')
+    >>> auto_precision("NVIDIA H200", {"amx_bf16"})
+    'float32'
+    """
+    if device == "cpu" and flags & set(BFLOAT16_CPU_FLAGS):
+        return "bfloat16"
+    return "float32"
+
+
+def with_precision(model, precision):
+    """`model` computing in `precision`: itself where its dtype policy is that
+    precision's (`POLICIES`), else a copy built with that policy holding its weights
+    (float32 either way: the same values), compiled with the model's `jit_compile` where
+    the model was compiled. The copy is kept for the next call with the same model and
+    precision, its weights copied again each time.
+
+    Args:
+        model: a `keras_vit.ViT` model, not quantized.
+        precision: `"float32"`, `"bfloat16"`, or `"auto"` (`auto_precision` on the
+            device the backend computes on).
+
+    Returns:
+        A model with the same outputs, rounded to `precision`.
+
+    Example:
+
+    >>> import keras_vit
+    >>> model = keras_vit.ViT(image_size=32, patch_size=8, hidden_dim=32, num_layers=1,
+    ...                       num_heads=4, mlp_dim=64, num_classes=3)
+    >>> with_precision(model, "float32") is model
+    True
+    >>> with_precision(model, "bfloat16").dtype_policy.name
+    'mixed_bfloat16'
+    """
+    check_choice("precision", precision, PRECISIONS)
+    if precision == "auto":
+        precision = auto_precision(device_name(keras.backend.backend()), cpu_flags())
+    policy = POLICIES[precision]
+    if model.dtype_policy.name == policy:
+        return model
+    config = model.get_config()
+    if config.get("quantized"):
+        raise ValueError(
+            f"precision={precision!r} for a quantized model: it computes as it was "
+            "quantized; leave precision out."
+        )
+    copies = _copies.setdefault(model, {})
+    if policy not in copies:
+        copies[policy] = type(model).from_config({**config, "dtype": policy})
+        if model.compiled:  # its predict step compiled as the model's (XLA, torch.compile)
+            copies[policy].compile(jit_compile=model.jit_compile)
+    copy = copies[policy]
+    copy.set_weights(model.get_weights())
+    return copy
 
 
 def decoded_batches(paths, read, *, batch_size=32, skip_unreadable=False):
@@ -71,7 +149,7 @@ def decoded_batches(paths, read, *, batch_size=32, skip_unreadable=False):
 
 def classify(model, images, *, top_k=5, labels=None, activation=None, crop_fraction="model",
              batch_size=32, skip_unreadable=False, progress=None, naflex=None,
-             max_num_patches=None):
+             max_num_patches=None, precision=None):
     """The `top_k` classes of each image file, as the checkpoint was evaluated.
 
     Each image is decoded, brought to the model's input size and normalised with the
@@ -108,6 +186,10 @@ def classify(model, images, *, top_k=5, labels=None, activation=None, crop_fract
             (default) uses NaFlex for NaFlex models only.
         max_num_patches: the NaFlex token budget per image; default: the model's
             (`naflex_budget`: the patches of its position table's grid).
+        precision: None (default): the model as it is; `"float32"` or `"bfloat16"`: the
+            model computing in that precision (`with_precision`: bfloat16 products,
+            float32 weights and logits); `"auto"`: bfloat16 on a CPU with bfloat16
+            products in hardware (AVX-512 BF16, AMX), else float32 (`auto_precision`).
 
     Returns:
         One dict per image read: `{"image": path, "top_k": [{"class": index, "label":
@@ -141,6 +223,8 @@ def classify(model, images, *, top_k=5, labels=None, activation=None, crop_fract
     if naflex or is_naflex(model):  # a packed model serves as its one-image-per-row twin
         model = naflex_twin(model)
     read, model_inputs = _reader(model, crop_fraction, naflex, max_num_patches)
+    if precision is not None:
+        model = with_precision(model, precision)
     results = []
     for batch_paths, batch in decoded_batches(
         paths, read, batch_size=batch_size, skip_unreadable=skip_unreadable

@@ -139,6 +139,16 @@ def test_predict_names_the_class_the_test_put_in_the_head(bucket, tmp_path, caps
     softmax = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
     assert results[0]["top_k"][0]["probability"] == pytest.approx(softmax[207], rel=1e-5)
     assert bucket.requests == ["/test/colours.npz"]
+    # In bfloat16: the same classes, the probabilities within its rounding.
+    assert cli.main(["predict", "--weights", entry.name, red, blue, "--json",
+                     "--precision", "bfloat16"]) == 0
+    half = json.loads(capsys.readouterr().out)
+    assert [r["top_k"][0]["class"] for r in half] == [207, 1]
+    assert half[0]["top_k"][0]["probability"] == pytest.approx(softmax[207], rel=2**-4)
+    assert half[0]["top_k"][0]["probability"] != results[0]["top_k"][0]["probability"]
+    with pytest.raises(SystemExit):  # argparse's refusal
+        cli.main(["predict", "--weights", entry.name, red, "--precision", "half"])
+    assert "argument --precision: invalid choice: 'half'" in capsys.readouterr().err
 
     # The same from Python, and from a trained model's .keras file (`--from`).
     assert keras_vit.classify(keras_vit.pretrained(entry.name), red, top_k=1)[0]["top_k"][0][

@@ -29,7 +29,7 @@ from transformers import (
 
 import keras_vit
 from keras_vit import cli, data
-from keras_vit.data import decode, images
+from keras_vit.data import decode, headers, images, libjpeg
 from keras_vit.models import preprocessing as prep
 from keras_vit.weights import registry
 from keras_vit.weights.formats import hf_preprocessing
@@ -402,7 +402,8 @@ def test_files_decode_to_the_same_bytes_with_pil_and_tensorflow(channels, real_p
     the colour photo in every other format (PNG with and without its ICC profile, with
     alpha, with a palette; GIF, BMP, WebP lossy and lossless), decode to equal bytes in
     `read_images`' decoder and the evaluation pipeline's and the SavedModel's, to 1
-    channel (each format's own conversion) and 3."""
+    channel (each format's own conversion) and 3. The one decode `read_images` gives a
+    clean JPEG (`libjpeg.decode_clean`) takes every JPEG but the CMYK one, to those bytes."""
     photo = Image.open(real_photos["whole"][1]).resize((160, 120))
     plain = Image.fromarray(np.asarray(photo))  # without the JPEG's ICC profile
     rgba = Image.fromarray(np.dstack([np.asarray(photo), np.asarray(photo)[..., :1]]))
@@ -410,7 +411,7 @@ def test_files_decode_to_the_same_bytes_with_pil_and_tensorflow(channels, real_p
         encoded(photo, "JPEG", quality=90, subsampling=0),
         encoded(photo, "JPEG", quality=90, progressive=True),
         encoded(photo.convert("L"), "JPEG", quality=90),
-        encoded(photo.convert("CMYK"), "JPEG", quality=90),
+        cmyk := encoded(photo.convert("CMYK"), "JPEG", quality=90),
         encoded(photo, "PNG"), encoded(plain, "PNG"), encoded(rgba, "PNG"),
         encoded(plain.convert("P", palette=Image.Palette.ADAPTIVE), "PNG"),
         encoded(plain.convert("P", palette=Image.Palette.ADAPTIVE), "GIF"),
@@ -423,3 +424,8 @@ def test_files_decode_to_the_same_bytes_with_pil_and_tensorflow(channels, real_p
         np.testing.assert_array_equal(
             ours, decode.decode_crop(tensor, True, channels, decode.full_window))
         np.testing.assert_array_equal(ours, decode.decode_pixels(tensor, channels))
+        clean = libjpeg.decode_clean(payload, channels)
+        if headers.image_format(payload) == "jpeg" and payload is not cmyk:
+            np.testing.assert_array_equal(clean, ours)
+        else:
+            assert clean is None

@@ -114,11 +114,16 @@ def resize(pixels, size, interpolation="bilinear", antialias=None):
     `keras_vit.data.decode.resize` (`tf.image.resize`) resizes them, to the bit.
 
     Args:
-        pixels: float32 pixels in [0, 255].
+        pixels: uint8 pixels, or float32 pixels in [0, 255]. uint8 pixels are
+            converted to float32 (exactly) only as the filter's taps gather them, so a
+            large image costs its taps rather than a float32 copy of it all.
         size: `(height, width)`.
         interpolation: `"bilinear"` or `"bicubic"`.
         antialias: whether the filter widens when shrinking (PIL's), or None for
             `interpolation`'s (`resize_filter`).
+
+    Returns:
+        float32 pixels `(*size, channels)`.
 
     Example:
 
@@ -126,7 +131,9 @@ def resize(pixels, size, interpolation="bilinear", antialias=None):
     [[0.0, 2.5, 7.5, 10.0]]
     """
     interpolation, antialias = resize_filter(interpolation, antialias)
-    pixels = np.asarray(pixels, np.float32)
+    pixels = np.asarray(pixels)
+    if pixels.dtype != np.uint8:
+        pixels = pixels.astype(np.float32, copy=False)
     if not antialias:
         return _bilinear(pixels, size)
     rows = _spans(pixels.shape[0], size[0], interpolation)
@@ -149,13 +156,18 @@ def _bilinear(pixels, size):
 
     top, bottom, y = taps(pixels.shape[0], size[0])
     left, right, x = taps(pixels.shape[1], size[1])
-    x = x[None, :, None]
+    channels = pixels.shape[-1]
+    x = np.repeat(x, channels)  # rows as (width * channels): the products run along them
 
     def along_row(rows):
-        return rows[:, left] + (rows[:, right] - rows[:, left]) * x
+        def columns(index):
+            return np.take(rows, index, axis=1).astype(np.float32).reshape(len(rows), -1)
+
+        rows_left = columns(left)
+        return rows_left + (columns(right) - rows_left) * x
 
     upper, lower = along_row(pixels[top]), along_row(pixels[bottom])
-    return upper + (lower - upper) * y[:, None, None]
+    return (upper + (lower - upper) * y[:, None]).reshape(*size, channels)
 
 
 def _kernel(interpolation, x):
@@ -231,8 +243,10 @@ def read_pixels(path, channels=3):
     """The uint8 pixels `(height, width, channels)` of one image file, at its own size.
 
     Checked without decoding first (`headers.image_problem`: damaged files and those
-    over the pixel limit are refused), then decoded (`decode_file`: JPEG, PNG, GIF, BMP,
-    WebP). A missing, unreadable (no permission, a folder), damaged or oversize file is
+    over the pixel limit are refused), then decoded (a JPEG that libjpeg decodes without
+    a warning once, by `libjpeg.decode_clean`; anything else by `decode_file`: JPEG,
+    PNG, GIF, BMP, WebP; the same pixels). A missing, unreadable (no permission, a
+    folder), damaged or oversize file is
     an error naming it; a JPEG that decodes with a libjpeg warning is used, named in one
     logged line (`libjpeg.kept_line`).
 
@@ -256,13 +270,15 @@ def read_pixels(path, channels=3):
     problem = headers.image_problem(payload)
     if problem:
         raise ValueError(f"{path!r} is not a readable image: {problem}.")
-    try:
-        image = decode_file(payload, channels)
-    except ValueError as error:
-        raise ValueError(f"{path!r} is not a readable image: {error}") from None
-    warning = libjpeg.message(payload)  # cheap for the files of a call
-    if warning:
-        logger.warning(libjpeg.kept_line(path, warning))
+    image = libjpeg.decode_clean(payload, channels) if channels in (1, 3) else None
+    if image is None:  # not a clean JPEG: PIL, and libjpeg's warning if any
+        try:
+            image = decode_file(payload, channels)
+        except ValueError as error:
+            raise ValueError(f"{path!r} is not a readable image: {error}") from None
+        warning = libjpeg.message(payload)
+        if warning:
+            logger.warning(libjpeg.kept_line(path, warning))
     return image
 
 

@@ -11,7 +11,6 @@ across runs) and never changes what is trained.
 """
 
 import logging
-import os
 import threading
 
 import simplejpeg
@@ -47,6 +46,42 @@ def message(payload):
         return None
     except ValueError as error:
         return str(error) or "an unnamed warning"
+
+
+def decode_clean(payload, channels):
+    """uint8 pixels `(height, width, channels)` of the JPEG `payload`, decoded once, where
+    libjpeg decodes it without a warning; else None.
+
+    libjpeg-turbo (`simplejpeg`) decodes with the accurate integer IDCT and smooth
+    upsampling, as PIL and TensorFlow do: the bytes of
+    `keras_vit.data.images.decode_file`. A colour (YCbCr) or grey JPEG is decoded to
+    RGB, or to libjpeg's own grey (the luma). None for anything else: not a JPEG, a
+    CMYK or YCCK one (which the callers convert as TensorFlow does), one on which
+    libjpeg warns or fails (`message` and `decode_file` then say what).
+    One decode where `message` and `decode_file` take two.
+
+    Args:
+        payload: the file's bytes.
+        channels: 1 or 3.
+
+    Example:
+
+    >>> import io
+    >>> from PIL import Image
+    >>> buffer = io.BytesIO()
+    >>> Image.new("RGB", (3, 2), (0, 0, 0)).save(buffer, "JPEG")
+    >>> decode_clean(buffer.getvalue(), 3).shape
+    (2, 3, 3)
+    """
+    if headers.image_format(payload) != "jpeg":
+        return None
+    try:
+        if simplejpeg.decode_jpeg_header(payload)[2] not in ("YCbCr", "Gray"):
+            return None
+        return simplejpeg.decode_jpeg(payload, colorspace="RGB" if channels == 3 else "GRAY",
+                                      strict=True)
+    except ValueError:  # a warning or an error
+        return None
 
 
 def warning(payload):
