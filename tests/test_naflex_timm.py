@@ -1,9 +1,11 @@
 """A NaFlex model (`keras_vit.ViT(naflex=True)`) against timm's `NaFlexVit`, from the
 outputs timm computed (tests/fixtures/naflexvit_timm/make.py; timm does not import in
-this environment): a tiny random `naflexvit_base_patch16_siglip` (learned 4x4 position
-table resampled bilinearly with antialias to each image's grid, MAP head, tanh GELU, 5
+this environment), on one batch of images of 3x5, 4x4, 2x7 and 1x1 patches padded to 18
+tokens: a tiny random `naflexvit_base_patch16_siglip` (learned 4x4 position table
+resampled bilinearly with antialias to each image's grid, MAP head, tanh GELU, 5
 classes), loaded from its folder as timm's `save_for_hf` wrote it with no other
-argument, on one batch of images of 3x5, 4x4, 2x7 and 1x1 patches padded to 18 tokens.
+argument; and a tiny random NaFlexVit made a DINOv3 (class token, 4 registers, DINOv3's
+rope on each image's grid, layer scale) loaded into keras-vit's DINOv3 NaFlex model.
 """
 
 import json
@@ -16,23 +18,29 @@ import pytest
 
 import keras_vit
 from family_contract import relative_error
+from keras_vit.families import dinov3
 
 FIXTURES = Path(__file__).parent / "fixtures" / "naflexvit_timm"
 FOLDER = FIXTURES / "naflexvit_base_patch16_siglip"
-SAVED = np.load(FIXTURES / "outputs.npz")
+SAVED = np.load(FIXTURES / "naflexvit_base_patch16_siglip_outputs.npz")
 INPUTS = {key: SAVED[key] for key in ("patches", "patch_mask", "spatial_shapes")}
 VALID = SAVED["patch_valid"]
 
 
-def outputs(model):
+def outputs(model, prefix=0):
     """The model's logits, its pooled features (the MAP head's output) and its final
-    normed tokens at the real patches (padding differs: timm's padded queries attend
-    to nothing)."""
+    normed tokens at the `prefix` tokens and the real patches (padding differs: timm's
+    padded queries attend to nothing)."""
     parts = keras_vit.vit_parts(model)
-    pooled = model.get_layer("head").input
+    pooled = model.get_layer("head").input if prefix == 0 else model.output
     probe = keras.Model(model.input, [model.output, pooled, parts.norm.output])
     logits, pooled, tokens = (keras.ops.convert_to_numpy(x) for x in probe(INPUTS))
-    return [logits, pooled, tokens[VALID]]
+    return [logits, pooled, tokens[real_tokens(prefix)]]
+
+
+def real_tokens(prefix):
+    """The mask of the prefix tokens and the real patches."""
+    return np.concatenate([np.ones((len(VALID), prefix), bool), VALID], axis=1)
 
 
 REFERENCE = [SAVED["logits"], SAVED["pooled"], SAVED["tokens"][VALID]]
@@ -91,3 +99,43 @@ def test_a_model_arg_keras_vit_does_not_build_is_refused_naming_it(tmp_path, key
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=f"{key}={value!r}"):
         keras_vit.pretrained(str(folder))
+
+
+# ---------------------------------------------------------------------------
+# timm's NaFlexVit made a DINOv3: its rope on each image's grid.
+
+DINOV3 = FIXTURES / "naflexvit_dinov3_rope"
+
+
+def dinov3_model():
+    """keras-vit's DINOv3 NaFlex model of the fixture's sizes (timm's LayerNorm epsilon)
+    with timm's weights loaded, and the load report."""
+    model = keras_vit.ViT(
+        image_size=16, patch_size=4, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=48,
+        **dict(dinov3.SWITCHES, dynamic_image_size=False, layer_norm_epsilon=1e-6),
+        naflex=True,
+    )
+    return model, keras_vit.load_pretrained(model, DINOV3 / "model.safetensors")
+
+
+def dinov3_reference():
+    saved = np.load(FIXTURES / "naflexvit_dinov3_rope_outputs.npz")
+    return [saved["pooled"], saved["tokens"][real_tokens(5)]]
+
+
+def test_timm_naflexvit_with_dinov3s_rope_equals_timm():
+    """timm's NaFlexVit with `rope_type="dinov3"` (per image, the rope of its own grid:
+    patch centres on [-1, 1]) is keras-vit's DINOv3 NaFlex model: its state dict loads
+    with nothing missing or unexpected (the rope read from the file), and the pooled
+    class token and every real token (class, registers, patches) equal timm's."""
+    model, report = dinov3_model()
+    assert report.format == "timm" and not (report.missing or report.unexpected)
+    assert relative_error(outputs(model, prefix=5)[1:], dinov3_reference()) < 1e-5
+
+
+def test_negative_control_without_the_rotate_half_channel_order_timm_disagrees(monkeypatch):
+    from keras_vit.weights import formats
+
+    monkeypatch.setattr(formats, "rotate_half_order", np.arange)
+    model, _ = dinov3_model()
+    assert relative_error(outputs(model, prefix=5)[1:], dinov3_reference()) > 1e-2
