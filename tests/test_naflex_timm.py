@@ -139,3 +139,31 @@ def test_negative_control_without_the_rotate_half_channel_order_timm_disagrees(m
     monkeypatch.setattr(formats, "rotate_half_order", np.arange)
     model, _ = dinov3_model()
     assert relative_error(outputs(model, prefix=5)[1:], dinov3_reference()) > 1e-2
+
+
+# ---------------------------------------------------------------------------
+# timm's NaFlexVit with EVA's axial rope: EVA-02's, scaled to a reference grid.
+
+
+def test_timm_naflexvit_with_evas_axial_rope_equals_timm():
+    """timm's NaFlexVit with `rope_type="axial"` and `rope_ref_feat_shape=(4, 4)` (per
+    image, its own grid's indices scaled onto 4x4) is keras-vit's EVA rope NaFlex model
+    (`rope=True, rope_reference_grid=(4, 4)`; its class token, layer scales `gamma_1`,
+    `gamma_2` and `fc_norm` loaded by their timm names): the pooled patch mean and the
+    last block's real tokens equal timm's."""
+    saved = np.load(FIXTURES / "naflexvit_eva_rope_outputs.npz")
+    model = keras_vit.ViT(
+        image_size=16, patch_size=4, hidden_dim=32, num_layers=2, num_heads=4, mlp_dim=48,
+        classifier="avg", fc_norm=True, rope=True, rope_reference_grid=(4, 4),
+        pos_embedding="none", layer_scale_init=1e-5, naflex=True, include_top=False,
+    )
+    report = keras_vit.load_pretrained(model, FIXTURES / "naflexvit_eva_rope" / "model.safetensors")
+    assert report.format == "timm" and not (report.missing or report.unexpected)
+    probe = keras.Model(model.input, [model.output, keras_vit.vit_parts(model).blocks[-1].output])
+    pooled, tokens = (keras.ops.convert_to_numpy(x) for x in probe(INPUTS))
+    reference = [saved["pooled"], saved["tokens"][real_tokens(1)]]
+    assert relative_error([pooled, tokens[real_tokens(1)]], reference) < 1e-5
+    # Its rope without the reference grid (the raw indices) disagrees.
+    unscaled = keras_vit.ViT(**dict(model.get_config(), rope_reference_grid=None))
+    unscaled.set_weights(model.get_weights())
+    assert relative_error([keras.ops.convert_to_numpy(unscaled(INPUTS))], reference[:1]) > 1e-3

@@ -213,20 +213,17 @@ def timm_layout(arrays, notes):
     (`q_bias`, `v_bias`; none without `_qkvb`: zeros) and a zero key bias as
     "qkv_rotate_half", SwiGLU's `fc1_g` and `fc1_x` packed as `fc1`. timm's NaFlexVit made
     a DINOv3 (`rope_type="dinov3"`, `rope_rotate_half`, `init_values`) likewise, its
-    `embeds.cls_token` and `embeds.reg_token` as `cls_token` and `reg_token`, its one qkv
-    bias as it is.
+    (its tokens under `embeds.`), its one qkv bias as it is.
 
     Returns:
         DINOv3's rotary embedding (`rope`), which has no tensors; `{}` for another file.
     """
     # timm's NaFlexVit made a DINOv3 (`rope_type="dinov3"`) holds its tokens under
     # `embeds.` and one qkv bias, its key's included.
-    naflex = "embeds.reg_token" in arrays and "embeds.pos_embed" not in arrays
-    if naflex and "blocks.0.gamma_1" in arrays:
-        for name in ("cls_token", "reg_token"):
-            if "embeds." + name in arrays:
-                arrays[name] = arrays.pop("embeds." + name)
-    if not ("reg_token" in arrays and "pos_embed" not in arrays and "blocks.0.gamma_1" in arrays):
+    naflex = "embeds.reg_token" in arrays
+    tables = ("pos_embed", "embeds.pos_embed")
+    if not ((naflex or "reg_token" in arrays) and not any(k in arrays for k in tables)
+            and "blocks.0.gamma_1" in arrays):
         return {}
     for key in sorted(arrays):
         block = re.fullmatch(r"(blocks\.\d+\.)attn\.qkv\.weight", key)
