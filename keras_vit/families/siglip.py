@@ -148,6 +148,8 @@ def timm_arguments(architecture, model_args):
     ...     num_heads=4, mlp_ratio=1.5, patch_size=4, pos_embed_grid_size=[4, 6]))
     >>> args["hidden_dim"], args["mlp_dim"], args["image_size"], args["include_top"]
     (32, 48, (16, 24), False)
+    >>> timm_arguments("naflexvit_so400m_patch16_siglip", {})["mlp_dim"]
+    4304
     """
     if architecture not in _TIMM_NAFLEX:
         return None
@@ -161,7 +163,8 @@ def timm_arguments(architecture, model_args):
     width, depth, heads, ratio = _TIMM_NAFLEX[architecture]
     width = model_args.get("embed_dim", width)
     patch = model_args.get("patch_size", 16)
-    rows, cols = model_args.get("pos_embed_grid_size", (16, 16))
+    grid = model_args.get("pos_embed_grid_size", (16, 16))
+    rows, cols = (grid, grid) if isinstance(grid, int) else grid
     classes = model_args.get("num_classes", 0)
     return dict(
         _SIGLIP, **_NAFLEX, hidden_dim=width, num_layers=model_args.get("depth", depth),
