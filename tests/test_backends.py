@@ -19,6 +19,7 @@ MULTI_BACKEND_TESTS = [
     # The families: the contract (tests/family_contract.py) and their references.
     "tests/test_deit.py", "tests/test_dinov2.py", "tests/test_eva.py", "tests/test_towers.py",
     "tests/test_dinov3.py", "tests/test_naflex.py", "tests/test_naflex_packing.py",
+    "tests/test_naflex_timm.py",
     # PyTorch only (skipped elsewhere): the torch.compile'd steps against eager ones.
     "tests/test_torch_compile.py",
 ]

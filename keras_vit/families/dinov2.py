@@ -73,7 +73,7 @@ def _hf_arguments(config, top, architecture):
 
 # The register tokens `reg` (1, count, D) and HF's layer scales beside the official keys.
 _TORCH_NAMES = (
-    TorchName("reg", "copy", r"embeddings\.register_tokens", r"reg_token"),
+    TorchName("reg", "copy", r"embeddings\.register_tokens", r"(?:embeds\.)?reg_token"),
     TorchName(BLOCK_KEY + "LayerScale_attention/scale", "scale",
               HF_LAYER + r"layer_scale1\.lambda1", None),
     TorchName(BLOCK_KEY + "LayerScale_mlp/scale", "scale",

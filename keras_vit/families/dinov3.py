@@ -211,12 +211,19 @@ def timm_layout(arrays, notes):
     and EVA's layer-scale names, no position table) in place into the names of timm's
     ViT: `gamma_1` / `gamma_2` as `ls1.gamma` / `ls2.gamma`, `qkv` with its q and v biases
     (`q_bias`, `v_bias`; none without `_qkvb`: zeros) and a zero key bias as
-    "qkv_rotate_half", SwiGLU's `fc1_g` and `fc1_x` packed as `fc1`.
+    "qkv_rotate_half", SwiGLU's `fc1_g` and `fc1_x` packed as `fc1`. timm's NaFlexVit made
+    a DINOv3 (`rope_type="dinov3"`, `rope_rotate_half`, `init_values`) likewise, its
+    (its tokens under `embeds.`), its one qkv bias as it is.
 
     Returns:
         DINOv3's rotary embedding (`rope`), which has no tensors; `{}` for another file.
     """
-    if not ("reg_token" in arrays and "pos_embed" not in arrays and "blocks.0.gamma_1" in arrays):
+    # timm's NaFlexVit made a DINOv3 (`rope_type="dinov3"`) holds its tokens under
+    # `embeds.` and one qkv bias, its key's included.
+    naflex = "embeds.reg_token" in arrays
+    tables = ("pos_embed", "embeds.pos_embed")
+    if not ((naflex or "reg_token" in arrays) and not any(k in arrays for k in tables)
+            and "blocks.0.gamma_1" in arrays):
         return {}
     for key in sorted(arrays):
         block = re.fullmatch(r"(blocks\.\d+\.)attn\.qkv\.weight", key)
@@ -226,14 +233,18 @@ def timm_layout(arrays, notes):
         for j in (1, 2):
             arrays[f"{p}ls{j}.gamma"] = arrays.pop(f"{p}gamma_{j}")
         weight = arrays.pop(key)
-        q_bias, v_bias = (_bias(arrays, f"{p}attn.{n}_bias", weight[: len(weight) // 3])
-                          for n in "qv")
         arrays[p + "attn.qkv_rotate_half.weight"] = weight
-        arrays[p + "attn.qkv_rotate_half.bias"] = np.concatenate(
-            [q_bias, np.zeros_like(q_bias), v_bias])
+        if p + "attn.qkv.bias" in arrays:  # NaFlexVit's
+            arrays[p + "attn.qkv_rotate_half.bias"] = arrays.pop(p + "attn.qkv.bias")
+        else:
+            q_bias, v_bias = (_bias(arrays, f"{p}attn.{n}_bias", weight[: len(weight) // 3])
+                              for n in "qv")
+            arrays[p + "attn.qkv_rotate_half.bias"] = np.concatenate(
+                [q_bias, np.zeros_like(q_bias), v_bias])
         if p + "mlp.fc1_g.weight" in arrays:
             _pack_swiglu(arrays, p + "mlp.fc1_g.", p + "mlp.fc1_x.", p + "mlp.fc1.")
-    notes.append(_NO_KEY_BIAS)
+    if not naflex:
+        notes.append(_NO_KEY_BIAS)
     return dict(rope=rope())
 
 

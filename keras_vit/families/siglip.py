@@ -17,11 +17,20 @@ to each image's grid (`pos_interpolation="bilinear_antialias"`); the patch embed
 a Linear on the flattened patches, the official kernel in its (row, column, channel)
 order.
 
+timm's NaFlexVit of SigLIP's architecture (`naflexvit_base_patch16_siglip`,
+`naflexvit_so400m_patch16_siglip`, timm `naflexvit.py`), a model folder as timm's
+`save_for_hf` writes it: the same NaFlex model (its `embeds.proj` Linear on the
+(row, column, channel) patches, its `embeds.pos_embed` table `(1, rows, cols, D)`
+resampled bilinearly with antialias to each image's grid, the MAP head `attn_pool`),
+built from its config's `model_args` (`timm_arguments`).
+
 HF's SigLIP vision encoder is CLIP's (`keras_vit.families.clip.HF_TOWER_RENAMES`);
 big_vision's `.npz` files are read by the generic reader.
 """
 
 import math
+
+import numpy as np
 
 from keras_vit.families.clip import HF_TOWER_NAMES, HF_TOWER_RENAMES
 from keras_vit.families.family import (
@@ -98,7 +107,7 @@ def _hf_arguments(config, top, architecture):
 # The MAP head (HF's `head`, timm's `attn_pool`); SigLIP 2's Linear patch embedding (its
 # weight 2-D, where the convolutions' is 4-D).
 _TORCH_NAMES = HF_TOWER_NAMES + (
-    TorchName("embedding", "dense", r"embeddings\.patch_embeddings\.projection", None),
+    TorchName("embedding", "dense", r"embeddings\.patch_embeddings\.projection", r"embeds\.proj"),
     TorchName(MAP_HEAD_KEY + "/probe", "copy", r"head\.probe", r"attn_pool\.latent"),
     TorchName(MAP_ATTENTION_KEY, "qkv", r"head\.attention\.in_proj", None),
     TorchName(MAP_ATTENTION_KEY + "/query", "heads_in", None, r"attn_pool\.q"),
@@ -112,6 +121,72 @@ _TORCH_NAMES = HF_TOWER_NAMES + (
               r"attn_pool\.mlp\.fc2"),
 )
 _HF_SWITCHES = dict(classifier="map", include_top=False)
+
+# timm's NaFlexVit architectures of SigLIP's: (embed_dim, depth, num_heads, mlp_ratio).
+_TIMM_NAFLEX = {
+    "naflexvit_base_patch16_siglip": (768, 12, 12, 4.0),
+    "naflexvit_so400m_patch16_siglip": (1152, 27, 16, 3.7362),
+}
+# The `model_args` that change nothing keras-vit builds differently (`img_size` is the
+# resolution of timm's non-NaFlex input only), with the value each must have.
+_TIMM_NAFLEX_FIXED = dict(in_chans=3, global_pool="map")
+_TIMM_NAFLEX_SIZES = ("embed_dim", "depth", "num_heads", "mlp_ratio", "patch_size",
+                      "pos_embed_grid_size", "num_classes", "img_size")
+
+
+def timm_arguments(architecture, model_args):
+    """The `keras_vit.ViT` arguments of a timm NaFlexVit folder of SigLIP's architecture
+    created with timm's `model_args`: a NaFlex model whose position table is the grid
+    `pos_embed_grid_size` (16x16 by default) of `patch_size` patches, its classes
+    `num_classes` (0, the tower as released, where `model_args` leaves it out); None for
+    another architecture. A `model_args` entry keras-vit does not build is a
+    `ValueError` naming it.
+
+    Example:
+
+    >>> args = timm_arguments("naflexvit_base_patch16_siglip", dict(embed_dim=32, depth=2,
+    ...     num_heads=4, mlp_ratio=1.5, patch_size=4, pos_embed_grid_size=[4, 6]))
+    >>> args["hidden_dim"], args["mlp_dim"], args["image_size"], args["include_top"]
+    (32, 48, (16, 24), False)
+    >>> timm_arguments("naflexvit_so400m_patch16_siglip", {})["mlp_dim"]
+    4304
+    """
+    if architecture not in _TIMM_NAFLEX:
+        return None
+    for key, value in model_args.items():
+        if key not in _TIMM_NAFLEX_SIZES and _TIMM_NAFLEX_FIXED.get(key, object()) != value:
+            raise ValueError(
+                f"timm {architecture} with {key}={value!r}: keras-vit builds timm's "
+                f"NaFlexVit of SigLIP's architecture with {', '.join(_TIMM_NAFLEX_SIZES)} "
+                "changed only; leave it out."
+            )
+    width, depth, heads, ratio = _TIMM_NAFLEX[architecture]
+    width = model_args.get("embed_dim", width)
+    patch = model_args.get("patch_size", 16)
+    grid = model_args.get("pos_embed_grid_size", (16, 16))
+    rows, cols = (grid, grid) if isinstance(grid, int) else grid
+    classes = model_args.get("num_classes", 0)
+    return dict(
+        _SIGLIP, **_NAFLEX, hidden_dim=width, num_layers=model_args.get("depth", depth),
+        num_heads=model_args.get("num_heads", heads),
+        mlp_dim=int(width * model_args.get("mlp_ratio", ratio)), patch_size=patch,
+        image_size=(rows * patch, cols * patch), num_classes=classes,
+        include_top=classes > 0,
+    )
+
+
+def timm_layout(arrays, notes):
+    """Rewrites a timm NaFlexVit state dict in place: its position table `embeds.pos_embed`
+    `(1, rows, cols, D)` as timm ViT's `pos_embed` `(1, rows * cols, D)` (row-major, as
+    NaFlexVit adds it to the patches). Another file is left as it is.
+
+    Returns:
+        `{}`: the tensors show all it needs.
+    """
+    table = arrays.get("embeds.pos_embed")
+    if table is not None and table.ndim == 4:
+        arrays["pos_embed"] = np.reshape(arrays.pop("embeds.pos_embed"), (1, -1, table.shape[-1]))
+    return {}
 _HF_NAFLEX = dict(_HF_SWITCHES, **_NAFLEX)
 
 FAMILY = Family(
@@ -133,4 +208,6 @@ FAMILY = Family(
         (r"^head\.attention\.in_proj_(weight|bias)$", r"head.attention.in_proj.\1"),
     ),
     torch_names=_TORCH_NAMES,
+    timm_layout=timm_layout,
+    timm_arguments=timm_arguments,
 )

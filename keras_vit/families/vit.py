@@ -274,8 +274,10 @@ def _official_entries():
 # HF transformers and timm names of the parts every family's files share.
 
 # official module, conversion, HF transformers name, timm name (None: not in that format).
+# timm's NaFlexVit holds its tokens under `embeds.`; its EVA blocks (rope) name their
+# layer scales `gamma_1`, `gamma_2`.
 _TORCH_NAMES = (
-    TorchName("cls", "copy", r"embeddings\.cls_token", r"cls_token"),
+    TorchName("cls", "copy", r"embeddings\.cls_token", r"(?:embeds\.)?cls_token"),
     TorchName(POS_KEY, "copy", r"embeddings\.position_embeddings", r"pos_embed"),
     TorchName("embedding", "conv", r"embeddings\.patch_embeddings\.projection",
               r"patch_embed\.proj"),
@@ -289,14 +291,15 @@ _TORCH_NAMES = (
     # timm's Block names its layer scales (DeiT III's and DINOv2's) `ls1`, `ls2`: under
     # `LayerScale_{attention,mlp}` beyond vit_jax's keys.
     TorchName(BLOCK_KEY + "LayerScale_attention/scale", "scale", None,
-              TIMM_BLOCK + r"ls1\.gamma"),
+              TIMM_BLOCK + r"(?:ls1\.gamma|gamma_1)"),
     TorchName(BLOCK_KEY + "LayerNorm_2", "norm", HF_LAYER + "layernorm_after",
               TIMM_BLOCK + "norm2"),
     TorchName(BLOCK_KEY + "MlpBlock_3/Dense_0", "dense", HF_LAYER + r"intermediate\.dense",
               TIMM_BLOCK + r"mlp\.fc1"),
     TorchName(BLOCK_KEY + "MlpBlock_3/Dense_1", "dense", HF_LAYER + r"output\.dense",
               TIMM_BLOCK + r"mlp\.fc2"),
-    TorchName(BLOCK_KEY + "LayerScale_mlp/scale", "scale", None, TIMM_BLOCK + r"ls2\.gamma"),
+    TorchName(BLOCK_KEY + "LayerScale_mlp/scale", "scale", None,
+              TIMM_BLOCK + r"(?:ls2\.gamma|gamma_2)"),
     TorchName("Transformer/encoder_norm", "norm", r"layernorm", r"norm"),
     # ViTModel's pooler is the representation layer: Dense + tanh on the class token.
     TorchName("pre_logits", "dense", r"pooler\.dense", None),

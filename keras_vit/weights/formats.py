@@ -653,7 +653,8 @@ def read_official(source, heads, grid=None, checkpoint_grid=None):
         arrays.update(_read_arrays(path))
     if any("/" in key for key in arrays):
         return (*_from_npz(arrays, source, grid, checkpoint_grid), {})
-    if "patch_embed.proj.weight" in arrays:
+    # timm's ViT and its NaFlexVit (a Linear on flattened patches).
+    if "patch_embed.proj.weight" in arrays or "embeds.proj.weight" in arrays:
         notes, trained_with = [], {}
         for family in FAMILIES:
             if family.timm_layout is not None:
