@@ -9,9 +9,10 @@ MAP head, tanh GELU, learned position table; random weights, 1000 classes):
 - `padded`: `keras_vit.ViT(variant, naflex=True)` on images of mixed aspect ratios
   (1:3 to 3:1), each resized by `keras_vit.naflex_inputs` to the largest grid within the
   budget and padded to it: one image per row;
-- `packed`: `keras_vit.ViT(variant, naflex=True, images_per_row=K)` on images of mixed aspect ratios and
-  sizes (a quarter of the budget to all of it, as NaViT samples resolutions), several
-  per row (`--images-per-row`), each row filled greedily to the budget.
+- `packed`: `keras_vit.ViT(variant, naflex=True, images_per_row=K)` on images of mixed
+  aspect ratios and sizes (an eighth of the budget to half of it, as NaViT's resolution
+  sampling gives), up to K a row (`--images-per-row`), rows filled first-fit to the
+  budget by `keras_vit.data.naflex.pack_rows` (the training pipelines' packing).
 
 Tokens per second count real patch tokens only (padding is work done for nothing), so
 `padded` and `packed` pay for their padding; the target is each >= 0.9x `fixed` on the
@@ -24,7 +25,7 @@ the variant's sizes) on the same padded inputs and square images in PyTorch, run
 `--timm-python` (a Python where `import timm` works; skipped where none does).
 
     python bench/naflex.py [--variant Ti/16] [--budget 256] [--batch 8] [--rounds 3]
-        [--images-per-row 4] [--steps 2] [--num-layers N]
+        [--images-per-row 6] [--steps 2] [--num-layers N]
         [--contenders keras-tensorflow,keras-jax,keras-torch,timm-naflexvit]
         [--timm-python PATH] [--out FILE]
 """
@@ -82,10 +83,12 @@ def make_data(path, variant, budget, batch, images_per_row, num_layers=None, see
         raise SystemExit(f"--budget {budget} is not a square number of patches: pick e.g. 256.")
     area = side * side
     padded = naflex_inputs(mixed_images(batch, seed, area / 2, area * 2), patch, budget)
-    # Each packed image gets its own budget, a quarter of the row's to all of it; the rows
-    # are filled first-fit (`pack_rows`, as the training pipelines pack).
-    budgets = np.random.default_rng(seed + 2).integers(budget // 4, budget + 1,
-                                                       batch * images_per_row)
+    # Each packed image gets its own budget, an eighth of the row's to half of it (smaller
+    # images, as NaViT's resolution sampling gives, are what packing is for); the rows are
+    # filled first-fit (`pack_rows`, as the training pipelines pack) from twice as many
+    # images as the rows have slots.
+    budgets = np.random.default_rng(seed + 2).integers(budget // 8, budget // 2 + 1,
+                                                       2 * batch * images_per_row)
     singles = [naflex_inputs([image], patch, int(b)) for image, b in
                zip(mixed_images(len(budgets), seed + 1, area / 4, area * 2), budgets)]
     patches = np.zeros((len(singles), budget, singles[0]["patches"].shape[-1]), np.float32)
@@ -264,7 +267,7 @@ def main(argv=None):
     parser.add_argument("--num-layers", type=int, help="fewer blocks than the variant's")
     parser.add_argument("--budget", type=int, default=256)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--images-per-row", type=int, default=4)
+    parser.add_argument("--images-per-row", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--contenders", default=",".join(CONTENDERS))

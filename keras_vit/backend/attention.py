@@ -41,10 +41,10 @@ def _jax_computes_off_cpu():
     return not keras.distribution.list_devices()[0].startswith("cpu")
 
 
-def dot_product_attention(query, key, value):
-    """`keras.ops.dot_product_attention(query, key, value)`: softmax attention scaled
-    by `1 / sqrt(head_dim)`, without mask or bias, in the `(batch, tokens, heads,
-    head_dim)` layout.
+def dot_product_attention(query, key, value, mask=None):
+    """`keras.ops.dot_product_attention(query, key, value, mask=mask)`: softmax
+    attention scaled by `1 / sqrt(head_dim)`, in the `(batch, tokens, heads, head_dim)`
+    layout.
 
     On PyTorch it calls `torch.nn.functional.scaled_dot_product_attention` on the
     `(batch, heads, tokens, head_dim)` views of its arguments, as keras.ops does, but
@@ -58,6 +58,8 @@ def dot_product_attention(query, key, value):
     Args:
         query, key, value: `(batch, tokens, heads, head_dim)` tensors of one dtype
             (key and value may have another number of tokens).
+        mask: None, or a boolean tensor that broadcasts to `(batch, heads, queries,
+            keys)`, True where a query attends to a key (every query must attend to one).
 
     Returns:
         The `(batch, tokens, heads, head_dim)` attention output.
@@ -70,7 +72,7 @@ def dot_product_attention(query, key, value):
     (2, 5, 3, 8)
     """
     if keras.backend.backend() != "torch":
-        return ops.dot_product_attention(query, key, value)
+        return ops.dot_product_attention(query, key, value, mask=mask)
     import torch
 
     query, key, value = (ops.convert_to_tensor(x).transpose(1, 2) for x in (query, key, value))
@@ -82,5 +84,6 @@ def dot_product_attention(query, key, value):
         # its float32 one (docs/performance.md), so training takes the float32 kernel
         # and rounds its output once; inference keeps the faster 16-bit forward.
         query, key, value = (x.float() for x in (query, key, value))
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value)
+    mask = None if mask is None else ops.convert_to_tensor(mask)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
     return out.to(dtype).transpose(1, 2)

@@ -12,7 +12,7 @@ from keras_vit.backend.attention import dot_product_attention, fused_attention_i
 from keras_vit.backend.calls import call_sublayer
 from keras_vit.backend.export import is_tracing_for_export
 from keras_vit.layers.dense import Dense, dense_dtypes_entry
-from keras_vit.layers.naflex import mask_bias
+from keras_vit.layers.naflex import MASKED_LOGIT, mask_bias
 from keras_vit.layers.rope import rotate
 from keras_vit.utils.checks import check_positive_int
 from keras_vit.utils.keras_compat import InParentNameScope
@@ -125,20 +125,22 @@ class Attention(InParentNameScope, keras.layers.Layer):
             q, k, v = (ops.squeeze(part, 2) for part in ops.split(qkv, 3, axis=2))
             qkv = ops.stack([rotate(q, rope), rotate(k, rope), v], axis=2)
         # Exporters map the explicit softmax to one op of their own.
-        # A padded batch (NaFlex) adds its mask to the float32 logits of explicit products.
         explicit = (
             return_attention
             or (training and self.dropout_rate > 0)
             or is_tracing_for_export()
-            or token_mask is not None
         )
+        # A padded or packed batch (NaFlex) keeps its padding and other images out by a
+        # bias on the float32 logits: (batch, 1, 1, keys), or (batch, 1, queries, keys).
+        bias = None if token_mask is None else mask_bias(token_mask)
         if not explicit and fused_attention_is_faster():
             # Split, not indexed: the gradient of three indexed slices is three zero
             # tensors of q|k|v's size, each written into and summed (PyTorch; JAX pads
             # and adds); split's is one concatenation. The squeezed parts are strided
             # views, which PyTorch's fused kernel reads in place.
             q, k, v = (ops.squeeze(part, 2) for part in ops.split(qkv, 3, axis=2))
-            out = dot_product_attention(q, k, v)
+            mask = None if token_mask is None else bias > MASKED_LOGIT / 2
+            out = dot_product_attention(q, k, v, mask=mask)
             out = call_sublayer(self, self.attention_output, ops.reshape(out, (-1, length, width)))
             return out, None
         # One transpose of the fused q|k|v, then products batched over (batch, heads).
@@ -152,15 +154,17 @@ class Attention(InParentNameScope, keras.layers.Layer):
             # Float32 logits under every policy: float16 products overflow past 65504,
             # bfloat16 ones keep 8 bits.
             logits = products.matmul_float32(q, k, transpose_x2=True)
-            if token_mask is not None:
-                logits = logits + mask_bias(token_mask)
+            if bias is not None:
+                logits = logits + bias
             weights = ops.softmax(logits, axis=-1)
             dropped = self.dropout(ops.cast(weights, v.dtype), training=training)
             out = products.matmul(dropped, v)
         else:
             weights = None
+            pairs = bias is not None and len(token_mask.shape) == 3  # a bias per query
             blocks = [
-                self._attend_rows(q[:, :, start:stop], k, v)
+                self._attend_rows(q[:, :, start:stop], k, v,
+                                  bias[:, :, start:stop] if pairs else bias)
                 for start, stop in query_blocks(x.shape[1])
             ]
             out = blocks[0] if len(blocks) == 1 else ops.concatenate(blocks, axis=2)
@@ -169,11 +173,13 @@ class Attention(InParentNameScope, keras.layers.Layer):
         return out, weights
 
     @staticmethod
-    def _attend_rows(q, k, v):
+    def _attend_rows(q, k, v, bias=None):
         # Logits in float32 (as in `_attend`). Softmax normalised after the product,
         # over (tokens, head_dim) values rather than (tokens, tokens); the shift
         # cancels, so it needs no gradient.
         logits = products.matmul_float32(q, k, transpose_x2=True)
+        if bias is not None:
+            logits = logits + bias
         exp = ops.exp(logits - ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True)))
         out = products.matmul_float32(ops.cast(exp, v.dtype), v)
         return ops.cast(out / ops.sum(exp, axis=-1, keepdims=True), v.dtype)
