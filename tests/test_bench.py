@@ -129,16 +129,18 @@ def test_memory_benchmark_separates_fixed_and_per_image_memory(tmp_path):
 @pytest.mark.slow
 def test_predict_benchmark_times_keras_vit_and_hfs_pipeline_on_the_same_files(tmp_path):
     out = tmp_path / "predict.json"
-    stdout = run_bench("predict.py", "--images", "12", "--batch", "4",
+    stdout = run_bench("predict.py", "--images", "12", "--batch", "4", "--precisions", "float32",
                        "--contenders", "keras-tensorflow,hf-pipeline", "--out", str(out))
-    rows = {row["contender"]: row for row in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {"keras-tensorflow", "hf-pipeline"}
-    keras_row, hf_row = rows["keras-tensorflow"], rows["hf-pipeline"]
-    assert hf_row["x_hf_pipeline"] == 1.0 and hf_row["top1_agreement"] == 1.0
+    rows = {(row["contender"], row["precision"]): row
+            for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {("keras-tensorflow", "float32"), ("hf-pipeline", "float32")}
+    keras_row, hf_row = rows["keras-tensorflow", "float32"], rows["hf-pipeline", "float32"]
+    assert hf_row["x_hf_pipeline"] == 1.0 and hf_row["top1_agreement_hf_pipeline"] == 1.0
     assert keras_row["x_hf_pipeline"] == pytest.approx(
         keras_row["images_per_s"] / hf_row["images_per_s"], rel=0.02)
+    assert keras_row["x_hf_pipeline_same_precision"] == keras_row["x_hf_pipeline"]
     # The same weights and [-1, 1] scaling: only the resize filters differ (PIL antialiases).
-    assert keras_row["top1_agreement"] >= 0.75
+    assert keras_row["top1_agreement_hf_pipeline"] >= 0.75
     assert keras_row["startup_s"] > 0 and "| keras-tensorflow |" in stdout
 
 

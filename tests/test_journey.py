@@ -57,6 +57,25 @@ PLAN = {
         "installing " + NETWORK),
     'pip install -e ".[torch]"': Skip("installing " + NETWORK),
     "KERAS_BACKEND=torch keras-vit weights": None,
+    # docs/native-resolution.md and docs/training.md: commands on the user's own files.
+    "keras-vit predict --from naflex.keras photos/                        # the model's budget": Skip(
+        "names the user's NaFlex model and photos; tests/test_naflex_serving.py runs "
+        "`keras-vit predict` (a subprocess) on a NaFlex model's .keras file and a folder of "
+        "mixed-size photos"),
+    "keras-vit predict --from naflex.keras photos/ --max-num-patches 40   # more detail": Skip(
+        "names the user's files; tests/test_naflex_serving.py runs it with --max-num-patches 40"),
+    "keras-vit predict --from model.keras photos/ --naflex                # a fixed-grid model": Skip(
+        "names the user's files; tests/test_naflex_serving.py runs --naflex on a fixed-grid "
+        ".keras model"),
+    "keras-vit export --from naflex.keras --out models/naflex/1": Skip(
+        "names the user's NaFlex model; tests/test_naflex_serving.py exports one and serves it "
+        "at two token counts"),
+    "keras-vit export --from naflex.keras --format onnx --out naflex.onnx": Skip(
+        "names the user's NaFlex model; tests/test_naflex_serving.py exports one to ONNX and "
+        "runs it in onnxruntime"),
+    "keras-vit finetune --recipe demo --from runs/digits --data ./my_images \\": Skip(
+        "needs the user's image folder; tests/test_naflex_training.py runs this NaFlex "
+        "fine-tune from a digits run on digits drawn at six sizes"),
     'pip install -e ".[export]"    # ONNX and LiteRT exporters and runtimes': Skip(
         "installing " + NETWORK),
     'pip install -e ".[hf]"        # hf:ORG/NAME and timm:NAME weights (huggingface_hub)': Skip(

@@ -51,6 +51,16 @@ def dynamo_counts():
     return dict(counters["graph_break"]), counters["stats"]["unique_graphs"]
 
 
+def reset_dynamo():
+    """Dynamo's caches and counters emptied: the counts are this test's alone, not those
+    of the tests before it in the process (`tests/test_backends.py` runs them in one)."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+
+
 def twins(switches, policy):
     """An eager model of `switches` with random weights, and its `jit_compile=True` twin
     holding the same weights."""
@@ -72,9 +82,7 @@ def images(size, seed):
 
 @pytest.mark.parametrize("family,policy,dynamic", CASES)
 def test_compiled_predict_is_eager_predict_in_one_graph(family, policy, dynamic):
-    import torch
-
-    torch._dynamo.reset()
+    reset_dynamo()
     switches = dict(FAMILIES[family], **({"dynamic_image_size": True} if dynamic else {}))
     eager, compiled = twins(switches, policy)
     eager.compile(jit_compile=False)
@@ -96,9 +104,7 @@ def test_compiled_predict_is_eager_predict_in_one_graph(family, policy, dynamic)
 
 @pytest.mark.parametrize("family,policy", [("vit", "float32")])
 def test_compiled_train_step_updates_weights_as_eager_one(family, policy):
-    import torch
-
-    torch._dynamo.reset()
+    reset_dynamo()
     eager, compiled = twins(FAMILIES[family], policy)
     before = eager.get_weights()
     for model, jit in ((eager, False), (compiled, True)):

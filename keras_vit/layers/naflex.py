@@ -215,7 +215,9 @@ class TokenMask(keras.layers.Layer):
         if not self.num_prefix:
             return mask
         # Slot k's prefix tokens take k, slot after slot.
-        numbers = ops.repeat(ops.arange(1, self._slots + 1, dtype="float32"), self.num_prefix)
+        # Broadcast, not ops.repeat: PyTorch's repeat_interleave breaks torch.compile's graph.
+        slots = ops.arange(1, self._slots + 1, dtype="float32")[:, None]
+        numbers = ops.reshape(ops.broadcast_to(slots, (self._slots, self.num_prefix)), (-1,))
         prefix = ops.broadcast_to(numbers[None], (ops.shape(mask)[0], self._slots * self.num_prefix))
         return ops.concatenate([prefix, mask], axis=1)
 
