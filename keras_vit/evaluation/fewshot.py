@@ -17,7 +17,7 @@ import numpy as np
 
 from keras_vit.evaluation.features import extract_with, representation_model
 from keras_vit.evaluation.ridge import DEFAULT_L2, RidgeProbe, feature_matrix
-from keras_vit.models.naflex_mode import naflex_twin
+from keras_vit.models.naflex_mode import naflex_budget, naflex_twin
 from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.utils.checks import check_in_range, check_positive_int, check_positive_number
 
@@ -314,7 +314,7 @@ def evaluate_source(model, config, *, verbose=0):
         model = naflex_twin(model)
         size, channels = None, arch.channels
         naflex = vit_data.NaFlexLayout(
-            arch.patch_size, config.max_num_patches or math.prod(arch.grid_size))
+            arch.patch_size, config.max_num_patches or naflex_budget(model))
     else:
         _, size, width, channels = model.input_shape
         if size != width or size is None:

@@ -215,13 +215,19 @@ def run_architecture(config):
     and packing as the data asks)."""
     model = config.model
     fields = {field.name for field in dataclasses.fields(Architecture)} - {"preprocessing"}
-    naflex = dict(naflex=True, images_per_row=config.data.images_per_row) \
-        if config.data.naflex else {}
     return Architecture(
         None if model.variant == "custom" else model.variant,
         image_size=model.image_size, channels=model.channels,
-        **{k: v for k, v in model.kwargs.items() if k in fields}, **naflex,
+        **{k: v for k, v in model.kwargs.items() if k in fields}, **naflex_arguments(config),
     )
+
+
+def naflex_arguments(config):
+    """The model arguments a NaFlex run's data asks for (`data.naflex`, packed with
+    `data.images_per_row`), else none."""
+    if not config.data.naflex:
+        return {}
+    return dict(naflex=True, images_per_row=config.data.images_per_row)
 
 
 # Optimizer state per weight (Adam's two moments, SGD's momentum).
@@ -592,11 +598,6 @@ def _build_model(config, num_classes):
     if head_bias is None:
         head_bias = -10.0 if optimization.loss == "sigmoid" else 0.0
     variant = None if model.variant == "custom" else model.variant
-    naflex = {}
-    if config.data.naflex:
-        naflex = dict(naflex=True)
-        if config.data.images_per_row is not None:  # the packed model
-            naflex["images_per_row"] = config.data.images_per_row
     return VisionTransformer(
         variant,
         image_size=model.image_size,
@@ -604,7 +605,7 @@ def _build_model(config, num_classes):
         channels=model.channels,
         head_bias_init=head_bias,
         include_top=optimization.objective == "supervised",
-        **{**model.kwargs, **naflex, "preprocessing": run_preprocessing(config)},
+        **{**model.kwargs, **naflex_arguments(config), "preprocessing": run_preprocessing(config)},
     )
 
 
