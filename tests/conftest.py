@@ -34,11 +34,23 @@ def pytest_report_header(config):
     return f"keras {keras.__version__}, backend {keras.backend.backend()} on {compute_device()}"
 
 
+def pytest_configure(config):
+    # xdist's --dist loadfile hands out files in the order pytest_collection_modifyitems
+    # sorts them (its --no-loadscope-reorder), not most tests first.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     # A conftest's collection hook sees every collected item, those of keras_vit/ too.
     for item in items:
         if item.name in SLOW_EXAMPLES:
             item.add_marker(pytest.mark.slow)
+    # The files that hold slow tests first, each file's tests kept together and in order:
+    # the two workers (-n 2 --dist loadfile) take the long files while the other is still
+    # busy, and end on short ones together.
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.fixture(autouse=True)

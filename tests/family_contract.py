@@ -1,6 +1,6 @@
 """The contract every family's model keeps, checked on a tiny model of its switches (as
 keras-hub's `run_backbone_test`): each family's test module calls `check_family_contract`
-for each of its configurations, on whichever Keras backend runs it (tests/test_backends.py
+for each of its configurations, on whichever Keras backend runs it (tests/test_backends_*.py
 runs those modules on JAX and PyTorch).
 
 What the contract holds, each part exact unless it says otherwise:

@@ -5,6 +5,7 @@ A helper module, not a test module: test modules import it (`from helpers import
 never each other; conftest.py holds the fixtures and hooks.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,6 +13,21 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# The layer, model and family tests, run on JAX and PyTorch as well as TensorFlow
+# (tests/test_backends_jax.py, tests/test_backends_torch.py; Keras picks its backend once
+# per process, so each backend gets a pytest run of its own).
+MULTI_BACKEND_TESTS = [
+    "tests/test_layers.py", "tests/test_model.py", "tests/test_resnet.py",
+    "tests/test_mixed_precision.py", "tests/test_backend_ops.py", "tests/test_dynamic_size.py",
+    "tests/test_saved_families.py",
+    # The families: the contract (tests/family_contract.py) and their references.
+    "tests/test_deit.py", "tests/test_dinov2.py", "tests/test_eva.py", "tests/test_towers.py",
+    "tests/test_dinov3.py", "tests/test_naflex.py", "tests/test_naflex_packing.py",
+    "tests/test_naflex_timm.py",
+    # PyTorch only (skipped elsewhere): the torch.compile'd steps against eager ones.
+    "tests/test_torch_compile.py",
+]
 
 
 def compute_device():
@@ -21,6 +37,47 @@ def compute_device():
     from keras_vit.utils.devices import device_name
 
     return device_name(keras.backend.backend())
+
+
+def run_multi_backend_tests(backend):
+    """Runs MULTI_BACKEND_TESTS under `backend` in a pytest subprocess; fails with its output.
+
+    Parameter counts depend only on the layers' shape logic, which is backend-independent,
+    so the slow count tests of the full-size variants run once, on TensorFlow.
+    """
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "-m", "not slow or every_backend", "-k", "not parameter_count", *MULTI_BACKEND_TESTS],
+        cwd=ROOT, env={**os.environ, "KERAS_BACKEND": backend}, capture_output=True, text=True,
+    )
+    print(result.stdout[-3000:])
+    assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
+
+
+# In a process of its own, in a stateless scope that leaves the variables uninitialised:
+# they have shapes but no values, so H/14 counts its 632M parameters without 2.5 GB of
+# random weights (which the test worker's allocator would keep once freed). Keras keeps
+# such variables on a list of its process, to initialise them at the next scope that
+# does, so they must not outlive the process.
+_COUNT_PARAMETERS = """
+import json, sys
+import keras, keras_vit
+counts = []
+with keras.StatelessScope(initialize_variables=False):
+    for args in json.loads(sys.argv[1]):
+        counts.append(keras_vit.ViT(**args).count_params())
+print(json.dumps(counts))
+"""
+
+
+def parameter_counts(builds):
+    """`count_params()` of `keras_vit.ViT(**kwargs)` for each of `builds`, in a child process."""
+    result = subprocess.run(
+        [sys.executable, "-c", _COUNT_PARAMETERS, json.dumps(builds)],
+        capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def tiny_vit(**overrides):

@@ -1,5 +1,5 @@
 """`keras_vit.backend` products, their gradients, `swapaxes`, `dense`, the `Dense` built on them
-and PyTorch's 16-bit attention in training, on every backend (tests/test_backends.py).
+and PyTorch's 16-bit attention in training, on every backend (tests/test_backends_*.py).
 
 The reference is numpy in float64 on the same 16-bit values: products of 16-bit floats
 are exact in float32, so the only differences allowed are float32 accumulation error
@@ -217,7 +217,6 @@ def _gradients(loss):
             return aux, tuple(tape.gradient(value, [x, y]))
 
         return gradients
-    import torch
 
     def gradients(x, y):
         # Leaves on the device Keras computes on (a GPU where there is one).

@@ -6,7 +6,7 @@ and `DeiTForImageClassification` models saved with `save_pretrained` (nothing do
 and, for DeiT III (which HF lacks), timm's block `x + gamma * f(x)` with its
 `no_embed_class` embedding written out below in torch. Each comparison takes the logits
 and every block's output tokens, within 1e-4 of their largest magnitude, in float32.
-The module runs on the current backend; tests/test_backends.py runs it on the others.
+The module runs on the current backend; tests/test_backends_*.py runs it on the others.
 """
 
 import math

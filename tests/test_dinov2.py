@@ -6,7 +6,7 @@ SwiGLU MLP) and `Dinov2WithRegistersModel` saved with `save_pretrained` (nothing
 downloads). Each comparison takes `pooler_output`, `last_hidden_state` and every
 block's output tokens, within 1e-4 of their largest magnitude, in float32; at other
 resolutions against HF's `interpolate_pos_encoding`. The module runs on the current
-backend; tests/test_backends.py runs it on the others.
+backend; tests/test_backends_*.py runs it on the others.
 """
 
 import json

@@ -2,7 +2,7 @@
 
 Its output at a size is checked against a model built at that size whose weights
 `load_pretrained` resampled from the trained size's checkpoint (numpy, float64), on
-every backend (tests/test_backends.py runs this file under JAX and PyTorch too).
+every backend (tests/test_backends_*.py runs this file under JAX and PyTorch too).
 """
 
 import keras

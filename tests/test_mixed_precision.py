@@ -2,7 +2,7 @@
 to their float32 twins (attention logits and softmax, LayerNorm statistics, the head),
 and training under mixed_float16 scales its loss.
 
-The model and layer tests run on every backend (tests/test_backends.py); the training
+The model and layer tests run on every backend (tests/test_backends_*.py); the training
 test uses the TensorFlow engine.
 """
 

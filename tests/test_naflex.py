@@ -3,7 +3,7 @@ one padded batch, against HF transformers' `Siglip2VisionModel` and
 `Siglip2ImageProcessor`, torch's `F.interpolate`, and the same model run on each image
 alone at its fixed size.
 
-The module runs on the current backend; tests/test_backends.py runs it on the others.
+The module runs on the current backend; tests/test_backends_*.py runs it on the others.
 """
 
 import subprocess

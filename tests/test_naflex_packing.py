@@ -2,7 +2,7 @@
 images of several grids in one row, against the unpacked NaFlex model (the same weights)
 run on each image alone.
 
-The module runs on the current backend; tests/test_backends.py runs it on the others.
+The module runs on the current backend; tests/test_backends_*.py runs it on the others.
 """
 
 import keras

@@ -3,7 +3,7 @@ parameter counts and the release's file sizes, AugReg file names, and the label 
 
 import keras
 import pytest
-from helpers import OFFICIAL_COUNTS, OFFICIAL_HYBRID_COUNTS
+from helpers import OFFICIAL_COUNTS, OFFICIAL_HYBRID_COUNTS, parameter_counts
 
 import keras_vit
 from keras_vit.models import resnet
@@ -58,35 +58,10 @@ def test_entry_builds_with_the_official_parameter_count(entries):
     assert count == _expected_count(entries[0])
 
 
-# In a process of its own, in a stateless scope that leaves the variables uninitialised:
-# they have shapes but no values, so H/14 counts its 632M parameters without 2.5 GB of
-# random weights. Keras keeps such variables on a list of its process, to initialise them
-# at the next scope that does, so they must not outlive the process.
-BUILD_ALL = """
-import json, sys
-import keras, keras_vit
-counts = []
-with keras.StatelessScope(initialize_variables=False):
-    for args in json.loads(sys.argv[1]):
-        counts.append(keras_vit.ViT(**args).count_params())
-print(json.dumps(counts))
-"""
-
-
 @pytest.mark.slow
 def test_every_other_entry_builds_with_the_official_parameter_count():
-    import json
-    import os
-    import subprocess
-    import sys
-
     slow = [entries[0] for entries in ARCHITECTURES.values() if not _is_fast(entries)]
-    result = subprocess.run(
-        [sys.executable, "-c", BUILD_ALL, json.dumps([entry.build_args() for entry in slow])],
-        capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    counts = json.loads(result.stdout.strip().splitlines()[-1])
+    counts = parameter_counts([entry.build_args() for entry in slow])
     assert dict(zip([entry.name for entry in slow], counts)) == {
         entry.name: _expected_count(entry) for entry in slow
     }

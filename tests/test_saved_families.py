@@ -1,6 +1,6 @@
 """Files of every family written by main at 43c1ca4 (before models and checkpoints were
 reorganised into one module per family) load with today's code and give the outputs that
-code computed. Runs on every backend (tests/test_backends.py).
+code computed. Runs on every backend (tests/test_backends_*.py).
 
 The fixtures and the script that wrote them: tests/fixtures/README.md.
 """

@@ -14,7 +14,6 @@ import sys
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 import tensorflow_datasets as tfds
 from PIL import Image
 

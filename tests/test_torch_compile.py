@@ -6,7 +6,7 @@ weights, within float32 rounding; within bfloat16 rounding of the outputs under 
 policy), Dynamo traces it without a graph break, and a later step at a size it has seen
 compiles nothing; a compiled training step updates the weights as an eager one does.
 
-PyTorch only (the module is skipped elsewhere): tests/test_backends.py runs it under
+PyTorch only (the module is skipped elsewhere): tests/test_backends_torch.py runs it under
 KERAS_BACKEND=torch. Each test compiles with Inductor, tens of seconds on a CPU.
 """
 
@@ -53,7 +53,7 @@ def dynamo_counts():
 
 def reset_dynamo():
     """Dynamo's caches and counters emptied: the counts are this test's alone, not those
-    of the tests before it in the process (`tests/test_backends.py` runs them in one)."""
+    of the tests before it in the process (`tests/test_backends_torch.py` runs them in one)."""
     import torch
     from torch._dynamo.utils import counters
 

@@ -6,7 +6,7 @@ The references are tiny randomly initialised HF `SiglipVisionModel`,
 `CLIPModel`s) saved with `save_pretrained` (nothing downloads). Each comparison takes
 the output (`pooler_output`, `image_embeds`) and every block's output tokens, within
 1e-4 of their largest magnitude, in float32. The module runs on the current backend;
-tests/test_backends.py runs it on the others.
+tests/test_backends_*.py runs it on the others.
 """
 
 import os

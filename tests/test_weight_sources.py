@@ -8,7 +8,6 @@ HF folders `pretrained` builds."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap

@@ -44,10 +44,12 @@ def keep_freed_memory():
     The process's resident memory then stays at its high-water mark, as under
     TensorFlow's allocator. Without glibc (macOS, musl) it does nothing.
 
-    Example:
+    Example (in a fresh process: the setting holds for the rest of the process's life):
 
-    >>> keep_freed_memory()  # on Linux with glibc
-    True
+    >>> import subprocess, sys
+    >>> code = "from keras_vit.utils.allocator import keep_freed_memory; print(keep_freed_memory())"
+    >>> subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip()
+    'True'
     """
     if not GLIBC:
         return False
