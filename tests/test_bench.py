@@ -257,8 +257,14 @@ def test_the_bench_map_lists_every_script_and_result_and_nothing_else():
         assert f"{script}.py" in scripts, name
 
 
-def test_results_are_named_by_machine_and_time():
-    sys.path.insert(0, str(ROOT))
+def test_results_are_named_by_machine_and_time(monkeypatch):
+    import keras
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    # bench/models.py sets KERAS_BACKEND where it is unset (its driver runs on JAX): set
+    # here to this process's backend, and unset again afterwards, so that the processes
+    # this worker starts later keep the suite's backend.
+    monkeypatch.setenv("KERAS_BACKEND", keras.backend.backend())
     from bench.models import machine_name, results_path
 
     assert machine_name(dict(cpu="Intel(R) Xeon(R) Processor", cpu_flags=["avx2", "amx_bf16"])) == "xeon-amx"
