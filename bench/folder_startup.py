@@ -38,7 +38,7 @@ import keras_vit  # noqa: E402
 from keras_vit import data  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.models import results_path  # noqa: E402  (after keras: it presets KERAS_BACKEND)
+from bench.models import results_path  # noqa: E402
 
 CLASSES = 1000
 

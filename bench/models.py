@@ -52,7 +52,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("KERAS_BACKEND", "jax")  # the driver only counts FLOPs
 
 from bench.contenders import (  # noqa: E402
     CONTENDERS, FAMILIES, INTERFACES, PRECISIONS, TORCH_JIT, TORCH_THREADS,
@@ -464,6 +463,9 @@ def chosen(parser, what, text, choices):
 
 
 def main(argv=None):
+    # The driver imports Keras only to count FLOPs (`model_flops`): JAX starts fastest. Set
+    # here, not on import, so that a program importing this module keeps its own backend.
+    os.environ.setdefault("KERAS_BACKEND", "jax")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short run: Ti/16 at 224")
     parser.add_argument(

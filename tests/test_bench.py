@@ -258,14 +258,14 @@ def test_the_bench_map_lists_every_script_and_result_and_nothing_else():
 
 
 def test_results_are_named_by_machine_and_time(monkeypatch):
-    import keras
-
     monkeypatch.syspath_prepend(str(ROOT))
-    # bench/models.py sets KERAS_BACKEND where it is unset (its driver runs on JAX): set
-    # here to this process's backend, and unset again afterwards, so that the processes
-    # this worker starts later keep the suite's backend.
-    monkeypatch.setenv("KERAS_BACKEND", keras.backend.backend())
+    # Importing a bench module leaves the environment as it was (the processes this worker
+    # starts later keep the suite's backend): imported afresh with KERAS_BACKEND unset.
+    monkeypatch.delitem(sys.modules, "bench.models", raising=False)
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
     from bench.models import machine_name, results_path
+
+    assert "KERAS_BACKEND" not in os.environ
 
     assert machine_name(dict(cpu="Intel(R) Xeon(R) Processor", cpu_flags=["avx2", "amx_bf16"])) == "xeon-amx"
     assert machine_name(dict(cpu="AMD EPYC 7B13 64-Core Processor", cpu_flags=["avx2"])) == "epyc-7b13-64-core"
