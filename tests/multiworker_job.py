@@ -28,6 +28,9 @@ SETTINGS = [
     "schedule.micro_batches_per_epoch=4", "schedule.warmup_updates=2",
     "checkpointing.backup_every_micro_batches=2", "checkpointing.tensorboard=false",
     "distribution.jit_compile=off", "evaluation.enabled=false",
+    # One process runs two micro-batches a call; the workers one a call (see
+    # `keras_vit.training.distribute.micro_batches_per_execution`), with the same updates.
+    "distribution.micro_batches_per_execution=2",
 ]
 STEPS = 8  # epochs * micro_batches_per_epoch
 TPU_PRECISIONS = ("float32", "mixed_bfloat16")

@@ -196,11 +196,18 @@ print("max difference", difference)
 
 
 def test_mirrored_over_two_cpus_matches_one_device(tmp_path):
-    config = tiny_run(schedule=dict(epochs=1, micro_batches_per_epoch=4))
+    # Two micro-batches per execution: one device runs them in one call, the two replicas
+    # one a call (Keras' multi-step loop fails with their all-reduce), with the same updates.
+    config = tiny_run(
+        schedule=dict(epochs=1, micro_batches_per_epoch=4),
+        distribution=dict(TINY_RUN["distribution"], micro_batches_per_execution=2),
+    )
     code, stdout, stderr = _finish(_python(MIRRORED, json.dumps(config), str(tmp_path / "run_")))
     assert code == 0, stderr[-3000:]
     print(stdout)
     assert "mirrored MirroredStrategy, 2 replicas" in stdout
+    assert ("distribution.micro_batches_per_execution 2 runs as 1 under MirroredStrategy "
+            "with 2 replicas") in stderr
     difference = float(stdout.split("max difference")[1])
     assert difference < 1e-5
 

@@ -118,6 +118,32 @@ def jit_allowed(strategy):
     return not (strategy.num_replicas_in_sync > 1 and _device_type(strategy) == "CPU")
 
 
+def micro_batches_per_execution(requested, strategy):
+    """The micro-batches `model.fit` runs per call of its training function under
+    `strategy`: `requested`, or 1 where Keras cannot run several.
+
+    Keras runs several steps a call in a `tf.while_loop` whose body calls the replicas'
+    step inside a `tf.cond`. With several replicas of `MirroredStrategy` or
+    `MultiWorkerMirroredStrategy`, that step's all-reduce fails there ("You must feed a
+    value for placeholder tensor", keras-team/keras#19246). One step a call computes the
+    same updates, so the run goes on at 1 and logs one line saying so.
+
+    Example:
+
+    >>> micro_batches_per_execution(4, make_strategy("cpu"))
+    4
+    """
+    mirrored = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+    if requested > 1 and isinstance(strategy, mirrored) and strategy.num_replicas_in_sync > 1:
+        logger.warning(
+            "distribution.micro_batches_per_execution %d runs as 1 under %s with %d replicas: "
+            "Keras' multi-step loop fails there (keras-team/keras#19246); the updates are the same.",
+            requested, type(strategy).__name__, strategy.num_replicas_in_sync,
+        )
+        return 1
+    return requested
+
+
 def precision_policy(name, strategy):
     """Resolves a precision name to a Keras dtype policy name.
 

@@ -875,6 +875,11 @@ def _run(config, strategy, written, callbacks, verbose):
         barrier("run folder ready")  # Process 0 has cleared it (restart) before any reads it.
     position = resume_position(config)
     write_config(config, written)
+    if not multiworker.on_jax(strategy):
+        per_execution = distribute.micro_batches_per_execution(
+            config.distribution.micro_batches_per_execution, strategy
+        )
+        config = config.replace(distribution=dict(micro_batches_per_execution=per_execution))
     policy, jit = precision_and_xla(config, strategy)
     sources = load_sources(config, written)
     with libjpeg_checks(sources):
