@@ -1,7 +1,7 @@
 """`compile(jit_compile=True)` on PyTorch: Keras runs the steps through `torch.compile`.
 
 The paper's ViT (float32) and DINOv3 (`mixed_bfloat16`), tiny, with `dynamic_image_size`
-(DINOv3: by its own switches): the compiled predict step gives the eager model's outputs (the same
+(DINOv3: by its own switches), and DeiT, DINOv2, SigLIP, CLIP and EVA-02 (float32): the compiled predict step gives the eager model's outputs (the same
 weights, within float32 rounding; within bfloat16 rounding of the outputs under the mixed
 policy), Dynamo traces it without a graph break, and a later step at a size it has seen
 compiles nothing; a compiled training step updates the weights as an eager one does.
@@ -31,12 +31,26 @@ FAMILIES = {
     "vit": {},
     # DINOv3's own switches: its rope, registers, layer scale, any image size.
     "dinov3": {k: v for k, v in dinov3.SWITCHES.items() if k != "include_top"},
+    # The other families' layers (as in their test modules' family contracts): DeiT's
+    # distillation token and head; DINOv2's registers, SwiGLU, layer scale and bicubic
+    # resampling at any size; SigLIP's MAP head; CLIP's pre-norm and quick GELU; EVA-02's
+    # axial rope, SwiGLU with its norm and pooled head.
+    "deit": dict(distilled=True, no_embed_class=True, layer_scale_init=0.1),
+    "dinov2": dict(num_registers=2, mlp="swiglu", layer_scale_init=0.1, no_embed_class=True,
+                   dynamic_image_size=True, pos_interpolation="bicubic"),
+    "siglip": dict(classifier="map", gelu_approximate=True),
+    "clip": dict(pre_norm=True, quick_gelu=True, patch_bias=False, layer_norm_epsilon=1e-5),
+    "eva02": dict(mlp="swiglu", rope=True, rope_reference_grid=(3, 2), classifier="avg",
+                  fc_norm=True, mlp_norm=True),
 }
-# (family, policy, dynamic_image_size): the families whose layers differ most under
-# Dynamo, the paper's ViT with the in-graph position resampling and DINOv3 with its rotary
-# tables, registers and layer scale under the mixed policy (each case compiles for tens of
-# seconds).
-CASES = [("vit", "float32", True), ("dinov3", "mixed_bfloat16", True)]
+# (family, policy, dynamic_image_size): the paper's ViT with the in-graph position
+# resampling, DINOv3 with its rotary tables, registers and layer scale under the mixed
+# policy, then every other family at its own sizes (each case compiles for seconds to tens
+# of seconds).
+CASES = [
+    ("vit", "float32", True), ("dinov3", "mixed_bfloat16", True),
+    *((family, "float32", False) for family in ("deit", "dinov2", "siglip", "clip", "eva02")),
+]
 # Image sizes of a dynamic model's batches: the trained one, two others, then each again.
 DYNAMIC_SIZES = [(32, 32), (48, 40), (40, 56)]
 # Relative error of outputs that differ only by rounding: float32's, or one bfloat16
