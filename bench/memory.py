@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.contenders import CONTENDERS  # noqa: E402
-from bench.models import BATCH, Worker, chosen, machine, results_path  # noqa: E402
+from bench.models import BATCH, Worker, chosen, driver_backend, machine, results_path  # noqa: E402
 
 SMALL_BATCH = 2
 
@@ -44,6 +44,7 @@ def measure(contender, arch, image_size, batch, log_dir):
 
 
 def main(argv=None):
+    driver_backend()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variant", default="S/16")
     parser.add_argument("--image-size", type=int, default=224)

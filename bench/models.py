@@ -462,10 +462,16 @@ def chosen(parser, what, text, choices):
     return names
 
 
-def main(argv=None):
-    # The driver imports Keras only to count FLOPs (`model_flops`): JAX starts fastest. Set
-    # here, not on import, so that a program importing this module keeps its own backend.
+def driver_backend():
+    """Starts Keras on JAX in a benchmark's driver process, unless KERAS_BACKEND is set:
+    a driver imports Keras only for shapes, inputs and FLOP counts, and JAX starts fastest
+    and smallest. Called by the scripts' `main`, not on import, so that a program that
+    imports a bench module keeps its own backend."""
     os.environ.setdefault("KERAS_BACKEND", "jax")
+
+
+def main(argv=None):
+    driver_backend()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short run: Ti/16 at 224")
     parser.add_argument(

@@ -45,7 +45,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.models import machine, results_path  # noqa: E402
+from bench.models import driver_backend, machine, results_path  # noqa: E402
 
 CONTENDERS = ("keras-tensorflow", "keras-jax", "keras-torch", "timm-naflexvit")
 MODES = ("fixed", "padded", "packed")
@@ -262,6 +262,7 @@ def format_table(contenders):
 
 
 def main(argv=None):
+    driver_backend()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", default="Ti/16")
     parser.add_argument("--num-layers", type=int, help="fewer blocks than the variant's")
