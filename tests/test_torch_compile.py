@@ -1,9 +1,9 @@
 """`compile(jit_compile=True)` on PyTorch: Keras runs the steps through `torch.compile`.
 
 The paper's ViT (float32) and DINOv3 (`mixed_bfloat16`), tiny, with `dynamic_image_size`
-(DINOv3: by its own switches), and DeiT, DINOv2, SigLIP, CLIP and EVA-02 (float32): the compiled predict step gives the eager model's outputs (the same
-weights, within float32 rounding; within bfloat16 rounding of the outputs under the mixed
-policy), Dynamo traces it without a graph break, and a later step at a size it has seen
+(DINOv3: by its own switches), and DeiT, DINOv2, SigLIP, CLIP and EVA-02 (float32): the
+compiled predict step gives the eager model's outputs (the same weights, within float32
+rounding; within bfloat16 rounding of the outputs under the mixed policy), Dynamo traces it without a graph break, and a later step at a size it has seen
 compiles nothing; a compiled training step updates the weights as an eager one does.
 
 PyTorch only (the module is skipped elsewhere): tests/test_backends_torch.py runs it under

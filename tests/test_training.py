@@ -200,7 +200,7 @@ def test_mirrored_over_two_cpus_matches_one_device(tmp_path):
     # one a call (Keras' multi-step loop fails with their all-reduce), with the same updates.
     config = tiny_run(
         schedule=dict(epochs=1, micro_batches_per_epoch=4),
-        distribution=dict(TINY_RUN["distribution"], micro_batches_per_execution=2),
+        distribution=dict(micro_batches_per_execution=2),
     )
     code, stdout, stderr = _finish(_python(MIRRORED, json.dumps(config), str(tmp_path / "run_")))
     assert code == 0, stderr[-3000:]
