@@ -23,7 +23,8 @@ once (Keras' `predict_on_batch` and `train_on_batch`; HF's forward under
 numpy batches made once: one `model.predict(images, batch_size=batch)` over the
 round's batches and one `model.fit` of the round's steps, from a repeated `tf.data`
 dataset passed through `keras_vit.data.without_autotuning` (as keras-vit's own pipelines
-are) on TensorFlow and JAX and from numpy arrays on PyTorch; HF's peer converts
+are) on TensorFlow and JAX and from numpy arrays on PyTorch (everywhere with `setup`'s
+`fit_on: "arrays"`); HF's peer converts
 each numpy batch with `torch.from_numpy` and runs its forward under
 `torch.inference_mode` (its training step as in the harness). A `keras-api` round
 reports its time split evenly over its steps. PyTorch gets
@@ -101,7 +102,8 @@ def _data(batch, image_size, channels_first):
 class KerasViT:
     """keras-vit on the Keras backend this process was started with."""
 
-    def __init__(self, arch, image_size, batch, precision, family="vit", jit_compile="auto"):
+    def __init__(self, arch, image_size, batch, precision, family="vit", jit_compile="auto",
+                 fit_on="tf.data"):
         import keras
 
         import keras_vit
@@ -125,6 +127,7 @@ class KerasViT:
         self.images = keras.ops.convert_to_tensor(images)
         self.labels = keras.ops.convert_to_tensor(labels)
         self.jit_compile = jit_compile
+        self.fit_on = fit_on
         self.mode = None
 
     def prepare(self, mode):
@@ -155,7 +158,7 @@ class KerasViT:
         model = self.model
         if self.mode != "train":
             return lambda: model.predict(images, batch_size=self.batch, verbose=0)
-        if self.keras.backend.backend() == "torch":
+        if self.keras.backend.backend() == "torch" or self.fit_on == "arrays":
             return lambda: model.fit(
                 images, labels, batch_size=self.batch, epochs=1, shuffle=False, verbose=0
             )
@@ -369,9 +372,10 @@ def timed(run):
 def serve(contender, requests, replies):
     """Answers the driver's requests until it says `exit`.
 
-    Requests: `{"op": "setup", "arch", "image_size", "batch", "precision", "family"}`
+    Requests: `{"op": "setup", "arch", "image_size", "batch", "precision", "family", "fit_on"}`
     (`arch`: the `keras_vit.ViT` architecture arguments, as `keras_vit.parse_variant`
-    returns them; `family`: a `FAMILIES` name, default `vit`),
+    returns them; `family`: a `FAMILIES` name, default `vit`; `fit_on`: `tf.data`, the
+    default, or `arrays`, what a `keras-api` `fit` reads on TensorFlow and JAX),
     `{"op": "prepare", "mode": "infer" | "train", "warmup", "interfaces"}` (compiles
     and runs untimed steps through each interface, default `["harness"]`),
     `{"op": "round", "steps", "interface"}` (timed steps, default through the
@@ -391,7 +395,8 @@ def serve(contender, requests, replies):
             args = (request["arch"], request["image_size"], request["batch"], precision,
                     request.get("family", "vit"))
             runner = HFViT(*args) if contender == "hf-torch" else KerasViT(
-                *args, jit_compile=TORCH_JIT.get(contender, "auto")
+                *args, jit_compile=TORCH_JIT.get(contender, "auto"),
+                fit_on=request.get("fit_on", "tf.data"),
             )
             reply = {"device": runner.device_name()}
         elif op == "prepare":

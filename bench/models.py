@@ -7,6 +7,7 @@ in one run.
     python bench/models.py --models dinov2-s14,siglip-b16  # only those rows
     python bench/models.py --out /tmp/models.json --contenders keras-tensorflow,hf-torch
     python bench/models.py --keras-api  # also through Keras' predict and fit (rows "keras-api")
+    python bench/models.py --keras-api --fit-on arrays  # fit on NumPy arrays on every backend
     python bench/models.py --overhead --keras-api \
         --contenders keras-torch-eager,keras-torch-compiled,hf-torch  # torch.compile's steps
 
@@ -32,7 +33,8 @@ against HF at the same precision, and the "% of peak" of a bfloat16 row is again
 bfloat16 matmul probe. With `--keras-api` every row is timed twice in the same
 workers, alternated: through the harness (`predict_on_batch` and `train_on_batch` on
 tensors made once) and through the calls users make (`model.predict` on numpy,
-`model.fit` on a `tf.data` pipeline, or numpy on PyTorch), HF's peer then running
+`model.fit` on a `tf.data` pipeline, or numpy on PyTorch; on numpy everywhere with
+`--fit-on arrays`), HF's peer then running
 under `torch.inference_mode` on numpy batches (see `bench/contenders.py`); a row's
 "x HF" is against HF through the same interface. The machine's CPU flags that matter for reduced precision
 (`avx512_bf16`, `amx_bf16`, `amx_int8`, ...) are recorded with the results.
@@ -215,7 +217,7 @@ def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo,
         for (contender, size), worker in workers.items():
             worker.send(
                 op="setup", arch=arch, image_size=size, batch=batch, precision=precision,
-                family=family,
+                family=family, fit_on=plan.get("fit_on", "tf.data"),
             )
         devices = {key: worker.receive()["device"] for key, worker in workers.items()}
         modes = [mode for mode in ("infer", "train") if tasks.get(mode)]
@@ -486,6 +488,11 @@ def main(argv=None):
         "--keras-api", action="store_true",
         help="also time Keras' predict and fit (and HF under inference_mode) beside the harness",
     )
+    parser.add_argument(
+        "--fit-on", choices=("tf.data", "arrays"), default="tf.data",
+        help="what --keras-api's fit reads on TensorFlow and JAX: a tf.data pipeline (the "
+             "default) or NumPy arrays, as on PyTorch",
+    )
     parser.add_argument("--out", default=results_path("models"))
     parser.add_argument(
         "--contenders", default=",".join(CONTENDERS),
@@ -511,6 +518,7 @@ def main(argv=None):
         parser.error(f"the plan has no rows of {', '.join(models)} in {', '.join(precisions)}")
     if args.rounds:
         plan["rounds"] = args.rounds
+    plan["fit_on"] = args.fit_on
     echo = lambda text: print(text, file=sys.stderr, flush=True)
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = os.getloadavg()

@@ -172,17 +172,29 @@ def test_naflex_benchmark_counts_the_real_tokens_of_each_mode(tmp_path):
 def test_models_benchmark_times_keras_predict_and_fit_beside_the_harness(tmp_path):
     """Every contender, task and interface for the tiny ViT; the tiny DINOv2 and SigLIP
     rows (HF's Dinov2Model and SiglipVisionModel with a linear head) through the harness
-    against keras-vit on PyTorch (their Keras-API path is the ViT's)."""
-    rows, stdout = {}, ""
+    against keras-vit on PyTorch (their Keras-API path is the ViT's); `fit` on NumPy
+    arrays on TensorFlow (`--fit-on arrays`)."""
+    rows, stdout, plans = {}, "", {}
     runs = {
         "vit": ("--models", "tiny", "--keras-api"),
         "families": ("--models", "tiny-dinov2,tiny-siglip", "--contenders", "keras-torch,hf-torch"),
+        "arrays": ("--models", "tiny", "--keras-api", "--fit-on", "arrays", "--precisions",
+                   "float32", "--contenders", "keras-tensorflow,hf-torch"),
     }
     for name, arguments in runs.items():
         out = tmp_path / f"{name}.json"
         stdout += run_bench("models.py", "--smoke", *arguments, "--out", str(out))
+        result = json.loads(out.read_text())
+        plans[name] = result["plan"]
+        entries = result["entries"]
+        if name == "arrays":
+            assert {(e["contender"], e["mode"], e["interface"]) for e in entries} == {
+                (c, m, i) for c in ("keras-tensorflow", "hf-torch")
+                for m in ("infer", "train") for i in ("keras-api", "harness")}
+            continue
         rows.update({(e["variant"], e["contender"], e["mode"], e["interface"]): e
-                     for e in json.loads(out.read_text())["entries"]})
+                     for e in entries})
+    assert [plans[name]["fit_on"] for name in runs] == ["tf.data", "tf.data", "arrays"]
     assert set(rows) == {
         ("tiny", c, m, i)
         for c in ("keras-tensorflow", "keras-jax", "keras-torch", "hf-torch")

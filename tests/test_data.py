@@ -159,6 +159,69 @@ def test_array_batches_sliced_a_batch_at_a_time_equal_the_shardable_batches(make
         assert a.dtype == c.dtype and b.dtype == d.dtype
 
 
+def test_array_batches_shuffle_as_keras_fit_does():
+    """`array_batches(..., shuffle=True)` gives each pass a new permutation of all the
+    examples (images and labels kept together), the same ones after the same
+    `keras.utils.set_random_seed`; `"batch"` keeps the in-order batches and shuffles
+    within each (Keras' `fit(shuffle="batch")`)."""
+    images = np.arange(11, dtype="float32")[:, None] * np.ones((1, 3), "float32")
+    labels = np.arange(11) + 100
+
+    def passes(shuffle, count=3):
+        keras.utils.set_random_seed(7)
+        dataset = data.array_batches((images, labels), 4, shardable=False, shuffle=shuffle)
+        assert int(dataset.cardinality()) == 3
+        assert dataset.options().autotune.enabled is False
+        result = []
+        for _ in range(count):
+            batches = list(dataset.as_numpy_iterator())
+            assert [len(y) for _, y in batches] == [4, 4, 3]
+            for x, y in batches:
+                np.testing.assert_array_equal(x[:, 0] + 100, y)
+            result.append([y.tolist() for _, y in batches])
+        return result
+
+    shuffled = passes(True)
+    for order in shuffled:
+        assert sorted(sum(order, [])) == labels.tolist()
+    assert len({str(order) for order in shuffled}) == 3  # a new order each pass
+    assert passes(True) == shuffled  # the same seed, the same orders
+    in_order = [[100, 101, 102, 103], [104, 105, 106, 107], [108, 109, 110]]
+    assert passes(False) == [in_order] * 3
+    within = passes("batch")
+    assert all([sorted(b) for b in order] == in_order for order in within)
+    assert any(order != in_order for order in within)
+
+
+def test_array_fit_arguments_read_arrays_and_leave_the_rest_to_keras():
+    """`fit` reads NumPy arrays as batches of `array_batches`, the validation arrays too;
+    weights, a step count, tensors or an unknown `shuffle` go to Keras as given."""
+    from keras_vit.utils.tf_data import array_fit_arguments
+
+    images, labels = np.zeros((10, 2), "float32"), np.arange(10)
+    arguments = dict(x=images, y=labels, batch_size=None, shuffle=True, validation_split=0.0,
+                     validation_data=(images[:3], labels[:3]), validation_batch_size=2,
+                     sample_weight=None, class_weight=None, steps_per_epoch=None)
+    read = array_fit_arguments(arguments)
+    assert isinstance(read["x"], tf.data.Dataset) and read["y"] is None
+    assert read["batch_size"] is None and read["shuffle"] is False  # shuffled by the dataset
+    assert [len(y) for _, y in read["x"]] == [10]  # Keras' default batch of 32
+    assert [y.numpy().tolist() for _, y in read["validation_data"]] == [[0, 1], [2]]
+    assert read["validation_batch_size"] is None
+    for change in (dict(sample_weight=np.ones(10)), dict(class_weight={0: 2.0}),
+                   dict(steps_per_epoch=2), dict(x=tf.constant(images)), dict(shuffle="all"),
+                   dict(validation_split=0.95, validation_data=None)):
+        given = dict(arguments, **change)
+        assert array_fit_arguments(given) is given, change
+
+
+def test_array_batches_shuffle_only_sliced_arrays():
+    with pytest.raises(ValueError, match="shardable=False"):
+        data.array_batches(np.arange(4), 2, shuffle=True)
+    with pytest.raises(ValueError, match="shuffle='all'"):
+        data.array_batches(np.arange(4), 2, shardable=False, shuffle="all")
+
+
 def test_inception_crop_windows_follow_the_paper():
     # Area 5%-100% of the image, aspect ratio 3/4-4/3 (up to pixel rounding).
     shape = tf.constant([300, 400, 3])

@@ -312,6 +312,39 @@ def test_predict_and_evaluate_on_arrays_equal_keras_own_array_path(batch_size, s
         np.testing.assert_allclose(ours[name], theirs[name], rtol=1e-6)
 
 
+@pytest.mark.parametrize("validation", ["split", "pair"])
+def test_fit_on_arrays_equals_keras_own_array_path(validation):
+    """On TensorFlow `fit` reads arrays through `keras_vit.data.array_batches` (Keras' own
+    pipeline can wait after its last batch, up to twice a short fit's time); in order
+    (`shuffle=False`) the losses, metrics and weights equal those of `keras.Model.fit`'s
+    array path on a twin: the same batches, the last one partial, the same validation
+    split (the last fifth) or validation pair in its own batch size."""
+    rng = np.random.default_rng(2)
+    images = rng.uniform(-1, 1, (45, 32, 32, 3)).astype("float32")
+    labels = rng.integers(0, 10, 45)
+    if validation == "split":
+        arguments = dict(validation_split=0.2)
+    else:
+        arguments = dict(validation_data=(images[:7], labels[:7]), validation_batch_size=4)
+    models = []
+    for _ in range(2):
+        model = tiny_vit()
+        randomise_weights(model, seed=6)
+        model.compile(optimizer=keras.optimizers.SGD(0.05),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        models.append(model)
+    ours, theirs = models
+    fit = dict(batch_size=16, epochs=2, shuffle=False, verbose=0, **arguments)
+    ours_history = ours.fit(images, labels, **fit).history
+    theirs_history = keras.Model.fit(theirs, images, labels, **fit).history
+    assert ours_history.keys() == theirs_history.keys() >= {"loss", "val_loss", "val_accuracy"}
+    for name in ours_history:
+        np.testing.assert_allclose(ours_history[name], theirs_history[name], rtol=1e-5)
+    for a, b in zip(ours.get_weights(), theirs.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="tf.distribute is TensorFlow's")
 def test_predict_and_evaluate_under_a_strategy_equal_those_without_one():
     """A model built under a `tf.distribute` strategy reads arrays as one tensor that the

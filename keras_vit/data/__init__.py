@@ -17,7 +17,8 @@ read without TensorFlow.
 - `pipelines`: `train_dataset` (endless, seeded, resumable), `eval_dataset` (one pass),
   fixed-size or NaFlex.
 - from `keras_vit.utils.tf_data`: `without_autotuning` (the options both pipelines end
-  with), `array_batches` (arrays through it, as the model's `predict` reads them).
+  with), `array_batches` (arrays through it, as the model's `fit`, `predict` and `evaluate`
+  read them).
 
 The names below are the package's API: `from keras_vit.data import load_source, train_dataset`.
 Each is imported from its module when first used, so that `read_images` does not import

@@ -498,6 +498,38 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
             config = _arguments_from_graph(config)
         return cls(**config)
 
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
+            validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
+            sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None,
+            validation_batch_size=None, validation_freq=1):
+        """`keras.Model.fit`; on TensorFlow without a `tf.distribute` strategy, NumPy
+        arrays `x` and `y` (without `sample_weight`, `class_weight` or `steps_per_epoch`),
+        and the arrays of `validation_split` or a `validation_data` pair, are read as
+        `keras_vit.utils.tf_data.array_batches` batches them (see `evaluate`), in the
+        order `shuffle` asks for. The batches are those of Keras' own path: the same ones
+        in order, the same split, a new permutation on each epoch.
+
+        Example:
+
+        >>> import numpy as np
+        >>> model = VisionTransformer(image_size=8, patch_size=4, hidden_dim=8, num_layers=1,
+        ...                           num_heads=2, mlp_dim=16, num_classes=3)
+        >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        >>> history = model.fit(np.zeros((6, 8, 8, 3)), np.zeros(6), batch_size=4,
+        ...                     validation_split=0.5, epochs=2, verbose=0)
+        >>> sorted(history.history)
+        ['loss', 'val_loss']
+        """
+        arguments = dict(
+            x=x, y=y, batch_size=batch_size, epochs=epochs, verbose=verbose,
+            callbacks=callbacks, validation_split=validation_split,
+            validation_data=validation_data, shuffle=shuffle, class_weight=class_weight,
+            sample_weight=sample_weight, initial_epoch=initial_epoch,
+            steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+            validation_batch_size=validation_batch_size, validation_freq=validation_freq,
+        )
+        return super().fit(**_tensorflow_fit_arguments(self, arguments))
+
     def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
         """`keras.Model.predict`; on TensorFlow, arrays are read as
         `keras_vit.utils.tf_data.array_batches` batches them (see `evaluate`).
@@ -570,6 +602,17 @@ def _tensorflow_array_batches(model, arrays, batch_size):
     return array_batches(
         arrays if len(arrays) > 1 else arrays[0], batch_size or 32, _under_strategy(model)
     )
+
+
+def _tensorflow_fit_arguments(model, arguments):
+    """`VisionTransformer.fit`'s `arguments`, on TensorFlow without a `tf.distribute`
+    strategy with its arrays made into datasets by
+    `keras_vit.utils.tf_data.array_fit_arguments`; otherwise as they are."""
+    if keras.backend.backend() != "tensorflow" or _under_strategy(model):
+        return arguments
+    from keras_vit.utils.tf_data import array_fit_arguments
+
+    return array_fit_arguments(arguments)
 
 
 def _rotary_embedding(rope, *, head_dim, grid_size, num_prefix_tokens, reference_grid):

@@ -1,12 +1,13 @@
 """The `tf.data` datasets keras-vit hands to Keras (TensorFlow-only): without tf.data's
 autotuning, and arrays in batches.
 
-`keras_vit.data`'s pipelines end in `without_autotuning`; `VisionTransformer.predict`
-and `evaluate` read arrays on TensorFlow as `array_batches` batches them. Both are here,
+`keras_vit.data`'s pipelines end in `without_autotuning`; `VisionTransformer.fit`,
+`predict` and `evaluate` read arrays on TensorFlow as `array_batches` batches them. Both are here,
 below the model and the data pipelines, so that the model reads arrays without
 importing `keras_vit.data`.
 """
 
+import math
 import os
 
 import numpy as np
@@ -36,10 +37,10 @@ def without_autotuning(dataset):
     return dataset.with_options(options)
 
 
-def array_batches(arrays, batch_size, shardable=True):
-    """`arrays` (an array, or a tuple of arrays of one length) in order, in batches of
-    `batch_size` (the last one smaller), through `without_autotuning`. What
-    `VisionTransformer.predict` and `evaluate` read arrays as on TensorFlow.
+def array_batches(arrays, batch_size, shardable=True, shuffle=False):
+    """`arrays` (an array, or a tuple of arrays of one length) in batches of `batch_size`
+    (the last one smaller), through `without_autotuning`. What `VisionTransformer.fit`,
+    `predict` and `evaluate` read arrays as on TensorFlow.
 
     `shardable` (the default) makes the batches from one tensor of all of `arrays`,
     which a `tf.distribute` strategy shards by example across workers as Keras shards
@@ -48,16 +49,32 @@ def array_batches(arrays, batch_size, shardable=True):
     one batch at a time as the batches are read: the same batches, without first copying
     the whole arrays into a tensor.
 
+    `shuffle` orders the examples as `keras.Model.fit`'s argument of that name does,
+    afresh on each pass over the dataset: `True`, a random permutation of all of them;
+    `"batch"`, the batches in order, each one's examples in a random order; `False`, in
+    order. Shuffled batches are gathered from the arrays, and need `shardable=False`.
+
     Example:
 
     >>> [int(images.shape[0]) for images, _ in array_batches((tf.zeros((5, 2)), tf.range(5)), 2)]
     [2, 2, 1]
     >>> [b.tolist() for b in array_batches(np.arange(5), 2, shardable=False).as_numpy_iterator()]
     [[0, 1], [2, 3], [4]]
+    >>> shuffled = array_batches(np.arange(5), 2, shardable=False, shuffle=True)
+    >>> sorted(np.concatenate(list(shuffled.as_numpy_iterator())).tolist())
+    [0, 1, 2, 3, 4]
     """
+    if shuffle not in (True, False, "batch"):
+        raise ValueError(f"shuffle={shuffle!r}: expected True, False or 'batch', as Keras' fit.")
     single = not isinstance(arrays, tuple)
     arrays = (arrays,) if single else arrays
-    if shardable or any(tf.is_tensor(a) for a in arrays):
+    tensors = any(tf.is_tensor(a) for a in arrays)
+    if shuffle and (shardable or tensors):
+        raise ValueError(
+            "array_batches shuffles NumPy arrays sliced a batch at a time: pass "
+            "shardable=False and arrays, not TensorFlow tensors."
+        )
+    if shardable or tensors:
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = (
             tf.data.experimental.AutoShardPolicy.DATA
@@ -68,14 +85,82 @@ def array_batches(arrays, batch_size, shardable=True):
     shapes = [tf.TensorShape([None, *a.shape[1:]]) for a in arrays]
     dtypes = [tf.as_dtype(a.dtype) for a in arrays]
 
-    def sliced(index):
-        start = index * batch_size
-        return [a[start : start + batch_size] for a in arrays]
+    if shuffle:
+        # The examples' indices, a batch of them at a time; tf.data's shuffle draws a new
+        # order on each pass (from the global seed, which keras.utils.set_random_seed sets).
+        order = tf.data.Dataset.range(len(arrays[0]))
+        if shuffle != "batch":
+            order = order.shuffle(len(arrays[0]), reshuffle_each_iteration=True)
+        order = order.batch(batch_size)
+        if shuffle == "batch":
+            order = order.map(tf.random.shuffle)
+
+        def sliced(indices):
+            return [a[indices] for a in arrays]
+    else:
+        order = tf.data.Dataset.range(-(-len(arrays[0]) // batch_size))
+
+        def sliced(index):
+            start = index * batch_size
+            return [a[start : start + batch_size] for a in arrays]
 
     def read(index):
         parts = tf.numpy_function(sliced, [index], dtypes, stateful=False)
         parts = [tf.ensure_shape(part, shape) for part, shape in zip(parts, shapes)]
         return parts[0] if single else tuple(parts)
 
-    count = -(-len(arrays[0]) // batch_size)
-    return without_autotuning(tf.data.Dataset.range(count).map(read))
+    return without_autotuning(order.map(read))
+
+
+def array_fit_arguments(arguments):
+    """`keras.Model.fit`'s `arguments` (a dict of all of them, by name) with NumPy arrays
+    read through `array_batches(..., shardable=False)`: arrays `x` and `y` with no
+    `sample_weight`, `class_weight` or `steps_per_epoch`, batched and shuffled as Keras
+    would, and the validation arrays of `validation_split` (Keras' split: the last
+    fraction, before shuffling) or of a `(x, y)` `validation_data`. Other `arguments`
+    come back as they are, for Keras to read. For a model without a `tf.distribute`
+    strategy (`VisionTransformer.fit`).
+
+    Example:
+
+    >>> arguments = dict(x=np.zeros((10, 2)), y=np.arange(10), batch_size=4, shuffle=False,
+    ...                  validation_split=0.2, validation_data=None, validation_batch_size=None,
+    ...                  sample_weight=None, class_weight=None, steps_per_epoch=None)
+    >>> read = array_fit_arguments(arguments)
+    >>> [len(y) for _, y in read["x"]], [y.numpy().tolist() for _, y in read["validation_data"]]
+    ([4, 4], [[8, 9]])
+    """
+    x, y = arguments["x"], arguments["y"]
+    if (
+        arguments["shuffle"] not in (True, False, "batch")
+        or any(arguments[k] is not None for k in ("sample_weight", "class_weight", "steps_per_epoch"))
+        or not (_is_array(x) and _is_array(y))
+    ):
+        return arguments
+    x, y = np.asarray(x), np.asarray(y)
+    validation = arguments["validation_data"]
+    split = arguments["validation_split"]
+    if split and validation is None:
+        split_at = math.floor(len(x) * (1.0 - split))
+        if split_at in (0, len(x)):
+            return arguments  # Keras says why it cannot split them
+        x, y, validation = x[:split_at], y[:split_at], (x[split_at:], y[split_at:])
+    batch_size = arguments["batch_size"] or 32  # Keras' default
+    read = dict(
+        arguments, x=array_batches((x, y), batch_size, shardable=False, shuffle=arguments["shuffle"]),
+        y=None, batch_size=None, shuffle=False, validation_split=0.0, validation_data=validation,
+    )
+    if isinstance(validation, tuple) and len(validation) == 2 and all(map(_is_array, validation)):
+        read.update(
+            validation_data=array_batches(
+                validation, arguments["validation_batch_size"] or batch_size, shardable=False
+            ),
+            validation_batch_size=None,
+        )
+    return read
+
+
+def _is_array(value):
+    """Whether Keras reads `value` as an array (NumPy's, or anything with a `shape` and a
+    `dtype`) and it is not a TensorFlow tensor."""
+    return hasattr(value, "shape") and hasattr(value, "dtype") and not tf.is_tensor(value)
