@@ -133,7 +133,8 @@ def array_fit_arguments(arguments):
     x, y = arguments["x"], arguments["y"]
     if (
         arguments["shuffle"] not in (True, False, "batch")
-        or any(arguments[k] is not None for k in ("sample_weight", "class_weight", "steps_per_epoch"))
+        or any(arguments[k] is not None
+               for k in ("sample_weight", "class_weight", "steps_per_epoch"))
         or not (_is_array(x) and _is_array(y))
     ):
         return arguments
@@ -146,10 +147,9 @@ def array_fit_arguments(arguments):
             return arguments  # Keras says why it cannot split them
         x, y, validation = x[:split_at], y[:split_at], (x[split_at:], y[split_at:])
     batch_size = arguments["batch_size"] or 32  # Keras' default
-    read = dict(
-        arguments, x=array_batches((x, y), batch_size, shardable=False, shuffle=arguments["shuffle"]),
-        y=None, batch_size=None, shuffle=False, validation_split=0.0, validation_data=validation,
-    )
+    batches = array_batches((x, y), batch_size, shardable=False, shuffle=arguments["shuffle"])
+    read = dict(arguments, x=batches, y=None, batch_size=None, shuffle=False,
+                validation_split=0.0, validation_data=validation)
     if isinstance(validation, tuple) and len(validation) == 2 and all(map(_is_array, validation)):
         read.update(
             validation_data=array_batches(
