@@ -593,12 +593,12 @@ def _tensorflow_array_batches(model, arrays, batch_size):
     sliced a batch at a time unless `model` runs under a `tf.distribute` strategy (which
     shards them by example); None on another backend or when one of them is not an
     array (Keras reads those)."""
-    if keras.backend.backend() != "tensorflow" or not all(
-        hasattr(a, "shape") and hasattr(a, "dtype") for a in arrays
-    ):
+    if keras.backend.backend() != "tensorflow":
         return None
-    from keras_vit.utils.tf_data import array_batches
+    from keras_vit.utils.tf_data import array_batches, is_array
 
+    if not all(map(is_array, arrays)):
+        return None
     return array_batches(
         arrays if len(arrays) > 1 else arrays[0], batch_size or 32, _under_strategy(model)
     )

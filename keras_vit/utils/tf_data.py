@@ -135,7 +135,7 @@ def array_fit_arguments(arguments):
         arguments["shuffle"] not in (True, False, "batch")
         or any(arguments[k] is not None
                for k in ("sample_weight", "class_weight", "steps_per_epoch"))
-        or not (_is_array(x) and _is_array(y))
+        or not (_is_host_array(x) and _is_host_array(y))
     ):
         return arguments
     x, y = np.asarray(x), np.asarray(y)
@@ -150,7 +150,7 @@ def array_fit_arguments(arguments):
     batches = array_batches((x, y), batch_size, shardable=False, shuffle=arguments["shuffle"])
     read = dict(arguments, x=batches, y=None, batch_size=None, shuffle=False,
                 validation_split=0.0, validation_data=validation)
-    if isinstance(validation, tuple) and len(validation) == 2 and all(map(_is_array, validation)):
+    if isinstance(validation, tuple) and len(validation) == 2 and all(map(_is_host_array, validation)):
         read.update(
             validation_data=array_batches(
                 validation, arguments["validation_batch_size"] or batch_size, shardable=False
@@ -160,7 +160,18 @@ def array_fit_arguments(arguments):
     return read
 
 
-def _is_array(value):
-    """Whether Keras reads `value` as an array (NumPy's, or anything with a `shape` and a
-    `dtype`) and it is not a TensorFlow tensor."""
-    return hasattr(value, "shape") and hasattr(value, "dtype") and not tf.is_tensor(value)
+def is_array(value):
+    """Whether Keras reads `value` as an array: anything with a `shape` and a `dtype`
+    (NumPy's arrays, the backends' tensors).
+
+    Example:
+
+    >>> is_array(np.zeros(3)), is_array([0.0, 1.0])
+    (True, False)
+    """
+    return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def _is_host_array(value):
+    """Whether `value` is an array (`is_array`) and not a TensorFlow tensor."""
+    return is_array(value) and not tf.is_tensor(value)
