@@ -19,6 +19,7 @@ import os
 import re
 import shlex
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -316,9 +317,10 @@ def test_the_docs_as_a_user_types_them(bucket, tmp_path):
         if isinstance(how, Skip):
             continue
         text = how.command if isinstance(how, Instead) else command.text
+        started = time.monotonic()
         result = subprocess.run(["bash", "-c", text], cwd=work, env=env, capture_output=True,
                                 text=True, timeout=1800)
-        ran.append(text.splitlines()[0])
+        ran.append(f"{time.monotonic() - started:6.1f} s  {text.splitlines()[0]}")
         if result.returncode != 0:
             last = (result.stderr.strip().splitlines() or [result.stdout[-300:]])[-1]
             failures.append(f"{text.splitlines()[0]!r} exited {result.returncode}: {last[:300]}")
