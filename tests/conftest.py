@@ -57,11 +57,11 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True, scope="module")
 def _frozen_heap():
     # Keras runs a full garbage collection each time a layer deletes one of its variables
-    # (`Layer.__delattr__`: `quantize`, loading an int8 file, some tf.data maps), and a
-    # full collection walks every object of the process: TensorFlow's, JAX's, PyTorch's
+    # (`Layer.__delattr__`: `quantize`, loading an int8 file), and a full collection, its
+    # or Python's own, walks every object of the process: TensorFlow's, JAX's, PyTorch's
     # and transformers' modules, and what the earlier test files left alive. Frozen at
-    # each file's start, those are left out of the file's collections, which then take
-    # milliseconds; what the file's tests create is still collected.
+    # each file's start, those are left out of the file's collections; what the file's
+    # tests create is still collected.
     gc.collect()
     gc.freeze()
 

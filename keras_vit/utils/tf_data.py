@@ -13,6 +13,9 @@ import os
 import numpy as np
 import tensorflow as tf
 
+# The values of `keras.Model.fit`'s `shuffle` that `array_batches` takes.
+SHUFFLES = (True, False, "batch")
+
 
 def without_autotuning(dataset):
     """`dataset` with tf.data's autotuning off and each `AUTOTUNE` map one call per core.
@@ -64,7 +67,7 @@ def array_batches(arrays, batch_size, shardable=True, shuffle=False):
     >>> sorted(np.concatenate(list(shuffled.as_numpy_iterator())).tolist())
     [0, 1, 2, 3, 4]
     """
-    if shuffle not in (True, False, "batch"):
+    if shuffle not in SHUFFLES:
         raise ValueError(f"shuffle={shuffle!r}: expected True, False or 'batch', as Keras' fit.")
     single = not isinstance(arrays, tuple)
     arrays = (arrays,) if single else arrays
@@ -132,7 +135,7 @@ def array_fit_arguments(arguments):
     """
     x, y = arguments["x"], arguments["y"]
     if (
-        arguments["shuffle"] not in (True, False, "batch")
+        arguments["shuffle"] not in SHUFFLES
         or any(arguments[k] is not None
                for k in ("sample_weight", "class_weight", "steps_per_epoch"))
         or not (_is_host_array(x) and _is_host_array(y))
@@ -150,7 +153,8 @@ def array_fit_arguments(arguments):
     batches = array_batches((x, y), batch_size, shardable=False, shuffle=arguments["shuffle"])
     read = dict(arguments, x=batches, y=None, batch_size=None, shuffle=False,
                 validation_split=0.0, validation_data=validation)
-    if isinstance(validation, tuple) and len(validation) == 2 and all(map(_is_host_array, validation)):
+    pair = isinstance(validation, tuple) and len(validation) == 2
+    if pair and all(map(_is_host_array, validation)):
         read.update(
             validation_data=array_batches(
                 validation, arguments["validation_batch_size"] or batch_size, shardable=False
