@@ -33,6 +33,15 @@ def as_numpy(x):
     return keras.ops.convert_to_numpy(x)
 
 
+def predicted(model, inputs):
+    """`model(inputs)` as NumPy. On JAX through Keras' compiled predict step, which
+    compiles once for each input shape: eager JAX compiles each op for each new shape, so
+    a test that runs one model at many sizes spends its time compiling ops."""
+    if keras.backend.backend() == "jax":
+        return model.predict_on_batch(inputs)
+    return keras.tree.map_structure(as_numpy, model(inputs))
+
+
 def relative_error(ours, reference):
     """The largest difference, over the largest magnitude of the reference."""
     return max(

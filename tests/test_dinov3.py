@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import keras_vit
-from family_contract import check_family_contract, fine_tune, relative_error
+from family_contract import check_family_contract, fine_tune, predicted, relative_error
 from keras_vit.families import dinov3
 from keras_vit.families.family import rotate_half_order
 from keras_vit.layers.dinov3_rope import DINOv3RotaryEmbedding
@@ -68,7 +68,7 @@ def outputs(model, pixels):
     parts = keras_vit.vit_parts(model)
     probe = keras.Model(model.input, [model.output, parts.norm.output,
                                       *(block.output for block in parts.blocks)])
-    return [keras.ops.convert_to_numpy(x) for x in probe(pixels)]
+    return predicted(probe, pixels)
 
 
 @pytest.fixture(scope="module", params=["gelu", "gated"])

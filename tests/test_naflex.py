@@ -17,7 +17,7 @@ import torch
 import transformers
 
 import keras_vit
-from family_contract import as_numpy, relative_error
+from family_contract import as_numpy, predicted, relative_error
 from helpers import assert_keras_file_round_trip, clean_environment, randomise_weights
 from keras_vit.families import dinov3
 from keras_vit.layers import posembed
@@ -170,12 +170,12 @@ def test_padding_changes_nothing_and_keras_files_round_trip(siglip2, tmp_path):
     """Each image's output is its own: alone and unpadded, or padded in the batch."""
     model = keras_vit.pretrained(siglip2[0])
     inputs, _ = _batch()
-    batch = as_numpy(model(inputs))
+    batch = predicted(model, inputs)
     for i, (h, w) in enumerate(GRIDS):
         alone = {key: value[i : i + 1] for key, value in inputs.items()}
         alone["patches"], alone["patch_mask"] = (alone["patches"][:, : h * w],
                                                  alone["patch_mask"][:, : h * w])
-        np.testing.assert_allclose(as_numpy(model(alone))[0], batch[i], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(predicted(model, alone)[0], batch[i], rtol=0, atol=1e-5)
     assert_keras_file_round_trip(model, inputs, tmp_path / "naflex.keras")
 
 
@@ -205,9 +205,9 @@ def test_each_image_equals_the_fixed_size_model_on_it_alone(overrides):
     fixed = keras_vit.ViT(**dict(arguments, naflex=False, dynamic_image_size=True))
     fixed.set_weights(model.get_weights())
     inputs, images = _batch()
-    batch = as_numpy(model(inputs))
+    batch = predicted(model, inputs)
     for i, image in enumerate(images):
-        np.testing.assert_allclose(batch[i], as_numpy(fixed(image[None]))[0], rtol=0, atol=2e-5)
+        np.testing.assert_allclose(batch[i], predicted(fixed, image[None])[0], rtol=0, atol=2e-5)
 
 
 def test_a_naflex_dinov3_equals_hfs_dinov3_on_each_image(tmp_path):
