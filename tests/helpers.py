@@ -92,15 +92,16 @@ def tiny_vit(**overrides):
     return keras_vit.ViT(**kwargs)
 
 
-def tiny_demo_recipe(folder):
-    """A recipe file in `folder` with the demo cut to a few steps per stage (its code path)."""
+def tiny_demo_recipe(folder, jit_compile="off"):
+    """A recipe file in `folder` with the demo cut to a few steps per stage (its code path),
+    its steps compiled as `jit_compile` says (`distribution.jit_compile`)."""
     recipe = folder / "tiny_demo.py"
     recipe.write_text(
         "import dataclasses\n"
         "from keras_vit.cli import load_recipe\n"
         "demo = load_recipe('demo', attribute='DEMO')\n"
         "tiny = dict(schedule=dict(epochs=1, micro_batches_per_epoch=2, warmup_updates=0),\n"
-        "            distribution=dict(jit_compile='off'))\n"
+        f"            distribution=dict(jit_compile={jit_compile!r}))\n"
         "DEMO = dataclasses.replace(\n"
         "    demo, pretrain=demo.pretrain.replace(**tiny),\n"
         "    fewshot=dataclasses.replace(demo.fewshot, shots=(1, 5), seeds=2),\n"
