@@ -47,7 +47,7 @@ timeout 240 "$python" bench/accelerator.py --contenders "$contenders" \
 echo "accelerator.py exit $?" >> "$out/bench.log"
 
 files=$(grep -l "^pytestmark = pytest.mark.gpu" tests/test_*.py)
-workers=$(( $(nproc) > 12 ? 6 : 2 ))  # per backend: the two backends run side by side
+workers=$(( $(nproc) > 12 ? 6 : 0 ))  # per backend (the two run side by side); 0: in-process
 for b in $backends; do
     KERAS_BACKEND=$b timeout 180 "$python" -m pytest -rfs -n $workers --dist loadfile \
         -m "gpu and not slow" -W ignore::UserWarning $files > "$out/tests_$b.log" 2>&1 &
