@@ -76,8 +76,11 @@ def reset_dynamo():
 
 
 def twins(switches, policy):
-    """An eager model of `switches` with random weights, and its `jit_compile=True` twin
-    holding the same weights."""
+    """An eager model of `switches` (one block) with random weights, and its
+    `jit_compile=True` twin holding the same weights."""
+    # Dynamo traces every block, so the graphs to compile grow with the depth; a second
+    # block would run the first one's code again.
+    switches = dict(switches, num_layers=1)
     keras.config.set_dtype_policy(policy)
     try:
         eager = randomised(**switches)
