@@ -63,9 +63,9 @@ def _alone(image):
 
 def _models(overrides, seed=2):
     """A packed model and the unpacked NaFlex model with the same (random) weights."""
-    unpacked = keras_vit.ViT(**TINY, **overrides)
+    unpacked = keras_vit.ViT(**{**TINY, **overrides})
     randomise_weights(unpacked, seed=seed)
-    packed = keras_vit.ViT(**TINY, **overrides, images_per_row=SLOTS)
+    packed = keras_vit.ViT(**{**TINY, **overrides}, images_per_row=SLOTS)
     packed.set_weights(unpacked.get_weights())
     return packed, unpacked
 
@@ -178,7 +178,8 @@ def test_keras_file_round_trip(tmp_path):
 
 
 def test_jit_compiled_outputs_are_the_same_at_two_token_counts():
-    packed, unpacked = _models(FAMILIES["class_token"])
+    # One block: on PyTorch this is torch.compile, whose graphs grow with the depth.
+    packed, unpacked = _models(dict(FAMILIES["class_token"], num_layers=1))
     packed.compile(jit_compile=True)
     images = _images()
     short = packed.predict_on_batch(_packed(images, tokens=TOKENS))
