@@ -63,9 +63,10 @@ def _alone(image):
 
 def _models(overrides, seed=2):
     """A packed model and the unpacked NaFlex model with the same (random) weights."""
-    unpacked = keras_vit.ViT(**{**TINY, **overrides})
+    arguments = {**TINY, **overrides}
+    unpacked = keras_vit.ViT(**arguments)
     randomise_weights(unpacked, seed=seed)
-    packed = keras_vit.ViT(**{**TINY, **overrides}, images_per_row=SLOTS)
+    packed = keras_vit.ViT(**arguments, images_per_row=SLOTS)
     packed.set_weights(unpacked.get_weights())
     return packed, unpacked
 
