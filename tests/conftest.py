@@ -13,6 +13,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # or TensorFlow's all of it, which would leave the second process none.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+# xdist's workers share the cores: each worker, and the processes its tests start, gets
+# its share of OpenMP threads (PyTorch's, OpenBLAS's). OpenMP threads spin while they wait
+# for each other, so a PyTorch process with a thread per core beside a busy worker runs
+# several times slower than with its share.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", str(
+        max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
