@@ -7,6 +7,9 @@ import os
 import threading
 import types
 
+# helpers imports no ML library, so the variables below are set before any is imported.
+from helpers import build_wheel, compute_device, install_wheel, worker_threads
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # On a GPU several test processes share the card (xdist workers, the subprocesses of the
 # multi-backend tests): each takes memory as it needs it, instead of JAX's 75% up front
@@ -14,17 +17,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 # xdist's workers share the cores: each worker, and the processes its tests start, gets
-# its share of OpenMP threads (PyTorch's, OpenBLAS's). OpenMP threads spin while they wait
-# for each other, so a PyTorch process with a thread per core beside a busy worker runs
-# several times slower than with its share.
-if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
-    os.environ.setdefault("OMP_NUM_THREADS", str(
-        max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+# its share as OpenMP threads (PyTorch's, OpenBLAS's).
+# OpenMP threads spin while they wait for each other, so a PyTorch process with a thread
+# per core beside a busy worker runs several times slower than with its share.
+_threads = worker_threads(os.environ, len(os.sched_getaffinity(0)))
+if _threads:
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
-
-from helpers import build_wheel, compute_device, install_wheel  # noqa: E402
 
 # Scripts the distributed tests start in worker processes; importing one runs it.
 collect_ignore = ["jax_distribution_job.py", "multiworker_job.py"]

@@ -197,6 +197,15 @@ def clean_environment(**extra):
     return env
 
 
+def worker_threads(environ, cores):
+    """The OpenMP threads for the processes of an xdist worker: its share of `cores`
+    (`environ`'s PYTEST_XDIST_WORKER_COUNT workers share them), or None outside xdist
+    and where `environ` already sets OMP_NUM_THREADS."""
+    if "PYTEST_XDIST_WORKER_COUNT" not in environ or "OMP_NUM_THREADS" in environ:
+        return None
+    return max(1, cores // int(environ["PYTEST_XDIST_WORKER_COUNT"]))
+
+
 def build_wheel(folder):
     """Builds this checkout's wheel into `folder` from a copy of its sources (setuptools
     leaves `build/` where it builds, and a stale `build/` can end up in a wheel); no

@@ -301,7 +301,9 @@ def test_the_docs_as_a_user_types_them(bucket, tmp_path):
         HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         KERAS_VIT_WEIGHTS_MIRROR=os.environ["KERAS_VIT_WEIGHTS_MIRROR"],
     )
-    for name in ("KERAS_BACKEND", "KERAS_HOME", "TF_CPP_MIN_LOG_LEVEL", "VIRTUAL_ENV"):
+    # TF_CPP_MIN_LOG_LEVEL and OMP_NUM_THREADS: tests/conftest.py sets them for the suite.
+    for name in ("KERAS_BACKEND", "KERAS_HOME", "TF_CPP_MIN_LOG_LEVEL", "OMP_NUM_THREADS",
+                 "VIRTUAL_ENV"):
         env.pop(name, None)
 
     # The venv's python runs the wheel's copy of keras_vit, not this checkout's (nor an
