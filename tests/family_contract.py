@@ -49,11 +49,17 @@ def relative_error(ours, reference):
     )
 
 
-def outputs(model, images=IMAGES):
-    """The model's output and each block's output tokens, on `images`."""
-    blocks = [block.output for block in keras_vit.vit_parts(model).blocks]
-    probe = keras.Model(model.input, [model.output, *blocks])
-    return [as_numpy(x) for x in probe(images)]
+def probe(model, final_norm=False):
+    """A model of `model`'s input to its output, its final normed tokens where
+    `final_norm`, and each block's output tokens."""
+    parts = keras_vit.vit_parts(model)
+    norm = [parts.norm.output] if final_norm else []
+    return keras.Model(model.input, [model.output, *norm, *(b.output for b in parts.blocks)])
+
+
+def outputs(model, images=IMAGES, final_norm=False):
+    """`probe(model, final_norm)`'s outputs on `images`, as NumPy."""
+    return [as_numpy(x) for x in probe(model, final_norm)(images)]
 
 
 def randomised(seed=1, **arguments):

@@ -27,7 +27,8 @@ from transformers import (
 
 import keras_vit
 from family_contract import (
-    as_numpy, assert_maps_leave_out_prefix, check_family_contract, fine_tune, relative_error,
+    as_numpy, assert_maps_leave_out_prefix, check_family_contract, fine_tune, outputs,
+    relative_error,
 )
 from references import randomise
 
@@ -51,14 +52,6 @@ PROCESSOR = dict(
 
 def images(height=SIZE, width=SIZE, seed=0):
     return np.random.default_rng(seed).uniform(-1, 1, (3, height, width, 3)).astype("float32")
-
-
-def outputs(model, pixels):
-    """`pooler_output`, `last_hidden_state` and each block's output tokens."""
-    parts = keras_vit.vit_parts(model)
-    probe = keras.Model(model.input, [model.output, parts.norm.output,
-                                      *(block.output for block in parts.blocks)])
-    return [as_numpy(x) for x in probe(pixels)]
 
 
 def hf_outputs(hf, pixels):
@@ -95,7 +88,8 @@ def test_hf_directory_builds_and_matches_transformers(kind, references):
         mean=PROCESSOR["image_mean"], std=PROCESSOR["image_std"], interpolation="bicubic",
         antialias=True, crop_fraction=224 / 256,
     )
-    assert relative_error(outputs(model, images()), hf_outputs(hf, images())) < 1e-4
+    ours = outputs(model, images(), final_norm=True)
+    assert relative_error(ours, hf_outputs(hf, images())) < 1e-4
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -106,7 +100,7 @@ def test_other_resolutions_match_interpolate_pos_encoding(kind, height, width, r
     directory, hf = references[kind]
     model = keras_vit.pretrained(directory)
     pixels = images(height, width, seed=1)
-    assert relative_error(outputs(model, pixels), hf_outputs(hf, pixels)) < 1e-4
+    assert relative_error(outputs(model, pixels, final_norm=True), hf_outputs(hf, pixels)) < 1e-4
 
 
 def test_a_fixed_size_model_loaded_with_hfs_interpolation_matches(references):
@@ -114,7 +108,7 @@ def test_a_fixed_size_model_loaded_with_hfs_interpolation_matches(references):
     model = keras_vit.ViT(weights=directory, image_size=42, include_top=False)
     keras_vit.load_pretrained(model, directory, interpolation="bicubic")
     pixels = images(42, 42, seed=1)
-    assert relative_error(outputs(model, pixels), hf_outputs(hf, pixels)) < 1e-4
+    assert relative_error(outputs(model, pixels, final_norm=True), hf_outputs(hf, pixels)) < 1e-4
 
 
 def test_hf_vit_interpolate_pos_encoding_is_the_bicubic_option(tmp_path):
@@ -139,9 +133,10 @@ def test_negative_control_timms_antialiased_resampling_misses_dinov2(references)
     the trained size."""
     directory, hf = references["dinov2"]
     model = keras_vit.pretrained(directory, pos_interpolation="bicubic_antialias")
-    assert relative_error(outputs(model, images()), hf_outputs(hf, images())) < 1e-4
+    ours = outputs(model, images(), final_norm=True)
+    assert relative_error(ours, hf_outputs(hf, images())) < 1e-4
     pixels = images(42, 42, seed=1)
-    assert relative_error(outputs(model, pixels), hf_outputs(hf, pixels)) > 1e-3
+    assert relative_error(outputs(model, pixels, final_norm=True), hf_outputs(hf, pixels)) > 1e-3
 
 
 def test_negative_control_registers_left_out_miss_the_reference(references):
@@ -259,7 +254,8 @@ def test_timm_files_load_with_the_registry_switches(kind, references, tmp_path):
                           layer_scale_init=1e-5, **switches)
     report = keras_vit.load_pretrained(model, path)
     assert report.format == "timm"
-    assert relative_error(outputs(model, images()), hf_outputs(hf, images())) < 1e-4
+    found = outputs(model, images(), final_norm=True)
+    assert relative_error(found, hf_outputs(hf, images())) < 1e-4
 
 
 # --- every keras-vit feature, with registers ------------------------------------------
@@ -312,7 +308,8 @@ def test_vit_weights_of_a_backbone_without_num_classes_is_the_backbone(kind, ref
     model = keras_vit.ViT(weights=directory)
     assert keras_vit.vit_parts(model).head is None
     assert model.get_config() == keras_vit.pretrained(directory).get_config()
-    assert relative_error(outputs(model, images()), hf_outputs(hf, images())) < 1e-4
+    ours = outputs(model, images(), final_norm=True)
+    assert relative_error(ours, hf_outputs(hf, images())) < 1e-4
 
 
 FAMILY = {

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import keras_vit
-from family_contract import check_family_contract, fine_tune, predicted, relative_error
+from family_contract import check_family_contract, fine_tune, predicted, probe, relative_error
 from keras_vit.families import dinov3
 from keras_vit.families.family import rotate_half_order
 from keras_vit.layers.dinov3_rope import DINOv3RotaryEmbedding
@@ -64,11 +64,9 @@ def hf_outputs(model, pixels):
 
 
 def outputs(model, pixels):
-    """The model's output (pooled class token), its final normed tokens and each block's."""
-    parts = keras_vit.vit_parts(model)
-    probe = keras.Model(model.input, [model.output, parts.norm.output,
-                                      *(block.output for block in parts.blocks)])
-    return predicted(probe, pixels)
+    """The model's output (pooled class token), its final normed tokens and each block's,
+    through `predicted`: these tests run one model at many sizes."""
+    return predicted(probe(model, final_norm=True), pixels)
 
 
 @pytest.fixture(scope="module", params=["gelu", "gated"])
