@@ -17,10 +17,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 # xdist's workers share the cores: each worker, and the processes its tests start, gets
-# its share as OpenMP threads (PyTorch's, OpenBLAS's).
-# OpenMP threads spin while they wait for each other, so a PyTorch process with a thread
-# per core beside a busy worker runs several times slower than with its share.
-_threads = worker_threads(os.environ, len(os.sched_getaffinity(0)))
+# its share as OpenMP threads (PyTorch's, OpenBLAS's). OpenMP threads spin while they wait
+# for each other, so a PyTorch process with a thread per core beside a busy worker runs
+# several times slower than with its share.
+_threads = worker_threads(os.environ, os.cpu_count() or 1)
 if _threads:
     os.environ["OMP_NUM_THREADS"] = str(_threads)
 
