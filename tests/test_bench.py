@@ -1,4 +1,5 @@
-"""The accelerator benchmark keeps working before a GPU arrives: its smoke run on the CPU."""
+"""The benchmarks keep working (each script's smoke run, on the CPU) and bench/results/ holds
+what bench/README.md says it does."""
 
 import json
 import os
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# A result file's name: SCRIPT_MACHINE_DATE, then an optional _suffix (bench/README.md).
+RESULT_NAME = re.compile(r"([a-z_]+?)_([a-z0-9-]+)_(\d{4}-\d{2}-\d{2}(?:T\d{4})?)(?:_\w+)?\.(?:json|log)")
 
 
 def run_bench(script, *args):
@@ -264,9 +267,51 @@ def test_the_bench_map_lists_every_script_and_result_and_nothing_else():
     named_results = set(re.findall(r"`([\w.-]+\.(?:json|log))`", readme))
     assert results == named_results, (results ^ named_results)
     for name in results:
-        script, machine, date = re.fullmatch(
-            r"([a-z_]+?)_([a-z0-9-]+)_(\d{4}-\d{2}-\d{2}(?:T\d{4})?)(?:_\w+)?\.(?:json|log)", name).groups()
+        script, machine, date = RESULT_NAME.fullmatch(name).groups()
         assert f"{script}.py" in scripts, name
+
+
+def results_by_plan(folder):
+    """The result files of `folder` grouped by what they measured: the script, the
+    machine of the name, and the command's options less `--out` and `--rounds` (a rerun
+    of the same plan), in any order."""
+    plans = {}
+    for path in sorted(folder.glob("*.json")):
+        script, machine, date = RESULT_NAME.fullmatch(path.name).groups()
+        options = []  # each option with its values: ["--sizes", "1000", "4000"]
+        for word in (json.loads(path.read_text()).get("command") or "").split()[2:]:
+            if word.startswith("--") or not options:
+                options.append([word])
+            else:
+                options[-1].append(word)
+        plan = sorted(tuple(o) for o in options if o[0] not in ("--out", "--rounds"))
+        plans.setdefault((script, machine, tuple(plan)), []).append(path.name)
+    return plans
+
+
+def test_one_result_is_kept_per_plan_and_cpu_kind():
+    """bench/results/ holds one result per question and machine kind (bench/README.md):
+    no two files are runs of the same script and plan on the same kind."""
+    repeated = [names for names in results_by_plan(ROOT / "bench" / "results").values() if len(names) > 1]
+    assert not repeated, f"runs of the same plan on the same kind: {repeated}; keep the newest"
+
+
+def test_a_rerun_of_a_kept_plan_is_found(tmp_path):
+    """The check above finds a rerun (other rounds, options in another order) beside the
+    file it repeats, and tells runs of other plans apart."""
+    kept = "python bench/models.py --models Ti/16 --precisions float32,bfloat16 --keras-api " \
+           "--rounds 3 --fit-on arrays --contenders keras-tensorflow,keras-jax,hf-torch"
+    rerun = "python bench/models.py --contenders keras-tensorflow,keras-jax,hf-torch --fit-on arrays " \
+            "--keras-api --precisions float32,bfloat16 --rounds 5 --models Ti/16 --out x.json"
+    other = rerun.replace("--fit-on arrays", "--fit-on tf.data")
+    for name, command in [("models_epyc_2026-12-06T0121.json", kept),
+                          ("models_epyc_2026-12-07T0900.json", rerun),
+                          ("models_epyc_2026-12-07T1000.json", other),
+                          ("models_xeon-amx_2026-12-07T1100.json", rerun)]:
+        (tmp_path / name).write_text(json.dumps({"command": command}))
+    assert sorted(results_by_plan(tmp_path).values()) == [
+        ["models_epyc_2026-12-06T0121.json", "models_epyc_2026-12-07T0900.json"],
+        ["models_epyc_2026-12-07T1000.json"], ["models_xeon-amx_2026-12-07T1100.json"]]
 
 
 def test_results_are_named_by_machine_and_time(monkeypatch):
