@@ -10,6 +10,7 @@ in one run.
     python bench/models.py --keras-api --fit-on arrays  # fit on NumPy arrays on every backend
     python bench/models.py --overhead --keras-api \
         --contenders keras-torch-eager,keras-torch-compiled,hf-torch  # torch.compile's steps
+    python bench/models.py --models Ti/16 --precisions bfloat16 --processes 3  # 3 processes each
 
 The DINOv2-S/14 and SigLIP-B/16 rows (224 px) time HF's `Dinov2Model` and
 `SiglipVisionModel` with a linear 1000-class head on their `pooler_output` against
@@ -18,7 +19,9 @@ weights. Each contender (see `bench/contenders.py`) runs in its own worker proce
 alive; after one untimed round (first-run costs out of the figures), the driver asks the
 workers for one timed round each in turn, rotating the order every round, so that
 drift on a shared machine hits all of them alike. Figures
-are medians over rounds; ratios are medians of the per-round ratios. Every round also
+are medians over rounds; ratios are medians of the per-round ratios. A process can run
+the same code faster or slower than another for its whole life; `--processes N` times
+each row in N sets of fresh workers (started in a rotated order), pooling their rounds. Every round also
 times a float32 2048^3 matmul in each worker's framework; the best of those in a round
 is the machine's matmul peak for that round, and a run's "% of peak" is its model
 FLOP rate (`keras_vit.models.flops.forward_flops`, three times that for a training step)
@@ -208,11 +211,82 @@ def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo,
               interfaces=("harness",), family="vit"):
     """Times every contender on `arch` (named `variant`, of `family`) in `precision` for
     each (mode, image size) in `tasks`, through each of `interfaces`
-    (`bench/contenders.py`)."""
+    (`bench/contenders.py`).
+
+    The timing runs `plan["processes"]` times (default 1), each time in fresh workers
+    started in a rotated order, and a row's rounds are those of every process, in
+    order (`process` says whose each is): one process can run the same code several
+    percent faster than another for its whole life (docs/performance.md), which the
+    rounds within one process do not average out."""
+    timed = [
+        _time_in_workers(
+            variant, arch, precision, tasks, _rotated(list(contenders), process), plan,
+            log_dir, echo, interfaces, family, process,
+        )
+        for process in range(plan.get("processes", 1))
+    ]
+    entries = []
+    for mode in [mode for mode in ("infer", "train") if tasks.get(mode)]:
+        for size in tasks[mode]:
+            flops = model_flops(arch, size, family)
+            if mode == "train":
+                flops *= TRAIN_FLOPS_FACTOR
+            rounds = {
+                (c, i): [reply for run in timed for reply in run["rounds"][(c, size, mode, i)]]
+                for c in contenders for i in interfaces
+            }
+            peaks = [max(replies) for replies in zip(*(
+                [reply["matmul_gflops"] for reply in replies] for replies in rounds.values()
+            ))]
+            for c, i in [(c, i) for i in interfaces for c in contenders]:
+                replies = rounds[(c, i)]
+                prepared = [run["prepared"][(c, size, mode)] for run in timed]
+                entries.append(
+                    dict(
+                        variant=variant,
+                        precision=precision,
+                        image_size=size,
+                        mode=mode,
+                        contender=c,
+                        interface=i,
+                        device=timed[0]["devices"][(c, size)],
+                        batch=plan["batch"],
+                        flops_per_image=flops,
+                        images_per_s=[
+                            plan["batch"] * len(x["step_s"]) / sum(x["step_s"]) for x in replies
+                        ],
+                        process=[
+                            p for p, run in enumerate(timed)
+                            for _ in run["rounds"][(c, size, mode, i)]
+                        ],
+                        step_s=[x["step_s"] for x in replies],
+                        cpu_s=[x["cpu_s"] for x in replies],
+                        major_faults=[x["major_faults"] for x in replies],
+                        minor_faults=[x["minor_faults"] for x in replies],
+                        matmul_gflops=[x["matmul_gflops"] for x in replies],
+                        round_peak_gflops=peaks,
+                        peak_rss_mib=max(
+                            run["rounds"][(c, size, mode, i)][-1]["peak_rss_mib"] for run in timed
+                        ),
+                        compile_and_warmup_s=statistics.median(p["seconds"] for p in prepared),
+                        settings={
+                            k: v for k, v in prepared[0].items()
+                            if k not in ("seconds", "peak_rss_mib")
+                        },
+                    )
+                )
+    return entries
+
+
+def _time_in_workers(variant, arch, precision, tasks, contenders, plan, log_dir, echo,
+                     interfaces, family, process):
+    """One timing of `run_group`'s rows in fresh workers, started in `contenders`' order:
+    `{"devices": {(contender, size): device}, "prepared": {(contender, size, mode):
+    reply}, "rounds": {(contender, size, mode, interface): [reply per round]}}`."""
     batch = plan["batch"]
     sizes = sorted({size for mode_sizes in tasks.values() for size in mode_sizes})
     workers = {(c, size): Worker(c, log_dir) for c in contenders for size in sizes}
-    entries = []
+    prepared, rounds = {}, {}
     try:
         for (contender, size), worker in workers.items():
             worker.send(
@@ -227,11 +301,12 @@ def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo,
                 workers[key].send(
                     op="prepare", mode=mode, warmup=plan["warmup"], interfaces=list(interfaces)
                 )
-            prepared = {key: workers[key].receive() for key in sized}
+            prepared.update({(*key, mode): workers[key].receive() for key in sized})
             keys = [(c, size, i) for c, size in sized for i in interfaces]
+            of_process = f" (process {process + 1})" if plan.get("processes", 1) > 1 else ""
             echo(
                 f"{variant} {precision} {mode}: compiled and warmed up; "
-                f"timing {plan['rounds']} rounds"
+                f"timing {plan['rounds']} rounds{of_process}"
             )
             # One untimed round first, the timed rounds' calls in their order: a call's
             # first run at the timed length can grow the process's heap (JAX's `fit` of
@@ -239,57 +314,19 @@ def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo,
             # is a one-off cost (docs/performance.md).
             for key in keys:
                 workers[key[:2]].ask(op="round", steps=plan["steps"][mode], interface=key[2])
-            rounds = {key: [] for key in keys}
+            for c, size, i in keys:
+                rounds[(c, size, mode, i)] = []
             for r in range(plan["rounds"]):
-                for key in _rotated(keys, r):
-                    reply = workers[key[:2]].ask(
-                        op="round", steps=plan["steps"][mode], interface=key[2]
+                for c, size, i in _rotated(keys, r):
+                    reply = workers[(c, size)].ask(
+                        op="round", steps=plan["steps"][mode], interface=i
                     )
-                    rounds[key].append(reply)
+                    rounds[(c, size, mode, i)].append(reply)
                     echo(
-                        f"  round {r + 1} {key[0]:<17} {key[1]}px {key[2]:<9} "
+                        f"  round {r + 1} {c:<17} {size}px {i:<9} "
                         f"{batch * len(reply['step_s']) / sum(reply['step_s']):7.2f} img/s "
                         f"(page faults: {reply['major_faults']} major, "
                         f"{reply['minor_faults']} minor)"
-                    )
-            for size in tasks[mode]:
-                flops = model_flops(arch, size, family)
-                if mode == "train":
-                    flops *= TRAIN_FLOPS_FACTOR
-                peaks = [
-                    max(rounds[(c, size, i)][r]["matmul_gflops"]
-                        for c in contenders for i in interfaces)
-                    for r in range(plan["rounds"])
-                ]
-                for c, i in [(c, i) for i in interfaces for c in contenders]:
-                    replies = rounds[(c, size, i)]
-                    entries.append(
-                        dict(
-                            variant=variant,
-                            precision=precision,
-                            image_size=size,
-                            mode=mode,
-                            contender=c,
-                            interface=i,
-                            device=devices[(c, size)],
-                            batch=batch,
-                            flops_per_image=flops,
-                            images_per_s=[
-                                batch * len(x["step_s"]) / sum(x["step_s"]) for x in replies
-                            ],
-                            step_s=[x["step_s"] for x in replies],
-                            cpu_s=[x["cpu_s"] for x in replies],
-                            major_faults=[x["major_faults"] for x in replies],
-                            minor_faults=[x["minor_faults"] for x in replies],
-                            matmul_gflops=[x["matmul_gflops"] for x in replies],
-                            round_peak_gflops=peaks,
-                            peak_rss_mib=replies[-1]["peak_rss_mib"],
-                            compile_and_warmup_s=prepared[(c, size)]["seconds"],
-                            settings={
-                                k: v for k, v in prepared[(c, size)].items()
-                                if k not in ("seconds", "peak_rss_mib")
-                            },
-                        )
                     )
             needed = {size for later in modes[index + 1 :] for size in tasks[later]}
             for key in [key for key in workers if key[1] not in needed]:
@@ -297,7 +334,7 @@ def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo,
     finally:
         for worker in workers.values():
             worker.process.kill()
-    return entries
+    return dict(devices=devices, prepared=prepared, rounds=rounds)
 
 
 def summarise(entries):
@@ -411,13 +448,20 @@ def format_table(entries, growth, peaks):
     def other_batch(e):  # a group timed at another batch than the header's
         return "" if e["batch"] == entries[0]["batch"] else f" (batch {e['batch']})"
 
+    def per_process(e):  # each process's median img/s, where a row had several
+        rates = {}
+        for process, rate in zip(e.get("process", ()), e["images_per_s"]):
+            rates.setdefault(process, []).append(rate)
+        return " / ".join(f"{statistics.median(r):.1f}" for r in rates.values())
+
+    several = any(len(set(e.get("process", ()))) > 1 for e in entries)
     lines = [
         f"batch {entries[0]['batch']}; machine matmul peak (median of per-round best): "
         + ", ".join(f"{precision} {peak:.0f} GFLOP/s" for precision, peak in peaks.items()),
         "",
         "| model | precision | px | task | contender | called through | img/s | x HF "
-        "| GFLOP/s | % peak | cores used | peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| GFLOP/s | % peak | cores used | peak RSS MiB |" + (" img/s per process |" if several else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if several else ""),
     ]
     for e in entries:
         ratio = e.get("ratio_vs_hf")
@@ -427,6 +471,7 @@ def format_table(entries, growth, peaks):
             f"| {e['median_images_per_s']:.1f} | {'' if ratio is None else f'{ratio:.2f}'} "
             f"| {e['median_gflops_per_s']:.0f} | {100 * e['median_fraction_of_peak']:.0f} "
             f"| {e['median_cores_used']:.2f} | {e['peak_rss_mib']:.0f} |"
+            + (f" {per_process(e)} |" if several else "")
         )
     jax_vs_tf = [
         f"{e['variant']} {e['precision']} {e['image_size']} {e['mode']} "
@@ -500,6 +545,11 @@ def main(argv=None):
     )
     parser.add_argument("--rounds", type=int, help="override the plan's rounds")
     parser.add_argument(
+        "--processes", type=int, default=1,
+        help="time every row this many times, each in fresh worker processes (the rounds "
+             "of each), so that one process's luck does not set a ratio",
+    )
+    parser.add_argument(
         "--precisions", default=",".join(PRECISIONS), help="only the rows in these precisions"
     )
     parser.add_argument(
@@ -518,6 +568,9 @@ def main(argv=None):
         parser.error(f"the plan has no rows of {', '.join(models)} in {', '.join(precisions)}")
     if args.rounds:
         plan["rounds"] = args.rounds
+    if args.processes < 1:
+        parser.error(f"--processes {args.processes}: expected 1 or more worker processes per row")
+    plan["processes"] = args.processes
     plan["fit_on"] = args.fit_on
     echo = lambda text: print(text, file=sys.stderr, flush=True)
     started = datetime.datetime.now(datetime.timezone.utc)

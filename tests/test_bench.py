@@ -4,6 +4,7 @@ what bench/README.md says it does."""
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -175,12 +176,14 @@ def test_naflex_benchmark_counts_the_real_tokens_of_each_mode(tmp_path):
 def test_models_benchmark_times_keras_predict_and_fit_beside_the_harness(tmp_path):
     """Every contender, task and interface for the tiny ViT; the tiny DINOv2 and SigLIP
     rows (HF's Dinov2Model and SiglipVisionModel with a linear head) through the harness
-    against keras-vit on PyTorch (their Keras-API path is the ViT's); `fit` on NumPy
-    arrays on TensorFlow (`--fit-on arrays`)."""
+    against keras-vit on PyTorch (their Keras-API path is the ViT's), each row in two
+    sets of worker processes (`--processes 2`); `fit` on NumPy arrays on TensorFlow
+    (`--fit-on arrays`)."""
     rows, stdout, plans = {}, "", {}
     runs = {
         "vit": ("--models", "tiny", "--keras-api"),
-        "families": ("--models", "tiny-dinov2,tiny-siglip", "--contenders", "keras-torch,hf-torch"),
+        "families": ("--models", "tiny-dinov2,tiny-siglip", "--contenders", "keras-torch,hf-torch",
+                     "--processes", "2"),
         "arrays": ("--models", "tiny", "--keras-api", "--fit-on", "arrays", "--precisions",
                    "float32", "--contenders", "keras-tensorflow"),
     }
@@ -198,6 +201,7 @@ def test_models_benchmark_times_keras_predict_and_fit_beside_the_harness(tmp_pat
         rows.update({(e["variant"], e["contender"], e["mode"], e["interface"]): e
                      for e in entries})
     assert [plans[name]["fit_on"] for name in runs] == ["tf.data", "tf.data", "arrays"]
+    assert [plans[name]["processes"] for name in runs] == [1, 2, 1]
     assert set(rows) == {
         ("tiny", c, m, i)
         for c in ("keras-tensorflow", "keras-jax", "keras-torch", "hf-torch")
@@ -213,8 +217,12 @@ def test_models_benchmark_times_keras_predict_and_fit_beside_the_harness(tmp_pat
         assert all(isinstance(n, int) and n >= 0 for n in e["major_faults"] + e["minor_faults"])
         if contender != "hf-torch":  # against HF through the same interface, same rounds
             hf = rows[(variant, "hf-torch", mode, interface)]
-            assert e["ratio_vs_hf"] == pytest.approx(
-                e["images_per_s"][0] / hf["images_per_s"][0])
+            assert e["ratio_vs_hf"] == pytest.approx(statistics.median(
+                a / b for a, b in zip(e["images_per_s"], hf["images_per_s"])))
+        # A round a process: the smoke plan's one round in each of the run's processes.
+        assert e["process"] == ([0, 1] if variant.startswith("tiny-") else [0])
+    # The table gives each process's median where a row ran in several.
+    assert "img/s per process |" in stdout
     # A model of the plan timed at its own batch says so in the table.
     assert {e["batch"] for (v, *_), e in rows.items() if v == "tiny-siglip"} == {2}
     assert "| tiny-siglip (batch 2) |" in stdout
