@@ -231,15 +231,16 @@ def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo,
             flops = model_flops(arch, size, family)
             if mode == "train":
                 flops *= TRAIN_FLOPS_FACTOR
+            # (process, reply) for each round of each process, in order.
             rounds = {
-                (c, i): [reply for run in timed for reply in run["rounds"][(c, size, mode, i)]]
+                (c, i): [(process, reply) for process, run in enumerate(timed)
+                         for reply in run["rounds"][(c, size, mode, i)]]
                 for c in contenders for i in interfaces
             }
-            peaks = [max(replies) for replies in zip(*(
-                [reply["matmul_gflops"] for reply in replies] for replies in rounds.values()
-            ))]
+            peaks = [max(reply["matmul_gflops"] for _, reply in same_round)
+                     for same_round in zip(*rounds.values())]
             for c, i in [(c, i) for i in interfaces for c in contenders]:
-                replies = rounds[(c, i)]
+                replies = [reply for _, reply in rounds[(c, i)]]
                 prepared = [run["prepared"][(c, size, mode)] for run in timed]
                 entries.append(
                     dict(
@@ -255,19 +256,14 @@ def run_group(variant, arch, precision, tasks, contenders, plan, log_dir, echo,
                         images_per_s=[
                             plan["batch"] * len(x["step_s"]) / sum(x["step_s"]) for x in replies
                         ],
-                        process=[
-                            p for p, run in enumerate(timed)
-                            for _ in run["rounds"][(c, size, mode, i)]
-                        ],
+                        process=[process for process, _ in rounds[(c, i)]],
                         step_s=[x["step_s"] for x in replies],
                         cpu_s=[x["cpu_s"] for x in replies],
                         major_faults=[x["major_faults"] for x in replies],
                         minor_faults=[x["minor_faults"] for x in replies],
                         matmul_gflops=[x["matmul_gflops"] for x in replies],
                         round_peak_gflops=peaks,
-                        peak_rss_mib=max(
-                            run["rounds"][(c, size, mode, i)][-1]["peak_rss_mib"] for run in timed
-                        ),
+                        peak_rss_mib=max(x["peak_rss_mib"] for x in replies),
                         compile_and_warmup_s=statistics.median(p["seconds"] for p in prepared),
                         settings={
                             k: v for k, v in prepared[0].items()
