@@ -62,6 +62,34 @@ def test_a_part_without_name_scope_names_variables_in_its_parents_scope():
     assert whole.part.dense.path == "whole/dense"
 
 
+def test_run_graph_computes_each_node_by_the_given_call():
+    inputs = keras.Input((3,))
+    first, second = keras.layers.Dense(4), keras.layers.Dense(2)
+    hidden = first(inputs)
+    model = keras.Model(inputs, [second(hidden), hidden])
+    x = keras.ops.convert_to_tensor(np.arange(6, dtype="float32").reshape(2, 3))
+    called = []
+
+    def call_node(operation, *args, **kwargs):
+        called.append(operation)
+        return operation.call(*args, **kwargs)
+
+    outputs = keras_compat.run_graph(model, x, call_node)
+    assert called == [first, second]
+    for ours, keras_own in zip(outputs, model(x), strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(ours),
+                                      keras.ops.convert_to_numpy(keras_own))
+
+
+def test_call_takes_training_and_remat_mode_are_what_layer_call_reads():
+    assert keras_compat.call_takes_training(keras.layers.Dropout(0.5))
+    assert not keras_compat.call_takes_training(keras.layers.ReLU())
+    with keras.RematScope(mode="full"):
+        rematerialised = keras.layers.Dense(2)
+    assert keras_compat.remat_mode(rematerialised).mode == "full"
+    assert keras_compat.remat_mode(keras.layers.Dense(2)) is None
+
+
 def test_random_layers_draw_from_the_replaced_generator():
     """Layer._get_seed_generator returns `generator` (own backend) or `_backend_generators`."""
     image = tf.random.uniform((8, 8, 3))

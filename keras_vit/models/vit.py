@@ -17,6 +17,7 @@ import keras
 from keras import ops
 
 from keras_vit import layers as vit_layers
+from keras_vit.backend.calls import call_sublayer
 from keras_vit.models import resnet, size
 from keras_vit.models.architecture import CLASS_TOKEN_CLASSIFIERS, Architecture, input_stride
 from keras_vit.models.preprocessing import DEFAULT, check_preprocessing, normalize
@@ -497,6 +498,35 @@ class VisionTransformer(keras_compat.AutoJitCompileHook, keras.Model):
         if "layers" in config:  # the layer graph keras-vit 0.1.0 saved
             config = _arguments_from_graph(config)
         return cls(**config)
+
+    def call(self, inputs, training=None, mask=None):
+        """`keras.Model`'s functional call; on PyTorch each layer of the graph runs
+        through `keras_vit.backend.calls.call_sublayer`: its own `call` where that
+        computes the same numbers, without the Python of `Layer.__call__` that an eager
+        step spends on every layer, and that a GPU waits on. A layer Keras
+        rematerialises in training keeps `Layer.__call__`.
+
+        Example:
+
+        >>> model = VisionTransformer(image_size=8, patch_size=4, hidden_dim=8, num_layers=1,
+        ...                           num_heads=2, mlp_dim=16, num_classes=3)
+        >>> tuple(model(keras.ops.zeros((2, 8, 8, 3))).shape)
+        (2, 3)
+        """
+        if keras.backend.backend() != "torch" or mask is not None:
+            return super().call(inputs, training=training, mask=mask)
+
+        def call_node(layer, *args, **kwargs):
+            if not isinstance(layer, keras.layers.Layer):
+                return layer(*args, **kwargs)
+            # What Keras' functional call passes on: `training` where the call takes it.
+            if training is not None and keras_compat.call_takes_training(layer):
+                kwargs["training"] = training
+            if training and keras_compat.remat_mode(layer) is not None:
+                return layer(*args, **kwargs)
+            return call_sublayer(self, layer, *args, **kwargs)
+
+        return keras_compat.run_graph(self, inputs, call_node)
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
             validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,

@@ -4,9 +4,11 @@ keras-vit needs a few things Keras does not expose publicly: where a preprocessi
 draws its randomness, RandAugment's list of operations, the optimizer's gradient
 clipping, the epoch `fit` resumes at, whether a model was built under a distribution
 strategy, and two trainer hooks (how `jit_compile="auto"` is resolved, and which batch
-builds the model before `fit`); and, for keras-cv's layers, their random generator and
-whether they augment a batch as a whole; and a layer without a name scope of its own
-(`InParentNameScope`). Each is wrapped here, and `tests/test_keras_compat.py`
+builds the model before `fit`); a functional model's graph run with each node called
+its own way, whether a layer's call takes `training`, and the remat mode a layer was
+created under (`VisionTransformer.call` on PyTorch); and, for keras-cv's layers, their
+random generator and whether they augment a batch as a whole; and a layer without a
+name scope of its own (`InParentNameScope`). Each is wrapped here, and `tests/test_keras_compat.py`
 checks that each still exists and behaves as relied on, so that a Keras release that
 changes one fails there, by name, rather than somewhere in training. `progress_verbosity`
 works around how Keras' progress bar writes to a file or a pipe. `pyproject.toml`
@@ -14,6 +16,7 @@ keeps `keras` below the next major version.
 """
 
 import contextlib
+import functools
 import sys
 
 
@@ -57,6 +60,60 @@ def sublayers(layer):
     ['Sequential', 'Dense', 'RandomFlip']
     """
     return list(layer._flatten_layers(include_self=True))
+
+
+def run_graph(model, inputs, call_node):
+    """The outputs of functional `model` on `inputs`, each node of its graph computed
+    by `call_node(operation, *args, **kwargs)` where `Functional.call` (without masks)
+    calls `operation(*args, **kwargs)` (Keras' private `_standardize_inputs` and
+    `_run_through_graph`).
+
+    Example:
+
+    >>> import keras
+    >>> inputs = keras.Input((2,))
+    >>> model = keras.Model(inputs, keras.layers.Dense(1, kernel_initializer="ones")(inputs))
+    >>> called = []
+    >>> def call_node(operation, *args, **kwargs):
+    ...     called.append(type(operation).__name__)
+    ...     return operation(*args, **kwargs)
+    >>> float(run_graph(model, keras.ops.ones((1, 2)), call_node)[0, 0]), called
+    (2.0, ['Dense'])
+    """
+    outputs = model._run_through_graph(
+        model._standardize_inputs(inputs),
+        operation_fn=lambda operation: functools.partial(call_node, operation),
+    )
+    # Keras' `unpack_singleton`: a model of one output returns it, not a list of one.
+    return outputs[0] if isinstance(outputs, (list, tuple)) and len(outputs) == 1 else outputs
+
+
+def call_takes_training(layer):
+    """Whether `layer.call` has a `training` argument (Keras' `_call_has_training_arg`,
+    which decides whether `Layer.__call__` passes the call context's `training` on).
+
+    Example:
+
+    >>> import keras
+    >>> call_takes_training(keras.layers.Dropout(0.5)), call_takes_training(keras.layers.ReLU())
+    (True, False)
+    """
+    return layer._call_has_training_arg
+
+
+def remat_mode(layer):
+    """The `keras.RematScope` mode `layer` was created under, or None (Keras'
+    `_remat_mode`, with which `Layer.__call__` rematerialises the layer's call).
+
+    Example:
+
+    >>> import keras
+    >>> with keras.RematScope(mode="full"):
+    ...     layer = keras.layers.Dense(2)
+    >>> remat_mode(layer).mode, remat_mode(keras.layers.Dense(2))
+    ('full', None)
+    """
+    return layer._remat_mode
 
 
 def replace_seed_generator(layer, generator):
