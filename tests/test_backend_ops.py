@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_vit.backend.attention import dot_product_attention
+from keras_vit.backend.attention import qkv_attention
 from keras_vit.backend.products import dense, matmul_float32, swapaxes
 from keras_vit.layers.dense import Dense
 
@@ -277,6 +277,21 @@ def _attention_and_gradients(q, k, v, upstream):
     return out, (dq, dk, dv)
 
 
+def test_qkv_attention_is_softmax_attention_of_the_stacked_parts():
+    # Against float64 NumPy, with a mask that leaves each query some keys.
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.normal(size=(2, 7, 3, 8)).astype("float32") for _ in range(3))
+    want, _ = _attention_and_gradients(q, k, v, np.zeros_like(q))
+    got = ops.convert_to_numpy(qkv_attention(ops.convert_to_tensor(np.stack([q, k, v], axis=2))))
+    np.testing.assert_allclose(got, want.reshape(2, 7, 24), rtol=1e-5, atol=1e-5)
+    keys = np.arange(7) < 5  # the last two keys masked out
+    want, _ = _attention_and_gradients(q, k[:, :5], v[:, :5], np.zeros_like(q))
+    mask = ops.convert_to_tensor(np.broadcast_to(keys, (2, 1, 7, 7)))
+    got = qkv_attention(ops.convert_to_tensor(np.stack([q, k, v], axis=2)), mask)
+    np.testing.assert_allclose(ops.convert_to_numpy(got), want.reshape(2, 7, 24),
+                               rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.skipif(BACKEND != "torch", reason="the float32 path is PyTorch's, for training on a CPU")
 def test_16bit_attention_trains_in_float32_and_rounds_once():
     # Training takes the float32 kernel: the output and each gradient are the exact values
@@ -287,13 +302,14 @@ def test_16bit_attention_trains_in_float32_and_rounds_once():
     q, k, v, upstream = (_rounded(rng.normal(size=(2, 33, 3, 16)), "bfloat16") for _ in range(4))
     want_out, want_grads = _attention_and_gradients(q, k, v, upstream)
     with keras.device("cpu"):  # also where Keras computes on a GPU
-        tensors = [torch.tensor(x, dtype=torch.bfloat16, requires_grad=True) for x in (q, k, v)]
-        out = dot_product_attention(*tensors)
-        out.backward(torch.tensor(upstream, dtype=torch.bfloat16))
-        for got, want in zip((out, *(t.grad for t in tensors)), (want_out, *want_grads)):
+        qkv = torch.tensor(np.stack([q, k, v], axis=2), dtype=torch.bfloat16, requires_grad=True)
+        out = qkv_attention(qkv)
+        out.backward(torch.tensor(upstream.reshape(2, 33, 48), dtype=torch.bfloat16))
+        got = (out.unflatten(2, (3, 16)), *qkv.grad.unbind(2))
+        for got, want in zip(got, (want_out, *want_grads)):
             assert got.dtype == torch.bfloat16
             error = np.abs(got.detach().float().numpy() - want)
             assert np.all(error <= 2**-8 * np.abs(want) + 1e-5 * np.abs(want).max()), error.max()
         # Inference keeps the 16-bit kernel.
         with torch.no_grad():
-            assert dot_product_attention(*tensors).dtype == torch.bfloat16
+            assert qkv_attention(qkv).dtype == torch.bfloat16

@@ -170,8 +170,8 @@ def test_fused_and_explicit_attention_paths_agree():
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="PyTorch's autograd graph")
 def test_fused_attention_splits_qkv_without_indexed_slices():
     # Three indexed slices of q|k|v (SelectBackward0) each fill a zero tensor of q|k|v's
-    # size in the backward pass and the three are summed; split's backward is one
-    # concatenation. The gradients equal the explicit path's.
+    # size in the backward pass and the three are summed; unbind's backward is one
+    # stack. The gradients equal the explicit path's.
     block, x = _random_block(2, seed=7)
     fused = block(keras.ops.convert_to_tensor(x).requires_grad_(), training=True)
     nodes, stack = set(), [fused.grad_fn]
@@ -181,7 +181,7 @@ def test_fused_attention_splits_qkv_without_indexed_slices():
             nodes.add(node)
             stack.extend(next_node for next_node, _ in node.next_functions)
     names = {type(node).__name__ for node in nodes}
-    assert "SelectBackward0" not in names and "SplitBackward0" in names, names
+    assert "SelectBackward0" not in names and "UnbindBackward0" in names, names
     _, fused_gradient = _value_and_gradient(lambda v: block(v, training=True), x)
     _, explicit_gradient = _value_and_gradient(
         lambda v: block(v, training=True, return_attention=True)[0], x

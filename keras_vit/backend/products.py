@@ -252,8 +252,14 @@ def dense(inputs, kernel, bias=None):
         import torch
 
         # Variables read as their values here (cast to the compute dtype under a
-        # mixed policy), so the dtypes checked are those multiplied.
-        operands = [ops.convert_to_tensor(x) for x in (inputs, kernel, bias) if x is not None]
+        # mixed policy), so the dtypes checked are those multiplied. A variable's
+        # `value` and a tensor itself are what `convert_to_tensor` gives, without its
+        # Python on every product.
+        operands = [
+            x if isinstance(x, torch.Tensor) else x.value if isinstance(x, keras.Variable)
+            else ops.convert_to_tensor(x)
+            for x in (inputs, kernel, bias) if x is not None
+        ]
         if operands[0].is_floating_point() and all(x.dtype == operands[0].dtype for x in operands):
             # linear takes torch.nn.Linear's (n, k) weight: the kernel's transpose, a
             # view that addmm reads back as the (k, n) kernel.

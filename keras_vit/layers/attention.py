@@ -8,7 +8,7 @@ import keras
 from keras import ops
 
 from keras_vit.backend import products
-from keras_vit.backend.attention import dot_product_attention, fused_attention_is_faster
+from keras_vit.backend.attention import fused_attention_is_faster, qkv_attention
 from keras_vit.backend.calls import call_sublayer
 from keras_vit.backend.export import is_tracing_for_export
 from keras_vit.layers.dense import Dense, dense_dtypes_entry
@@ -47,7 +47,7 @@ class Attention(InParentNameScope, keras.layers.Layer):
     The query, key and value projections are one fused Dense of width 3D (`qkv`: q | k
     | v, heads contiguous inside each), which maps exactly onto the official separate
     `(D, heads, head_dim)` kernels. Attention uses the backend's fused kernel
-    (`keras_vit.backend.attention.dot_product_attention`) where it has one (PyTorch;
+    (`keras_vit.backend.attention.qkv_attention`) where it has one (PyTorch;
     JAX on GPU and TPU) and batched matmuls under XLA on CPU and on TensorFlow, which
     are faster there. Under the mixed policies the logits and softmax are float32 on
     every path (the matmul path asks for float32 products of the queries and keys; the
@@ -134,15 +134,8 @@ class Attention(InParentNameScope, keras.layers.Layer):
         # bias on the float32 logits: (batch, 1, 1, keys), or (batch, 1, queries, keys).
         bias = None if token_mask is None else mask_bias(token_mask)
         if not explicit and fused_attention_is_faster():
-            # Split, not indexed: the gradient of three indexed slices is three zero
-            # tensors of q|k|v's size, each written into and summed (PyTorch; JAX pads
-            # and adds); split's is one concatenation. The squeezed parts are strided
-            # views, which PyTorch's fused kernel reads in place.
-            q, k, v = (ops.squeeze(part, 2) for part in ops.split(qkv, 3, axis=2))
             mask = None if token_mask is None else bias > MASKED_LOGIT / 2
-            out = dot_product_attention(q, k, v, mask=mask)
-            out = call_sublayer(self, self.attention_output, ops.reshape(out, (-1, length, width)))
-            return out, None
+            return call_sublayer(self, self.attention_output, qkv_attention(qkv, mask)), None
         # One transpose of the fused q|k|v, then products batched over (batch, heads).
         # Split rather than unstacked: JAX differentiates unstack's slices by padding each
         # gradient to the size of q|k|v and adding them; split's gradient is one concatenation.
