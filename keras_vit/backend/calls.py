@@ -25,7 +25,6 @@ def call_sublayer(parent, layer, *args, **kwargs):
     """
     if (
         keras.backend.backend() == "torch"
-        and isinstance(layer, keras.layers.Layer)
         and layer.built
         and layer.dtype_policy.name == parent.dtype_policy.name
         and _in_dtype(layer.compute_dtype, args, kwargs.values())
@@ -36,8 +35,8 @@ def call_sublayer(parent, layer, *args, **kwargs):
 
 
 def _in_dtype(dtype, *arguments):
-    """Whether every argument is a tensor whose floating-point values are of `dtype`
-    already, or a plain Python value (`Layer.__call__` would convert the others)."""
+    """Whether `Layer.__call__` would leave every argument as it is: a tensor (of
+    `dtype` already, if of floating point) or a plain Python value."""
     import torch
 
     for values in arguments:
