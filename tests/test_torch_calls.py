@@ -4,10 +4,10 @@ computes what Keras' `Layer.__call__` computes (`keras_vit.backend.calls.call_su
 
 The reference is the same model with a PyTorch forward hook on every module: `call_sublayer`
 then calls each layer through `Layer.__call__`, which runs the hook. The outputs are equal
-bit for bit, for the paper's ViT, DINOv3's switches (rotary tables passed in float32 to
-blocks of the mixed policy), EVA-02's, SigLIP's and a hybrid's, in float32 and under
-`mixed_bfloat16`, at inference and in training; and for a quantized model, whose int8
-layers keep Keras' call. A hook on one layer runs, and a block Keras rematerialises runs
+bit for bit, for the paper's ViT, DINOv3's switches, EVA-02's, SigLIP's and a hybrid's
+(whose layers under `mixed_bfloat16` need the check that their inputs are in their
+compute dtype), in float32 and under `mixed_bfloat16`, at inference and in training; and
+for a quantized model, whose int8 layers keep Keras' call. A hook on one layer runs, and a block Keras rematerialises runs
 through Keras' rematerialised call in training.
 
 PyTorch only (the module is skipped elsewhere): tests/test_backends_torch.py runs it under
