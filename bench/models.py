@@ -391,13 +391,29 @@ def _tokens(variant, image_size):
     return (image_size // parse_variant(variant)["patch_size"]) ** 2 + 1
 
 
+def cpu_identity(cpuinfo):
+    """The first processor's `model name`, `cpu family` and `model` in `/proc/cpuinfo`
+    text `cpuinfo` (None for a field it lacks): a virtual machine's model name may be
+    the bare vendor ("AMD EPYC"), and the family and model still tell its generations
+    apart (AMD's family 25 is Zen 3 and 4, 26 Zen 5; tests/test_bench.py)."""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "processor" and fields:
+            break  # the first processor's fields only
+        fields.setdefault(key, value.strip())
+
+    def number(key):
+        return int(fields[key]) if fields.get(key, "").isdigit() else None
+
+    return dict(cpu=fields.get("model name"), cpu_family=number("cpu family"),
+                cpu_model=number("model"))
+
+
 def machine():
-    model = "unknown"
-    if Path("/proc/cpuinfo").exists():
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+    cpuinfo = Path("/proc/cpuinfo")
+    identity = cpu_identity(cpuinfo.read_text() if cpuinfo.exists() else "")
     present = cpu_flags()
     flags = [flag for flag in CPU_FLAGS if flag in present]
     versions = {}
@@ -407,7 +423,9 @@ def machine():
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     return dict(
-        cpu=model,
+        cpu=identity["cpu"] or "unknown",
+        cpu_family=identity["cpu_family"],
+        cpu_model=identity["cpu_model"],
         cpu_flags=flags,
         cores=os.cpu_count(),
         platform=platform.platform(),

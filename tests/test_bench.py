@@ -328,9 +328,23 @@ def test_results_are_named_by_machine_and_time(monkeypatch):
     # starts later keep the suite's backend): imported afresh with KERAS_BACKEND unset.
     monkeypatch.delitem(sys.modules, "bench.models", raising=False)
     monkeypatch.delenv("KERAS_BACKEND", raising=False)
-    from bench.models import machine_name, results_path
+    from bench.models import cpu_identity, machine, machine_name, results_path
 
     assert "KERAS_BACKEND" not in os.environ
+
+    # A result records the first processor's name, family and model (two EPYC hosts of
+    # one model name differ by family), None where /proc/cpuinfo lacks one.
+    cpuinfo = "".join(
+        f"processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\n"
+        f"model\t\t: 2\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2\n\n"
+        for n, family in ((0, 26), (1, 25))
+    )
+    assert cpu_identity(cpuinfo) == dict(cpu="AMD EPYC", cpu_family=26, cpu_model=2)
+    assert cpu_identity("model name\t: Apple M2\n") == dict(cpu="Apple M2", cpu_family=None,
+                                                           cpu_model=None)
+    if Path("/proc/cpuinfo").exists():
+        assert {k: machine()[k] for k in ("cpu", "cpu_family", "cpu_model")} == cpu_identity(
+            Path("/proc/cpuinfo").read_text())
 
     assert machine_name(dict(cpu="Intel(R) Xeon(R) Processor", cpu_flags=["avx2", "amx_bf16"])) == "xeon-amx"
     assert machine_name(dict(cpu="AMD EPYC 7B13 64-Core Processor", cpu_flags=["avx2"])) == "epyc-7b13-64-core"
