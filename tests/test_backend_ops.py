@@ -1,5 +1,6 @@
-"""`keras_vit.backend` products, their gradients, `swapaxes`, `dense`, the `Dense` built on them
-and PyTorch's 16-bit attention in training, on every backend (tests/test_backends_*.py).
+"""`keras_vit.backend` products, their gradients, `swapaxes`, `dense`, the `Dense` built on them,
+PyTorch's 16-bit attention in training and the keras.ops forms of `eager`, on every backend
+(tests/test_backends_*.py).
 
 The reference is numpy in float64 on the same 16-bit values: products of 16-bit floats
 are exact in float32, so the only differences allowed are float32 accumulation error
@@ -15,9 +16,11 @@ import numpy as np
 import pytest
 from keras import ops
 
+from keras_vit.backend import eager
 from keras_vit.backend.attention import qkv_attention
 from keras_vit.backend.products import dense, matmul_float32, swapaxes
 from keras_vit.layers.dense import Dense
+from keras_vit.layers.normalization import LayerNormalization
 
 pytestmark = pytest.mark.gpu  # the accelerator subset (pyproject.toml's markers)
 
@@ -313,3 +316,60 @@ def test_16bit_attention_trains_in_float32_and_rounds_once():
         # Inference keeps the 16-bit kernel.
         with torch.no_grad():
             assert qkv_attention(qkv).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("policy", [
+    "float32", "mixed_bfloat16",
+    pytest.param("float64", marks=pytest.mark.skipif(
+        BACKEND == "jax", reason="JAX computes in float32 unless x64 is enabled")),
+])
+def test_layer_norm_is_keras_layer_norm_to_the_bit(policy):
+    # `LayerNormalization` over the last axis is `eager.layer_norm` (PyTorch's kernel called
+    # directly there): Keras' own layer with the same weights gives the same numbers, and
+    # both are float64 NumPy's normalisation within the compute dtype's rounding.
+    rng = np.random.default_rng(12)
+    x = (rng.normal(size=(2, 5, 16)) * 3 + 1).astype("float32")
+    gamma, beta = rng.normal(size=16).astype("float32"), rng.normal(size=16).astype("float32")
+    outputs = []
+    for layer in (LayerNormalization(epsilon=1e-6, dtype=policy),
+                  keras.layers.LayerNormalization(epsilon=1e-6, dtype=policy)):
+        layer.build(x.shape)
+        layer.set_weights([gamma, beta])
+        # Inputs in float32 and in the compute dtype (a block's tokens under a mixed policy).
+        y = [layer(inputs) for inputs in (x, ops.cast(x, layer.compute_dtype))]
+        assert keras.backend.standardize_dtype(y[1].dtype) == layer.compute_dtype
+        outputs.append(np.asarray([ops.convert_to_numpy(ops.cast(v, "float64")) for v in y]))
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    rows = _rounded(x, layer.compute_dtype)
+    centred = rows - rows.mean(-1, keepdims=True)
+    want = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + 1e-6) * gamma + beta
+    tolerance = 2**-7 if policy == "mixed_bfloat16" else 1e-5
+    for got in outputs[0]:
+        np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance * 4)
+
+
+def test_eager_ops_are_keras_ops_to_the_bit():
+    # Each function of `eager` against the keras.ops call it stands for, and against
+    # float64 NumPy where there is a closed form.
+    from math import erf, sqrt, tanh, pi
+
+    x = np.linspace(-5, 5, 201).reshape(3, 67).astype("float32")
+    for approximate in (False, True):
+        got = ops.convert_to_numpy(eager.gelu(ops.convert_to_tensor(x), approximate=approximate))
+        want = ops.convert_to_numpy(keras.activations.gelu(ops.convert_to_tensor(x), approximate))
+        np.testing.assert_array_equal(got, want)
+        exact = [
+            0.5 * v * (1 + (tanh(sqrt(2 / pi) * (v + 0.044715 * v**3)) if approximate
+                            else erf(v / sqrt(2))))
+            for v in x.astype("float64").ravel()
+        ]
+        np.testing.assert_allclose(got.ravel(), exact, rtol=1e-6, atol=1e-6)
+    tokens = np.arange(2 * 5 * 24, dtype="float32").reshape(2, 5, 24)
+    split = eager.split_last_axis(ops.convert_to_tensor(tokens), (3, 2, 4))
+    np.testing.assert_array_equal(ops.convert_to_numpy(split), tokens.reshape(2, 5, 3, 2, 4))
+    variable = keras.Variable(x)
+    for value in (variable, ops.convert_to_tensor(x), x):
+        np.testing.assert_array_equal(ops.convert_to_numpy(eager.as_tensor(value)), x)
+    tensor = ops.convert_to_tensor(x)
+    if BACKEND == "torch":  # a tensor is returned as it is
+        assert eager.as_tensor(tensor) is tensor

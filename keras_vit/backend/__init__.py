@@ -10,4 +10,6 @@ backend can, and the forms the exporters follow. Everything else of the model is
 - `export`: `tracing_for_export()`, inside which layers trace the forms every exporter
   follows.
 - `calls`: calling a built sublayer without `Layer.__call__`'s overhead on PyTorch.
+- `eager`: the keras.ops a block calls on every step (layer normalisation, GELU, the
+  head split), without the Python of each keras.ops call on PyTorch.
 """

@@ -24,6 +24,8 @@ elsewhere it is the keras.ops form.
 import keras
 from keras import ops
 
+from keras_vit.backend.eager import as_tensor
+
 
 def _xla_compiling_tensorflow():
     # TensorFlow has the float32-output product only inside XLA clusters; its own
@@ -251,15 +253,9 @@ def dense(inputs, kernel, bias=None):
     if keras.backend.backend() == "torch":
         import torch
 
-        # Variables read as their values here (cast to the compute dtype under a
-        # mixed policy), so the dtypes checked are those multiplied. A variable's
-        # `value` and a tensor itself are what `convert_to_tensor` gives, without its
-        # Python on every product.
-        operands = [
-            x if isinstance(x, torch.Tensor) else x.value if isinstance(x, keras.Variable)
-            else ops.convert_to_tensor(x)
-            for x in (inputs, kernel, bias) if x is not None
-        ]
+        # Variables read as their values (cast to the compute dtype under a mixed
+        # policy), so the dtypes checked are those multiplied.
+        operands = [as_tensor(x) for x in (inputs, kernel, bias) if x is not None]
         if operands[0].is_floating_point() and all(x.dtype == operands[0].dtype for x in operands):
             # linear takes torch.nn.Linear's (n, k) weight: the kernel's transpose, a
             # view that addmm reads back as the (k, n) kernel.

@@ -10,6 +10,7 @@ from keras import ops
 from keras_vit.backend import products
 from keras_vit.backend.attention import fused_attention_is_faster, qkv_attention
 from keras_vit.backend.calls import call_sublayer
+from keras_vit.backend.eager import split_last_axis
 from keras_vit.backend.export import is_tracing_for_export
 from keras_vit.layers.dense import Dense, dense_dtypes_entry
 from keras_vit.layers.naflex import MASKED_LOGIT, mask_bias
@@ -117,10 +118,7 @@ class Attention(InParentNameScope, keras.layers.Layer):
         return (out, weights) if return_attention else out
 
     def _attend(self, x, training, return_attention, rope, token_mask=None):
-        length, width = ops.shape(x)[1], x.shape[-1]
-        qkv = ops.reshape(
-            call_sublayer(self, self.qkv, x), (-1, length, 3, self.num_heads, self.head_dim)
-        )
+        qkv = split_last_axis(call_sublayer(self, self.qkv, x), (3, self.num_heads, self.head_dim))
         if rope is not None:  # queries and keys rotated by their patch's position
             q, k, v = (ops.squeeze(part, 2) for part in ops.split(qkv, 3, axis=2))
             qkv = ops.stack([rotate(q, rope), rotate(k, rope), v], axis=2)
@@ -162,7 +160,8 @@ class Attention(InParentNameScope, keras.layers.Layer):
             ]
             out = blocks[0] if len(blocks) == 1 else ops.concatenate(blocks, axis=2)
         out = products.swapaxes(out, 1, 2)  # a copy under XLA: see its docstring
-        out = call_sublayer(self, self.attention_output, ops.reshape(out, (-1, length, width)))
+        out = ops.reshape(out, (-1, ops.shape(x)[1], x.shape[-1]))
+        out = call_sublayer(self, self.attention_output, out)
         return out, weights
 
     @staticmethod

@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from keras_vit.backend.calls import call_sublayer, regularise
+from keras_vit.backend.eager import gelu
 from keras_vit.backend.erf import erf
 from keras_vit.backend.export import is_tracing_for_export
 from keras_vit.layers.dense import Dense, dense_dtypes_entry
@@ -33,7 +34,7 @@ def mlp_activation(y, approximate=False, quick=False):
     if quick:  # OpenAI CLIP's QuickGELU (HF `quick_gelu`, timm `QuickGELU`)
         return y * ops.sigmoid(ops.cast(1.702, y.dtype) * y)
     if keras.backend.backend() == "torch":
-        return keras.activations.gelu(y, approximate=approximate)
+        return gelu(y, approximate=approximate)
     # In float32, rounded once to a 16-bit compute dtype: XLA:CPU computes a chain
     # of 16-bit ops by rounding after each (docs/performance.md).
     x = ops.cast(y, "float32")

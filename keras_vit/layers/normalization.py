@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_vit.backend.eager import layer_norm
 from keras_vit.backend.export import is_tracing_for_export
 from keras_vit.utils.serialization import serializable
 
@@ -91,7 +92,11 @@ class LayerNormalization(keras.layers.LayerNormalization):
             and not self.rms_scaling
         ):
             return _normalize(inputs, self.gamma, self.beta, self.epsilon, self.compute_dtype)
-        if not is_tracing_for_export() or self.rms_scaling:
+        if self.rms_scaling:
+            return super().call(inputs)
+        if not is_tracing_for_export():
+            if last_axis_only:
+                return layer_norm(inputs, self.gamma, self.beta, self.epsilon, self.compute_dtype)
             return super().call(inputs)
         x = ops.cast(inputs, "float32")
         rank = len(x.shape)
