@@ -4,6 +4,7 @@ put in front of the patches (`ClassToken`: class, distillation and register toke
 import keras
 from keras import ops
 
+from keras_vit.backend.calls import call_sublayer
 from keras_vit.layers.dense import Dense, dense_dtypes_entry
 from keras_vit.layers import posembed
 from keras_vit.utils.checks import check_choice, check_positive_int
@@ -205,7 +206,7 @@ class PatchEncoder(keras.layers.Layer):
         return None
 
     def call(self, patches, token_grid=None):
-        x = self.projection(patches)
+        x = call_sublayer(self, self.projection, patches)
         if token_grid is not None:  # NaFlex: each image its own grid
             positions = self.token_positions(token_grid)
             return x if positions is None else x + ops.cast(positions, x.dtype)

@@ -7,6 +7,8 @@ import keras
 from keras import ops
 
 from keras_vit.backend import products
+from keras_vit.backend.calls import call_sublayer
+from keras_vit.backend.eager import split_last_axis
 from keras_vit.layers.dense import Dense, dense_dtypes_entry
 from keras_vit.layers.mlp import MLP
 from keras_vit.layers.naflex import after_first, mask_bias, masked_mean, nth_of_rows
@@ -158,14 +160,14 @@ class MAPHead(keras.layers.Layer):
         `token_mask` `(batch, tokens)` the probe attends only to the tokens where it is
         1 (HF's `key_padding_mask`: a NaFlex batch's real patches); with a mask of rows
         `(batch, K, tokens)`, once per row, the attention `(batch, heads, K, tokens)`."""
-        length, width = ops.shape(tokens)[1], tokens.shape[-1]
+        width = tokens.shape[-1]
         rows = token_mask is not None and len(token_mask.shape) == 3
         queries = token_mask.shape[1] if rows else 1
         probe = ops.cast(self.probe, tokens.dtype)
-        query = ops.reshape(self.query(probe), (1, 1, self.num_heads, self.head_dim))
+        query = ops.reshape(call_sublayer(self, self.query, probe), (1, 1, self.num_heads, self.head_dim))
         query = ops.transpose(query, (0, 2, 1, 3)) * ops.cast(1.0 / math.sqrt(self.head_dim),
                                                               tokens.dtype)
-        kv = ops.reshape(self.key_value(tokens), (-1, length, 2, self.num_heads, self.head_dim))
+        kv = split_last_axis(call_sublayer(self, self.key_value, tokens), (2, self.num_heads, self.head_dim))
         key, value = (ops.squeeze(part, 0) for part in ops.split(ops.transpose(kv, (2, 0, 3, 1, 4)), 2))
         # Float32 logits under every policy, as in `Attention`.
         logits = products.matmul_float32(
@@ -178,8 +180,8 @@ class MAPHead(keras.layers.Layer):
         weights = ops.cast(attention, value.dtype)
         out = ops.reshape(ops.transpose(products.matmul(weights, value), (0, 2, 1, 3)),
                           (-1, queries, width))
-        x = self.attention_output(out)
-        pooled = x + self._mlp(self.norm(x))
+        x = call_sublayer(self, self.attention_output, out)
+        pooled = x + call_sublayer(self, self._mlp, call_sublayer(self, self.norm, x))
         pooled, attention = (pooled, attention) if rows else (pooled[:, 0], attention[:, :, 0])
         if return_attention:
             return pooled, ops.cast(attention, "float32")
