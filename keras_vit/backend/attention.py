@@ -12,6 +12,8 @@ import functools
 import keras
 from keras import ops
 
+from keras_vit.backend.eager import as_tensor
+
 
 def fused_attention_is_faster():
     """Whether `qkv_attention` beats explicit products on this machine.
@@ -78,7 +80,7 @@ def qkv_attention(qkv, mask=None):
         return ops.reshape(out, (-1, ops.shape(qkv)[1], qkv.shape[-2] * qkv.shape[-1]))
     import torch
 
-    query, key, value = (x.transpose(1, 2) for x in ops.convert_to_tensor(qkv).unbind(2))
+    query, key, value = (x.transpose(1, 2) for x in as_tensor(qkv).unbind(2))
     dtype = query.dtype
     if dtype in (torch.bfloat16, torch.float16) and query.device.type == "cpu" and (
         torch.is_grad_enabled() and query.requires_grad
@@ -87,6 +89,6 @@ def qkv_attention(qkv, mask=None):
         # its float32 one (docs/performance.md), so training takes the float32 kernel
         # and rounds its output once; inference keeps the faster 16-bit forward.
         query, key, value = (x.float() for x in (query, key, value))
-    mask = None if mask is None else ops.convert_to_tensor(mask)
+    mask = None if mask is None else as_tensor(mask)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
     return out.to(dtype).transpose(1, 2).flatten(2)

@@ -58,6 +58,9 @@ class LayerNormalization(keras.layers.LayerNormalization):
     `layer_norm` kernel with the normalised shape read from the input; Keras' ONNX
     exporter traces a variable batch size with TorchScript, which records those sizes
     as values of the traced input and then refuses them as the kernel's shape.
+
+    Otherwise, over the last axis, it is `keras_vit.backend.eager.layer_norm`: Keras'
+    numbers, without the Python of a keras.ops call on PyTorch.
     It keeps Keras' class name: a `.keras` file stores a model's layers under their
     class names, so the files written with Keras' layer load into this one.
 
