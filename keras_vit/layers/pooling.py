@@ -164,10 +164,11 @@ class MAPHead(keras.layers.Layer):
         rows = token_mask is not None and len(token_mask.shape) == 3
         queries = token_mask.shape[1] if rows else 1
         probe = ops.cast(self.probe, tokens.dtype)
-        query = ops.reshape(call_sublayer(self, self.query, probe), (1, 1, self.num_heads, self.head_dim))
+        heads = (self.num_heads, self.head_dim)
+        query = split_last_axis(call_sublayer(self, self.query, probe), heads)
         query = ops.transpose(query, (0, 2, 1, 3)) * ops.cast(1.0 / math.sqrt(self.head_dim),
                                                               tokens.dtype)
-        kv = split_last_axis(call_sublayer(self, self.key_value, tokens), (2, self.num_heads, self.head_dim))
+        kv = split_last_axis(call_sublayer(self, self.key_value, tokens), (2, *heads))
         key, value = (ops.squeeze(part, 0) for part in ops.split(ops.transpose(kv, (2, 0, 3, 1, 4)), 2))
         # Float32 logits under every policy, as in `Attention`.
         logits = products.matmul_float32(
