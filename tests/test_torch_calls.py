@@ -7,8 +7,8 @@ then calls each layer through `Layer.__call__`, which runs the hook. The outputs
 bit for bit, for the paper's ViT, DINOv3's switches, EVA-02's, SigLIP's and a hybrid's
 (whose layers under `mixed_bfloat16` need the check that their inputs are in their
 compute dtype), in float32 and under `mixed_bfloat16`, at inference and in training; and
-for a quantized model, whose int8 layers keep Keras' call. A hook on one layer runs, and a block Keras rematerialises runs
-through Keras' rematerialised call in training.
+for a quantized model, whose int8 layers keep Keras' call. A hook on one layer runs, and
+a block Keras rematerialises runs through Keras' rematerialised call in training.
 
 PyTorch only (the module is skipped elsewhere): tests/test_backends_torch.py runs it under
 KERAS_BACKEND=torch.
