@@ -53,7 +53,11 @@ class Dense(keras.layers.Dense):
             # tensordot, a dozen ops computing its shapes at run time.
             rows = self.call(ops.reshape(inputs, (-1, inputs.shape[-1])), training)
             return ops.reshape(rows, (-1, *leading, rows.shape[-1]))
-        x = products.dense(inputs, self.kernel, self.bias)
+        # Keras' `kernel` property resolves the quantized and LoRA forms, Python that an
+        # eager step (PyTorch) pays on every call; a float kernel without LoRA is the
+        # variable itself.
+        plain = not self.lora_enabled and self.quantization_mode is None
+        x = products.dense(inputs, self._kernel if plain else self.kernel, self.bias)
         return x if self.activation is None else self.activation(x)
 
     def quantize(self, mode=None, type_check=True, config=None):
