@@ -31,6 +31,12 @@ reports its time split evenly over its steps. PyTorch gets
 `torch.set_num_threads(TORCH_THREADS)` on the CPU, TensorFlow and JAX keep their default
 thread pools (one thread per core).
 
+Training (`prepare("train")`) is AdamW with global-norm clipping at `CLIP_NORM` on each
+side, as each package's training builds it: keras-vit's `make_optimizer("adamw")`
+(weight decay on the kernels, the update fused on PyTorch) and, for HF, PyTorch's
+`AdamW(fused=True)`, the `adamw_torch_fused` that HF's `Trainer` picks by default (with
+PyTorch 2.8 or later), with `clip_grad_norm_`.
+
 Precisions (`setup`'s `precision`):
 - `float32`;
 - `bfloat16`: keras-vit under Keras' `mixed_bfloat16` dtype policy (bfloat16 compute,
@@ -133,10 +139,11 @@ class KerasViT:
     def prepare(self, mode):
         keras = self.keras
         if mode == "train":
+            from keras_vit.training.optimizers import make_optimizer
+
             self.model.compile(
-                optimizer=keras.optimizers.AdamW(
-                    LEARNING_RATE, weight_decay=WEIGHT_DECAY, global_clipnorm=CLIP_NORM
-                ),
+                optimizer=make_optimizer("adamw", LEARNING_RATE, self.model,
+                                         weight_decay=WEIGHT_DECAY, clip_norm=CLIP_NORM),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 jit_compile=self.jit_compile,
             )
@@ -254,7 +261,7 @@ class HFViT:
         if mode == "train":
             self.model.train()
             self.optimizer = torch.optim.AdamW(
-                self.model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY
+                self.model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY, fused=True
             )
         else:
             self.model.eval()

@@ -28,6 +28,8 @@ MULTI_BACKEND_TESTS = [
     # PyTorch only (skipped elsewhere): the torch.compile'd steps against eager ones, and
     # the layers called without Layer.__call__ against Keras' call.
     "tests/test_torch_compile.py", "tests/test_torch_calls.py",
+    # The optimizer whose update PyTorch fuses, against Keras' own.
+    "tests/test_optimizers.py",
 ]
 
 

@@ -125,6 +125,40 @@ def test_clip_gradients_is_the_optimizers_clipping_and_apply_uses_it():
     np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), [-2.0, 2.0])
 
 
+def test_update_step_hook_replaces_only_the_update_rule():
+    class Doubled(keras_compat.UpdateStepHook, keras.optimizers.SGD):
+        takes = True
+
+        def update_variables(self, grads, variables, learning_rate):
+            if self.takes:
+                for grad, variable in zip(grads, variables):
+                    variable.assign(variable - 2.0 * learning_rate * grad)
+            return self.takes
+
+    for takes, expected in ((True, [-0.7, -1.1]), (False, [-0.1, -0.3])):
+        optimizer = Doubled(learning_rate=1.0, global_clipnorm=1.0, weight_decay=0.5)
+        optimizer.takes = takes
+        variable = keras.Variable([1.0, 1.0])
+        # Decay first (to 0.5), then the update of the clipped gradients (0.6, 0.8):
+        # the hook's doubled step, or SGD's own.
+        optimizer.apply([tf.constant([3.0, 4.0])], [variable])
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), expected, rtol=1e-6)
+
+
+def test_adam_slots_are_its_moments():
+    variables = [keras.Variable([1.0, 2.0]), keras.Variable([3.0])]
+    grads = [tf.constant([0.5, -1.0]), tf.constant([2.0])]
+    optimizer = keras.optimizers.Adam(beta_1=0.9, beta_2=0.99, amsgrad=True)
+    optimizer.apply(grads, variables)
+    momentums, velocities, maxima = keras_compat.adam_slots(optimizer, variables[::-1])
+    for slot, factor in ((momentums, 0.1), (velocities, 0.01), (maxima, 0.01)):
+        power = 1 if slot is momentums else 2
+        for value, grad in zip(slot, grads[::-1]):
+            np.testing.assert_allclose(keras.ops.convert_to_numpy(value),
+                                       factor * grad.numpy() ** power, rtol=1e-6)
+    assert keras_compat.adam_slots(keras.optimizers.Adam(), [])[2] == []
+
+
 def test_initial_epoch_set_at_train_begin_moves_fit_on():
     class Resume(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):

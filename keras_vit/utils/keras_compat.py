@@ -3,8 +3,9 @@
 keras-vit needs a few things Keras does not expose publicly: where a preprocessing layer
 draws its randomness, RandAugment's list of operations, the optimizer's gradient
 clipping, the epoch `fit` resumes at, whether a model was built under a distribution
-strategy, and two trainer hooks (how `jit_compile="auto"` is resolved, and which batch
-builds the model before `fit`); a functional model's graph run with each node called
+strategy, an optimizer hook (how the variables are updated once the gradients are
+clipped) and Adam's moment slots, and two trainer hooks (how `jit_compile="auto"` is
+resolved, and which batch builds the model before `fit`); a functional model's graph run with each node called
 its own way, whether a layer's call takes `training`, and the remat mode a layer was
 created under (`VisionTransformer.call` on PyTorch); and, for keras-cv's layers, their
 random generator and whether they augment a batch as a whole; and a layer without a
@@ -166,6 +167,37 @@ def set_clip_gradients_function(optimizer, clip):
     [2.0]
     """
     optimizer._clip_gradients = clip
+
+
+class UpdateStepHook:
+    """`keras.optimizers.Optimizer` mixin: `update_variables(grads, variables,
+    learning_rate)` updates all the trainable variables at once, in place of the
+    optimizer's own update; it returns False to leave them to the optimizer.
+
+    Keras' `apply` calls its private `_backend_update_step` with the gradients already
+    clipped (and accumulated), after the weight decay and before the moving average, so
+    the hook replaces only the update rule.
+    """
+
+    def update_variables(self, grads, variables, learning_rate):
+        return False
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        if not self.update_variables(grads, trainable_variables, learning_rate):
+            super()._backend_update_step(grads, trainable_variables, learning_rate)
+
+
+def adam_slots(optimizer, variables):
+    """The moment slots a built Keras `Adam` keeps for each of `variables`: the lists of
+    first moments, of second moments, and of maxima of the second moments (`amsgrad`;
+    otherwise an empty list), each variable's value (a backend tensor)."""
+    indices = [optimizer._get_variable_index(v) for v in variables]
+    maxima = [optimizer._velocity_hats[i].value for i in indices] if optimizer.amsgrad else []
+    return (
+        [optimizer._momentums[i].value for i in indices],
+        [optimizer._velocities[i].value for i in indices],
+        maxima,
+    )
 
 
 def set_initial_epoch(model, epoch):
