@@ -88,6 +88,33 @@ def test_adam_updates_as_keras_adam(options):
         np.testing.assert_allclose(a, b, rtol=0, atol=5e-7)
 
 
+@pytest.mark.parametrize("bound", [1e-3, 10.0])
+def test_global_norm_clip_on_torch_is_the_closed_form(bound):
+    """`global_clipnorm`'s clip as PyTorch's foreach kernels compute it: every gradient
+    times bound / max(norm, bound), norm over all of them (float16 ones too), None kept."""
+    if keras.backend.backend() != "torch":
+        pytest.skip("the foreach clip is PyTorch's; elsewhere Adam clips as Keras does")
+    import torch
+
+    from keras_vit.backend.optimizer import clip_by_global_norm
+
+    rng = np.random.default_rng(3)
+    grads = [rng.normal(0, 0.1, shape).astype("float32") for shape in SHAPES]
+    grads[2] = grads[2].astype("float16")
+    norm = np.sqrt(sum(np.sum(np.square(g.astype("float64"))) for g in grads))
+    clipped = clip_by_global_norm([torch.from_numpy(grads[0]), None,
+                                   *(torch.from_numpy(g) for g in grads[1:])], bound)
+    assert clipped[1] is None
+    for got, g in zip(clipped[:1] + clipped[2:], grads):
+        assert got.dtype == torch.from_numpy(g).dtype
+        expected = g.astype("float64") * bound / max(norm, bound)
+        # float16: a 10-bit mantissa, and a spacing of 6e-8 below 6e-5 (subnormals).
+        rtol, atol = (1e-3, 6e-8) if g.dtype == np.float16 else (1e-6, 0)
+        np.testing.assert_allclose(got.float().numpy(), expected, rtol=rtol, atol=atol)
+    infinite = clip_by_global_norm([torch.tensor([np.inf, 1.0])], bound)
+    assert torch.isnan(infinite[0]).all()  # as Keras: a non-finite norm gives NaN
+
+
 def test_make_optimizer_builds_it_and_fit_takes_the_same_step():
     def model():
         keras.utils.set_random_seed(0)

@@ -12,5 +12,6 @@ backend can, and the forms the exporters follow. Everything else of the model is
 - `calls`: calling a built sublayer without `Layer.__call__`'s overhead on PyTorch.
 - `eager`: the keras.ops a block calls on every step (layer normalisation, GELU, the
   head split), without the Python of each keras.ops call on PyTorch.
-- `adam`: Keras' Adam update of all the variables in one PyTorch fused kernel.
+- `optimizer`: Keras' Adam update and global-norm clip in PyTorch's fused and foreach
+  kernels.
 """

@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_vit.backend.adam import adam_update
+from keras_vit.backend.optimizer import adam_update, clip_by_global_norm
 from keras_vit.utils import keras_compat
 from keras_vit.utils.checks import check_choice, check_positive_int
 from keras_vit.utils.serialization import serializable
@@ -11,10 +11,11 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 
 
 @serializable
-class Adam(keras_compat.UpdateStepHook, keras.optimizers.Adam):
-    """`keras.optimizers.Adam`, whose update on PyTorch is one fused pass over the
-    variables (`keras_vit.backend.adam`) rather than Keras' ten; the same rule,
-    arguments, slots and checkpoints, and on TensorFlow and JAX Keras' own update.
+class Adam(keras_compat.OptimizerHooks, keras.optimizers.Adam):
+    """`keras.optimizers.Adam`, whose step on PyTorch takes fused kernels
+    (`keras_vit.backend.optimizer`): the update in one pass over the variables rather
+    than Keras' ten, and `global_clipnorm`'s clip in foreach kernels. The same rule,
+    arguments, slots and checkpoints; on TensorFlow and JAX, Keras' own step.
     `make_optimizer` builds it for `"adam"` and `"adamw"`.
 
     Example:
@@ -25,6 +26,11 @@ class Adam(keras_compat.UpdateStepHook, keras.optimizers.Adam):
     >>> [round(float(x), 4) for x in keras.ops.convert_to_numpy(variable)]
     [0.9, -0.9]
     """
+
+    def clip_gradients(self, grads):
+        if keras.backend.backend() != "torch" or not self.global_clipnorm or self.clipnorm:
+            return None
+        return clip_by_global_norm(grads, self.global_clipnorm)
 
     def update_variables(self, grads, variables, learning_rate):
         if keras.backend.backend() != "torch":
