@@ -160,3 +160,32 @@ def test_a_saved_model_loads_it_with_its_moments(tmp_path):
     assert len(saved) == len(restored) and int(saved[0]) == 2
     for a, b in zip(saved, restored):
         np.testing.assert_array_equal(a, b)
+
+
+def test_under_torch_compile_it_traces_whole_as_keras_step():
+    """With `jit_compile=True` on PyTorch the step is traced whole: under `torch.compile`
+    Adam leaves its step to Keras' own (which the compiler fuses), without a graph break
+    (`fullgraph=True` raises at one), and moves the weights as Keras' Adam does."""
+    if keras.backend.backend() != "torch":
+        pytest.skip("torch.compile is PyTorch's")
+    import torch
+
+    rng = np.random.default_rng(4)
+    initial = [rng.normal(0, 0.1, shape).astype("float32") for shape in SHAPES]
+    gradient_steps = _gradients(rng, 2)
+    results = []
+    for cls, compiled in ((Adam, True), (keras.optimizers.Adam, False)):
+        variables = [keras.Variable(w) for w in initial]
+        optimizer = cls(1e-2, weight_decay=0.1, global_clipnorm=1e-3)
+        optimizer.build(variables)
+
+        def apply(grads, optimizer=optimizer, variables=variables):
+            optimizer.apply(grads, variables)
+
+        if compiled:
+            apply = torch.compile(apply, backend="eager", fullgraph=True)
+        for grads in gradient_steps:
+            apply([torch.from_numpy(g) for g in grads])
+        results.append([keras.ops.convert_to_numpy(v) for v in variables])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=0, atol=5e-7)

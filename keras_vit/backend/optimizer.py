@@ -16,6 +16,27 @@ them all at once.
 import math
 
 
+def eager_torch():
+    """Whether these kernels apply: the PyTorch backend, running eagerly. Under
+    `torch.compile` (`jit_compile=True`) Keras' own step is traced whole and fused by
+    the compiler; these kernels would break its graph (the step count is read as a
+    number).
+
+    Example:
+
+    >>> import keras
+    >>> eager_torch() == (keras.backend.backend() == "torch")
+    True
+    """
+    import keras
+
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    return not torch.compiler.is_compiling()
+
+
 def _by_device_and_dtype(tensors):
     """The indices of `tensors` (None left out) grouped by device and dtype: a fused or
     foreach kernel takes tensors of one device and dtype."""

@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_vit.backend.optimizer import adam_update, clip_by_global_norm
+from keras_vit.backend.optimizer import adam_update, clip_by_global_norm, eager_torch
 from keras_vit.utils import keras_compat
 from keras_vit.utils.checks import check_choice, check_positive_int
 from keras_vit.utils.serialization import serializable
@@ -12,10 +12,11 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 
 @serializable
 class Adam(keras_compat.OptimizerHooks, keras.optimizers.Adam):
-    """`keras.optimizers.Adam`, whose step on PyTorch takes fused kernels
+    """`keras.optimizers.Adam`, whose eager step on PyTorch takes fused kernels
     (`keras_vit.backend.optimizer`): the update in one pass over the variables rather
     than Keras' ten, and `global_clipnorm`'s clip in foreach kernels. The same rule,
-    arguments, slots and checkpoints; on TensorFlow and JAX, Keras' own step.
+    arguments, slots and checkpoints; on TensorFlow and JAX, and under `torch.compile`
+    (which fuses it), Keras' own step.
     `make_optimizer` builds it for `"adam"` and `"adamw"`.
 
     Example:
@@ -28,12 +29,12 @@ class Adam(keras_compat.OptimizerHooks, keras.optimizers.Adam):
     """
 
     def clip_gradients(self, grads):
-        if keras.backend.backend() != "torch" or not self.global_clipnorm or self.clipnorm:
+        if not eager_torch() or not self.global_clipnorm or self.clipnorm:
             return None
         return clip_by_global_norm(grads, self.global_clipnorm)
 
     def update_variables(self, grads, variables, learning_rate):
-        if keras.backend.backend() != "torch":
+        if not eager_torch():
             return False
         adam_update(
             [v.value for v in variables], grads, *keras_compat.adam_slots(self, variables),
