@@ -125,12 +125,9 @@ def test_clip_gradients_is_the_optimizers_clipping_and_apply_uses_it():
     np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), [-2.0, 2.0])
 
 
-def test_optimizer_hooks_replace_the_clip_and_the_update_rule():
-    class Hooked(keras_compat.OptimizerHooks, keras.optimizers.SGD):
+def test_update_step_hook_replaces_the_update_rule_after_clip_and_decay():
+    class Hooked(keras_compat.UpdateStepHook, keras.optimizers.SGD):
         takes = True
-
-        def clip_gradients(self, grads):
-            return [g / 5.0 for g in grads] if self.takes else None
 
         def update_variables(self, grads, variables, learning_rate):
             if self.takes:
@@ -142,14 +139,10 @@ def test_optimizer_hooks_replace_the_clip_and_the_update_rule():
         optimizer = Hooked(learning_rate=1.0, global_clipnorm=1.0, weight_decay=0.5)
         optimizer.takes = takes
         variable = keras.Variable([1.0, 1.0])
-        # Decay first (to 0.5), then the step of the clipped gradients: the hooks'
-        # (a fifth, doubled: 1.2, 1.6) or SGD's own (clipped to norm 1: 0.6, 0.8).
+        # Decay first (to 0.5), then the step of the gradients clipped to norm 1 (0.6,
+        # 0.8): the hook's (doubled) or SGD's own.
         optimizer.apply([tf.constant([3.0, 4.0])], [variable])
         np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), expected, rtol=1e-6)
-    optimizer = Hooked(learning_rate=1.0)  # no clipping of its own: the hook still clips
-    variable = keras.Variable([1.0, 1.0])
-    optimizer.apply([tf.constant([3.0, 4.0])], [variable])
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), [-0.2, -0.6], rtol=1e-6)
 
 
 def test_adam_slots_are_its_moments():

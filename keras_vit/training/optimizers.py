@@ -11,7 +11,7 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 
 
 @serializable
-class Adam(keras_compat.OptimizerHooks, keras.optimizers.Adam):
+class Adam(keras_compat.UpdateStepHook, keras.optimizers.Adam):
     """`keras.optimizers.Adam`, whose eager step on PyTorch takes fused kernels
     (`keras_vit.backend.optimizer`): the update in one pass over the variables rather
     than Keras' ten, and `global_clipnorm`'s clip in foreach kernels. The same rule,
@@ -28,10 +28,17 @@ class Adam(keras_compat.OptimizerHooks, keras.optimizers.Adam):
     [0.9, -0.9]
     """
 
-    def clip_gradients(self, grads):
-        if not eager_torch() or not self.global_clipnorm or self.clipnorm:
-            return None
-        return clip_by_global_norm(grads, self.global_clipnorm)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        keras_clip = keras_compat.clip_gradients_function(self)
+
+        def clip(grads):
+            if eager_torch() and self.global_clipnorm:
+                return clip_by_global_norm(grads, self.global_clipnorm)
+            return keras_clip(grads)
+
+        # Set on the instance, as `multiworker.clip_summed_gradients` wraps it.
+        keras_compat.set_clip_gradients_function(self, clip)
 
     def update_variables(self, grads, variables, learning_rate):
         if not eager_torch():

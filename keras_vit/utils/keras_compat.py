@@ -3,17 +3,17 @@
 keras-vit needs a few things Keras does not expose publicly: where a preprocessing layer
 draws its randomness, RandAugment's list of operations, the optimizer's gradient
 clipping, the epoch `fit` resumes at, whether a model was built under a distribution
-strategy, optimizer hooks (how the gradients are clipped and the variables updated)
-and Adam's moment slots, and two trainer hooks (how `jit_compile="auto"` is
-resolved, and which batch builds the model before `fit`); a functional model's graph run with each node called
-its own way, whether a layer's call takes `training`, and the remat mode a layer was
-created under (`VisionTransformer.call` on PyTorch); and, for keras-cv's layers, their
-random generator and whether they augment a batch as a whole; and a layer without a
-name scope of its own (`InParentNameScope`). Each is wrapped here, and `tests/test_keras_compat.py`
-checks that each still exists and behaves as relied on, so that a Keras release that
-changes one fails there, by name, rather than somewhere in training. `progress_verbosity`
-works around how Keras' progress bar writes to a file or a pipe. `pyproject.toml`
-keeps `keras` below the next major version.
+strategy, the optimizer's update step and Adam's moment slots, and two trainer hooks
+(how `jit_compile="auto"` is resolved, and which batch builds the model before `fit`);
+a functional model's graph run with each node called its own way, whether a layer's
+call takes `training`, and the remat mode a layer was created under
+(`VisionTransformer.call` on PyTorch); and, for keras-cv's layers, their random
+generator and whether they augment a batch as a whole; and a layer without a name
+scope of its own (`InParentNameScope`). Each is wrapped here, and
+`tests/test_keras_compat.py` checks that each still exists and behaves as relied on, so
+that a Keras release that changes one fails there, by name, rather than somewhere in
+training. `progress_verbosity` works around how Keras' progress bar writes to a file or
+a pipe. `pyproject.toml` keeps `keras` below the next major version.
 """
 
 import contextlib
@@ -169,25 +169,16 @@ def set_clip_gradients_function(optimizer, clip):
     optimizer._clip_gradients = clip
 
 
-class OptimizerHooks:
-    """`keras.optimizers.Optimizer` mixin with two hooks into Keras' `apply`:
-    `clip_gradients(grads)` clips the gradients in place of the optimizer's own clipping
-    (`clipnorm`, `global_clipnorm`, `clipvalue`; Keras' private `_clip_gradients`), or
-    returns None to leave them to it; `update_variables(grads, variables, learning_rate)`
-    updates all the trainable variables at once in place of the optimizer's own update
-    (Keras' private `_backend_update_step`, called with the clipped, accumulated
-    gradients after the weight decay and before the moving average), or returns False.
+class UpdateStepHook:
+    """`keras.optimizers.Optimizer` mixin with a hook into Keras' `apply`:
+    `update_variables(grads, variables, learning_rate)` updates all the trainable
+    variables at once in place of the optimizer's own update (Keras' private
+    `_backend_update_step`, called with the clipped, accumulated gradients after the
+    weight decay and before the moving average), or returns False to leave them to it.
     """
-
-    def clip_gradients(self, grads):
-        return None
 
     def update_variables(self, grads, variables, learning_rate):
         return False
-
-    def _clip_gradients(self, grads):
-        clipped = self.clip_gradients(grads)
-        return super()._clip_gradients(grads) if clipped is None else clipped
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         if not self.update_variables(grads, trainable_variables, learning_rate):
