@@ -9,7 +9,7 @@ import pytest
 
 from helpers import clean_environment
 
-from keras_vit.utils.allocator import GLIBC, configure_for_backend, cpu_flags
+from keras_vit.utils.allocator import GLIBC, configure_for_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK_MIB = 256
@@ -67,14 +67,10 @@ def test_keep_freed_memory_reuses_even_a_block_past_2_gib_without_faults():
     assert _second_fill_faults(setup, mib=LARGE_BLOCK_MIB) < PAGES // 100
 
 
-# Under PyTorch the default depends on the CPU: kept unless it has AMX.
-TORCH_DEFAULT = "amx_bf16" not in cpu_flags()
-
-
 @pytest.mark.parametrize(
     "backend, choice, kept",
     [("jax", None, True), ("jax", "system", False), ("tensorflow", None, False),
-     ("torch", None, TORCH_DEFAULT), ("torch", "system", False), ("torch", "keep", True)],
+     ("torch", None, True), ("torch", "system", False), ("torch", "keep", True)],
 )
 def test_opting_in_keeps_freed_memory_under_jax_and_torch(
         installed, tmp_path, backend, choice, kept):

@@ -10,9 +10,8 @@ allocator already keeps its memory.
 `configure_for_backend()` (`keras_vit.configure_for_backend`) opts a process in: the
 `keras-vit` command and the benchmarks call it before Keras starts; `import keras_vit`
 does not, since the setting holds for every allocation of the process, the user's own
-included. It keeps freed memory under JAX, and under PyTorch on CPUs without AMX (where
-PyTorch's bfloat16 training slowed with it), unless the environment sets
-`KERAS_VIT_MALLOC=system` (never) or `KERAS_VIT_MALLOC=keep` (on any CPU). It reads
+included. It keeps freed memory under JAX and PyTorch, unless the environment sets
+`KERAS_VIT_MALLOC=system` (never; `keep`, the default, says so explicitly). It reads
 the backend as Keras will (`keras_backend()`), without importing Keras.
 """
 
@@ -26,8 +25,6 @@ import sys
 GLIBC = platform.libc_ver()[0] == "glibc"
 ENV_VAR = "KERAS_VIT_MALLOC"
 ENV_CHOICES = ("keep", "system")
-# The CPU feature under which PyTorch's bfloat16 training slowed with freed memory kept.
-TORCH_SLOWED_BY = "amx_bf16"
 # mallopt(3) parameters from glibc's malloc.h.
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
@@ -105,17 +102,15 @@ def cpu_flags():
     return set()
 
 
-def keeps_freed_memory(backend, choice, flags):
-    """Whether `configure_for_backend` keeps freed memory for Keras backend `backend`,
-    the `KERAS_VIT_MALLOC` value `choice` (None when unset) and the CPU flags `flags`.
+def keeps_freed_memory(backend, choice):
+    """Whether `configure_for_backend` keeps freed memory for Keras backend `backend`
+    and the `KERAS_VIT_MALLOC` value `choice` (None when unset).
 
     Example:
 
-    >>> keeps_freed_memory("torch", None, {"avx512_bf16"})
-    True
-    >>> keeps_freed_memory("torch", None, {"avx512_bf16", "amx_bf16"})
-    False
-    >>> keeps_freed_memory("torch", "keep", {"amx_bf16"}), keeps_freed_memory("jax", "system", set())
+    >>> keeps_freed_memory("torch", None), keeps_freed_memory("tensorflow", None)
+    (True, False)
+    >>> keeps_freed_memory("torch", "keep"), keeps_freed_memory("jax", "system")
     (True, False)
     """
     if choice is not None and choice not in ENV_CHOICES:
@@ -123,9 +118,7 @@ def keeps_freed_memory(backend, choice, flags):
             f"{ENV_VAR}={choice!r} is not a choice: expected one of "
             f"{', '.join(map(repr, ENV_CHOICES))}."
         )
-    if choice is not None:
-        return choice == "keep" and backend in ("jax", "torch")
-    return backend == "jax" or (backend == "torch" and TORCH_SLOWED_BY not in flags)
+    return backend in ("jax", "torch") and choice != "system"
 
 
 def configure_for_backend(backend=None):
@@ -134,5 +127,5 @@ def configure_for_backend(backend=None):
     `backend` defaults to `keras_backend()`; the choice is `KERAS_VIT_MALLOC`.
     """
     backend = backend or keras_backend()
-    if keeps_freed_memory(backend, os.environ.get(ENV_VAR), cpu_flags()):
+    if keeps_freed_memory(backend, os.environ.get(ENV_VAR)):
         keep_freed_memory()
