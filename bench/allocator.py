@@ -4,7 +4,7 @@
     python bench/allocator.py --backend jax --steps 5
 
 `keras_vit.configure_for_backend()`, which the `keras-vit` command and the benchmarks'
-Keras workers call, keeps freed memory under JAX and, on CPUs without AMX, under PyTorch
+Keras workers call, keeps freed memory under JAX and PyTorch
 (`keras_vit.utils.allocator`); `KERAS_VIT_MALLOC=system` leaves malloc alone. For each
 precision, task and setting, in that order, a fresh process builds the model through
 `bench/contenders.py`'s Keras worker, runs two untimed steps, then times `--steps` steps
