@@ -61,7 +61,7 @@ sys.path.insert(0, str(ROOT))
 from bench.contenders import (  # noqa: E402
     CONTENDERS, FAMILIES, INTERFACES, PRECISIONS, TORCH_JIT, TORCH_THREADS,
 )
-from keras_vit.utils.allocator import cpu_flags  # noqa: E402
+from keras_vit.utils.devices import cpu_flags  # noqa: E402
 
 REFERENCE = "hf-torch"
 BATCH = 32

@@ -26,9 +26,8 @@ from keras_vit.models.naflex_mode import (
 )
 from keras_vit.models.preprocessing import model_preprocessing
 from keras_vit.models.vit import default_image_size, vit_parts
-from keras_vit.utils.allocator import cpu_flags
 from keras_vit.utils.checks import check_choice, check_positive_int
-from keras_vit.utils.devices import device_name
+from keras_vit.utils.devices import cpu_flags, device_name
 from keras_vit.utils.image_files import image_paths
 from keras_vit.weights import registry
 

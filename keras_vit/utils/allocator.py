@@ -83,25 +83,6 @@ def keras_backend():
         return "tensorflow"
 
 
-def cpu_flags():
-    """The CPU's feature flags (`/proc/cpuinfo`'s first `flags` line), or an empty set
-    where the system does not list them.
-
-    Example:
-
-    >>> "fpu" in cpu_flags()  # on Linux on x86-64
-    True
-    """
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def keeps_freed_memory(backend, choice):
     """Whether `configure_for_backend` keeps freed memory for Keras backend `backend`
     and the `KERAS_VIT_MALLOC` value `choice` (None when unset).
