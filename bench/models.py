@@ -1,7 +1,7 @@
 """Benchmarks keras-vit against HF transformers' ViT, DINOv2 and SigLIP on this machine,
 in one run.
 
-    python bench/models.py            # the full table (30-40 minutes on 2 cores)
+    python bench/models.py            # the full table (40-50 minutes on 2 cores)
     python bench/models.py --quick    # a smoke run: Ti/16 at 224, 2 short rounds
     python bench/models.py --overhead # Ti/16 at 32 px, batch 1: Python and dispatch per step
     python bench/models.py --models dinov2-s14,siglip-b16  # only those rows
@@ -73,6 +73,7 @@ PLANS = {
             ("Ti/16", "float32", {"infer": (224, 384), "train": (224,)}),
             ("S/16", "float32", {"infer": (224,), "train": (224,)}),
             ("Ti/16", "bfloat16", {"infer": (224,), "train": (224,)}),
+            ("S/16", "bfloat16", {"infer": (224,), "train": (224,)}),
             ("Ti/16", "int8", {"infer": (224,)}),
             ("dinov2-s14", "float32", {"infer": (224,), "train": (224,)}),
             # B/16 training at batch 32 in four workers at once needs more than 23 GB.
@@ -563,15 +564,13 @@ def main(argv=None):
         help="time every row this many times, each in fresh worker processes (the rounds "
              "of each), so that one process's luck does not set a ratio",
     )
-    parser.add_argument(
-        "--precisions", default=",".join(PRECISIONS), help="only the rows in these precisions"
-    )
+    parser.add_argument("--precisions", help="only the rows in these precisions")
     parser.add_argument(
         "--models", help="only the rows of these models of the plan (e.g. dinov2-s14,siglip-b16)"
     )
     args = parser.parse_args(argv)
     contenders = chosen(parser, "contenders", args.contenders, CONTENDERS + tuple(TORCH_JIT))
-    precisions = chosen(parser, "precisions", args.precisions, PRECISIONS)
+    precisions = chosen(parser, "precisions", args.precisions or ",".join(PRECISIONS), PRECISIONS)
     name = next((n for n in ("smoke", "quick", "overhead") if getattr(args, n)), "full")
     plan = dict(PLANS[name])
     interfaces = INTERFACES[::-1] if args.keras_api else ("harness",)  # Keras-API rows first
@@ -580,6 +579,11 @@ def main(argv=None):
     plan["groups"] = [g for g in plan["groups"] if g[1] in precisions and g[0] in models]
     if not plan["groups"]:
         parser.error(f"the plan has no rows of {', '.join(models)} in {', '.join(precisions)}")
+    if args.models and args.precisions:  # a pair asked for by name that the plan lacks
+        missing = [f"{m} in {p}" for m in models for p in precisions
+                   if not any(g[:2] == (m, p) for g in plan["groups"])]
+        if missing:
+            print(f"The plan has no rows of {', '.join(missing)}: running the others.")
     if args.rounds:
         plan["rounds"] = args.rounds
     if args.processes < 1:

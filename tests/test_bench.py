@@ -177,13 +177,13 @@ def test_models_benchmark_times_keras_predict_and_fit_beside_the_harness(tmp_pat
     """Every contender, task and interface for the tiny ViT; the tiny DINOv2 and SigLIP
     rows (HF's Dinov2Model and SiglipVisionModel with a linear head) through the harness
     against keras-vit on PyTorch (their Keras-API path is the ViT's), each row in two
-    sets of worker processes (`--processes 2`); `fit` on NumPy arrays on TensorFlow
-    (`--fit-on arrays`)."""
+    sets of worker processes (`--processes 2`) and asked for in bfloat16 too, which the
+    plan has no rows of; `fit` on NumPy arrays on TensorFlow (`--fit-on arrays`)."""
     rows, stdout, plans = {}, "", {}
     runs = {
         "vit": ("--models", "tiny", "--keras-api"),
         "families": ("--models", "tiny-dinov2,tiny-siglip", "--contenders", "keras-torch,hf-torch",
-                     "--processes", "2"),
+                     "--processes", "2", "--precisions", "float32,bfloat16"),
         "arrays": ("--models", "tiny", "--keras-api", "--fit-on", "arrays", "--precisions",
                    "float32", "--contenders", "keras-tensorflow"),
     }
@@ -200,6 +200,9 @@ def test_models_benchmark_times_keras_predict_and_fit_beside_the_harness(tmp_pat
             continue
         rows.update({(e["variant"], e["contender"], e["mode"], e["interface"]): e
                      for e in entries})
+    # A model and precision asked for by name that the plan lacks is said, the rest run.
+    assert ("The plan has no rows of tiny-dinov2 in bfloat16, tiny-siglip in bfloat16: "
+            "running the others.") in stdout
     assert [plans[name]["fit_on"] for name in runs] == ["tf.data", "tf.data", "arrays"]
     assert [plans[name]["processes"] for name in runs] == [1, 2, 1]
     assert set(rows) == {
