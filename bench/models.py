@@ -49,6 +49,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -164,9 +165,13 @@ class Worker:
         if not line:
             self.process.wait()
             log = self.log_path.read_text()[-4000:]
+            code = self.process.returncode
+            why = (" (SIGKILL: on Linux most likely the out-of-memory killer; time fewer "
+                   "contenders at once with --contenders, HF beside each set)"
+                   if code == -signal.SIGKILL else "")
             raise RuntimeError(
-                f"benchmark worker {self.contender} exited with code "
-                f"{self.process.returncode}; end of its log:\n{log}"
+                f"benchmark worker {self.contender} exited with code {code}{why}; end of "
+                f"its log:\n{log}"
             )
         return json.loads(line)
 

@@ -253,6 +253,22 @@ def test_models_benchmark_selects_rows_by_model_and_names_an_unknown_one():
     assert result.returncode == 2 and "unknown models ['S/16']: expected some of Ti/16" in result.stderr
 
 
+def test_a_killed_benchmark_worker_is_named_with_the_likely_cause(monkeypatch, tmp_path):
+    """A worker process killed by SIGKILL (what the out-of-memory killer sends, when four
+    workers of a large model outgrow the machine's memory) is named, with what to do."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    monkeypatch.delitem(sys.modules, "bench.models", raising=False)
+    from bench.models import Worker
+
+    worker = Worker("hf-torch", tmp_path)
+    worker.send(op="round", steps=1, interface="harness")
+    worker.process.kill()  # while it works on the request, as the kernel's killer does
+    with pytest.raises(RuntimeError, match=(
+        r"benchmark worker hf-torch exited with code -9 \(SIGKILL: on Linux most likely the "
+        r"out-of-memory killer; time fewer contenders at once with --contenders")):
+        worker.receive()
+
+
 @pytest.mark.slow
 def test_remat_keeps_fewer_residuals_and_the_same_gradients(tmp_path):
     """`ViT(remat=True)` on JAX: the arrays kept for the backward pass shrink (each block
