@@ -76,6 +76,8 @@ PLANS = {
             ("Ti/16", "bfloat16", {"infer": (224,), "train": (224,)}),
             ("S/16", "bfloat16", {"infer": (224,), "train": (224,)}),
             ("Ti/16", "int8", {"infer": (224,)}),
+            # With --keras-api, its training in four workers at once needs more than 23 GB:
+            # time it there in two runs (--contenders), HF beside each.
             ("dinov2-s14", "float32", {"infer": (224,), "train": (224,)}),
             # B/16 training at batch 32 in four workers at once needs more than 23 GB.
             ("siglip-b16", "float32", {"infer": (224,), "train": (224,)}, dict(batch=8)),
